@@ -1,0 +1,191 @@
+//! A strict, bounded, zero-allocation RESP2/RESP3 codec.
+//!
+//! API CONTRACT (skeleton): the types and signatures in this file are the contract the rest
+//! of the crate, the fuzz targets and the benches code against. Bodies live in `parse.rs`
+//! and `encode.rs`.
+//!
+//! * [`parse`] is stateless: it parses one frame from the start of `buf`.
+//! * [`Parser`] is the resumable form: after `Partial` it keeps the state needed to resume,
+//!   so a large reply that arrives in small pieces is scanned once (no O(n^2)).
+//! * Frames borrow from the input. Aggregates are validated once, then walked lazily
+//!   through [`Aggregate::iter`] without allocating.
+//! * [`encode_command`] writes a command (array of bulk strings) into a caller-owned,
+//!   reused `Vec<u8>`; [`encode_frame`] writes any frame back (used by round-trip tests).
+
+mod encode;
+mod parse;
+
+pub use encode::{encode_command, encode_frame, Arg};
+pub use parse::{parse, parse_with_attribute, Aggregate, Elements, Parser};
+
+/// Result of a parse that may need more input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status<T> {
+    /// A whole frame: the value and how many bytes of the input it used.
+    Complete(T),
+    /// The input is a strict prefix of a valid frame. The payload is a lower bound (>= 1)
+    /// on how many more bytes are needed before parsing can make progress.
+    Partial(usize),
+}
+
+impl<T> Status<T> {
+    /// `true` for `Complete`.
+    pub fn is_complete(&self) -> bool {
+        matches!(self, Status::Complete(_))
+    }
+    /// `true` for `Partial`.
+    pub fn is_partial(&self) -> bool {
+        matches!(self, Status::Partial(_))
+    }
+    /// The completed value, if any.
+    pub fn complete(self) -> Option<T> {
+        match self {
+            Status::Complete(v) => Some(v),
+            Status::Partial(_) => None,
+        }
+    }
+}
+
+/// Which aggregate a frame is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AggregateKind {
+    /// `*` array.
+    Array,
+    /// `%` map: `len()` counts pairs, the walk yields key, value, key, value...
+    Map,
+    /// `~` set.
+    Set,
+    /// `>` push (out-of-band data).
+    Push,
+    /// `|` attribute (map-shaped metadata about the next value).
+    Attribute,
+}
+
+/// One RESP value, borrowing from the input buffer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Frame<'a> {
+    /// `+` simple string (no CR or LF inside).
+    Simple(&'a [u8]),
+    /// `-` simple error, e.g. `NOSCRIPT No matching script`.
+    Error(&'a [u8]),
+    /// `:` signed 64-bit integer.
+    Integer(i64),
+    /// `$` bulk string (binary-safe).
+    Bulk(&'a [u8]),
+    /// `$-1` RESP2 null bulk string.
+    NullBulk,
+    /// `*-1` RESP2 null array.
+    NullArray,
+    /// `_` RESP3 null.
+    Null,
+    /// `#t` / `#f` RESP3 boolean.
+    Boolean(bool),
+    /// `,` RESP3 double, as validated text (`1.5`, `-3`, `inf`, `-inf`, `nan`, `1e10`).
+    Double(&'a [u8]),
+    /// `(` RESP3 big number, as validated text (optional `-`, then digits).
+    BigNumber(&'a [u8]),
+    /// `!` RESP3 bulk error.
+    BulkError(&'a [u8]),
+    /// `=` RESP3 verbatim string: a 3-byte format (e.g. `txt`) and the text.
+    Verbatim {
+        /// The 3-byte format, e.g. `b"txt"` or `b"mkd"`.
+        format: &'a [u8],
+        /// The text after `fmt:`.
+        text: &'a [u8],
+    },
+    /// `*`, `%`, `~`, `>` aggregates (attributes are never returned as a frame by
+    /// [`parse`]; see [`parse_with_attribute`]).
+    Aggregate(Aggregate<'a>),
+}
+
+impl<'a> Frame<'a> {
+    /// `true` for every null form: `$-1`, `*-1`, `_`.
+    pub fn is_null(&self) -> bool {
+        matches!(self, Frame::NullBulk | Frame::NullArray | Frame::Null)
+    }
+    /// `true` for `-` and `!` errors.
+    pub fn is_error(&self) -> bool {
+        matches!(self, Frame::Error(_) | Frame::BulkError(_))
+    }
+}
+
+/// Why input was rejected. Small and `Copy`; no allocation, ever.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Error {
+    /// The first byte of a frame is not a known RESP type byte.
+    UnknownType(u8),
+    /// A line (header or simple value) is not terminated by CRLF, or contains a bare CR/LF.
+    BadLineEnding,
+    /// A length or integer is not a valid decimal for its type (empty, spaces, sign rules,
+    /// leading zeros where refused).
+    BadInteger,
+    /// An integer does not fit in i64 (or a length in usize).
+    IntegerOverflow,
+    /// A length below -1, or -1 where null is not allowed.
+    BadLength,
+    /// The CRLF after bulk data is missing.
+    MissingBulkTerminator,
+    /// `#` not followed by exactly `t` or `f`.
+    BadBoolean,
+    /// `,` payload is not a valid double.
+    BadDouble,
+    /// `(` payload is not a valid big number.
+    BadBigNumber,
+    /// `_` not followed directly by CRLF.
+    BadNull,
+    /// `=` payload without a 3-byte format and `:`.
+    BadVerbatim,
+    /// A bulk length over [`Limits::max_bulk_len`].
+    BulkTooLong,
+    /// An aggregate count over [`Limits::max_elements`].
+    TooManyElements,
+    /// Nesting deeper than [`Limits::max_depth`].
+    TooDeep,
+    /// A line longer than [`Limits::max_line_len`] without CRLF.
+    LineTooLong,
+    /// RESP3 streamed strings or aggregates (`$?`, `*?`, `;`, `.`): not supported.
+    Unsupported,
+    /// An attribute with no value after it inside a finished aggregate, or similar misuse.
+    DanglingAttribute,
+}
+
+impl Error {
+    /// A short static description.
+    pub fn description(&self) -> &'static str {
+        parse::describe(self)
+    }
+}
+
+impl core::fmt::Display for Error {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.description())
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// Bounds enforced while parsing, as soon as a header is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest bulk/verbatim/bulk-error payload, in bytes.
+    pub max_bulk_len: usize,
+    /// Largest element count of one aggregate (for maps: pairs x 2).
+    pub max_elements: usize,
+    /// Deepest nesting of aggregates (a top-level array is depth 1). Capped at
+    /// [`Limits::HARD_MAX_DEPTH`].
+    pub max_depth: usize,
+    /// Longest header or simple line, CRLF excluded.
+    pub max_line_len: usize,
+}
+
+impl Limits {
+    /// The parser keeps its nesting stack in a fixed array of this size.
+    pub const HARD_MAX_DEPTH: usize = 128;
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        parse::DEFAULT_LIMITS
+    }
+}
