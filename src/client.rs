@@ -1,0 +1,773 @@
+//! The public API: [`Redlock`], its [`Builder`], and [`Lock`].
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use smallvec::SmallVec;
+
+use crate::error::{Error, Operation, Report};
+use crate::net::{Engine, NetConfig, Node, OpId};
+use crate::rules::{self, AcquireVerdict, Decision, Fault, Outcome, Request};
+use crate::token::{Token, TokenSource};
+use crate::url::MasterSpec;
+
+/// Longest resource name accepted, in bytes.
+pub const MAX_RESOURCE_LEN: usize = 4096;
+/// Longest TTL accepted: 2^31 - 1 ms (about 24.8 days), like most timer APIs.
+pub const MAX_TTL: Duration = Duration::from_millis((1 << 31) - 1);
+
+/// A packed list of byte strings (the lock's keys), inline for the common small case.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub(crate) struct KeyList {
+    bytes: SmallVec<[u8; 64]>,
+    ends: SmallVec<[u32; 2]>,
+}
+
+impl KeyList {
+    pub(crate) fn clear(&mut self) {
+        self.bytes.clear();
+        self.ends.clear();
+    }
+    pub(crate) fn push(&mut self, k: &[u8]) {
+        self.bytes.extend_from_slice(k);
+        self.ends.push(self.bytes.len() as u32);
+    }
+    pub(crate) fn len(&self) -> usize {
+        self.ends.len()
+    }
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        let mut start = 0usize;
+        self.ends.iter().map(move |&end| {
+            let k = &self.bytes[start..end as usize];
+            start = end as usize;
+            k
+        })
+    }
+    pub(crate) fn assign(&mut self, other: &KeyList) {
+        self.clear();
+        self.bytes.extend_from_slice(&other.bytes);
+        self.ends.extend_from_slice(&other.ends);
+    }
+}
+
+/// A held lock. Release it with [`Redlock::release`]; dropping it releases nothing (the
+/// keys then expire after the TTL).
+#[must_use = "a lock that is dropped stays held on the masters until its TTL runs out"]
+#[derive(Clone)]
+pub struct Lock {
+    pub(crate) keys: KeyList,
+    pub(crate) token: Token,
+    pub(crate) ttl: Duration,
+    pub(crate) acquired_at: Instant,
+    pub(crate) valid_until: Instant,
+}
+
+impl Lock {
+    /// The (first) resource name.
+    pub fn resource(&self) -> &[u8] {
+        self.keys.iter().next().unwrap_or(&[])
+    }
+    /// The resource name as text, if it is UTF-8.
+    pub fn resource_str(&self) -> Option<&str> {
+        std::str::from_utf8(self.resource()).ok()
+    }
+    /// Every resource of a multi-resource lock (one for a plain lock).
+    pub fn resources(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        self.keys.iter()
+    }
+    /// The random token stored as the keys' value.
+    pub fn token(&self) -> &Token {
+        &self.token
+    }
+    /// The TTL the lock was last set (or extended) with.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+    /// When the acquiring round started, on the monotonic clock.
+    pub fn acquired_at(&self) -> Instant {
+        self.acquired_at
+    }
+    /// Until when the lock can be trusted, on the monotonic clock:
+    /// round start + TTL - drift allowance.
+    pub fn valid_until(&self) -> Instant {
+        self.valid_until
+    }
+    /// Validity left now (zero once it ran out).
+    pub fn remaining(&self) -> Duration {
+        self.valid_until.saturating_duration_since(Instant::now())
+    }
+    /// `true` while validity is left.
+    pub fn is_valid(&self) -> bool {
+        Instant::now() < self.valid_until
+    }
+}
+
+impl fmt::Debug for Lock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: SmallVec<[String; 2]> = self
+            .keys
+            .iter()
+            .map(|k| String::from_utf8_lossy(k).into_owned())
+            .collect();
+        f.debug_struct("Lock")
+            .field("resources", &names)
+            .field("token", &self.token)
+            .field("ttl", &self.ttl)
+            .field("remaining", &self.remaining())
+            .finish()
+    }
+}
+
+/// Cancels the lock attempt running on the client it came from, from any thread.
+///
+/// A cancel that arrives while no attempt runs cancels the next one.
+#[derive(Clone)]
+pub struct CancelHandle {
+    flag: Arc<AtomicBool>,
+    waker: Arc<mio::Waker>,
+}
+
+impl CancelHandle {
+    /// End the current attempt promptly with [`Error::Cancelled`]; partial locks are
+    /// released.
+    pub fn cancel(&self) {
+        self.flag.store(true, Ordering::SeqCst);
+        let _ = self.waker.wake();
+    }
+}
+
+impl fmt::Debug for CancelHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("CancelHandle")
+    }
+}
+
+/// Configures and builds a [`Redlock`].
+#[derive(Clone)]
+pub struct Builder {
+    masters: Vec<String>,
+    retry_count: u32,
+    retry_delay: Duration,
+    retry_jitter: Duration,
+    drift_factor: f64,
+    node_timeout: Option<Duration>,
+    connect_timeout: Duration,
+    stall_timeout: Duration,
+    min_validity: Duration,
+    busy_poll: bool,
+    seed: Option<u64>,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Builder {
+            masters: Vec::new(),
+            retry_count: 10,
+            retry_delay: Duration::from_millis(200),
+            retry_jitter: Duration::from_millis(100),
+            drift_factor: 0.01,
+            node_timeout: None,
+            connect_timeout: Duration::from_secs(1),
+            stall_timeout: Duration::from_secs(2),
+            min_validity: Duration::ZERO,
+            busy_poll: false,
+            seed: None,
+        }
+    }
+}
+
+impl fmt::Debug for Builder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let masters: Vec<String> = self
+            .masters
+            .iter()
+            .map(|m| MasterSpec::parse(m).map_or_else(|_| "<invalid>".into(), |s| s.to_string()))
+            .collect();
+        f.debug_struct("Builder")
+            .field("masters", &masters)
+            .field("retry_count", &self.retry_count)
+            .field("retry_delay", &self.retry_delay)
+            .field("retry_jitter", &self.retry_jitter)
+            .field("drift_factor", &self.drift_factor)
+            .field("node_timeout", &self.node_timeout)
+            .field("min_validity", &self.min_validity)
+            .field("busy_poll", &self.busy_poll)
+            .finish()
+    }
+}
+
+impl Builder {
+    /// Add masters (`redis://[user:password@]host:port[/db]` or `host:port`).
+    pub fn masters<I, S>(mut self, urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        self.masters
+            .extend(urls.into_iter().map(|u| u.as_ref().to_string()));
+        self
+    }
+    /// Retries after the first attempt in [`Redlock::lock`] (default 10).
+    pub fn retry_count(mut self, n: u32) -> Self {
+        self.retry_count = n;
+        self
+    }
+    /// Base delay between attempts (default 200 ms).
+    pub fn retry_delay(mut self, d: Duration) -> Self {
+        self.retry_delay = d;
+        self
+    }
+    /// The delay is uniform in `[delay - jitter, delay + jitter]` (default 100 ms).
+    pub fn retry_jitter(mut self, d: Duration) -> Self {
+        self.retry_jitter = d;
+        self
+    }
+    /// Clock drift allowance as a fraction of the TTL (default 0.01; 2 ms are added).
+    pub fn drift_factor(mut self, f: f64) -> Self {
+        self.drift_factor = f;
+        self
+    }
+    /// How long a round waits for the masters' answers. All masters are asked at once, so
+    /// this is the per-master and the per-round timeout. Default: TTL / 100, clamped to
+    /// 10..=50 ms (50 ms for a 10 s TTL).
+    pub fn node_timeout(mut self, d: Duration) -> Self {
+        self.node_timeout = Some(d);
+        self
+    }
+    /// How long a TCP connect may take (default 1 s). Rounds do not wait for it beyond
+    /// their own timeout.
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.connect_timeout = d;
+        self
+    }
+    /// A connection with requests outstanding and no byte received for this long is
+    /// closed and reconnected (default 2 s).
+    pub fn stall_timeout(mut self, d: Duration) -> Self {
+        self.stall_timeout = d;
+        self
+    }
+    /// A lock is granted only if more validity than this is left (default 0).
+    pub fn min_validity(mut self, d: Duration) -> Self {
+        self.min_validity = d;
+        self
+    }
+    /// Poll without sleeping in the kernel: lower latency for a whole core (default off).
+    pub fn busy_poll(mut self, on: bool) -> Self {
+        self.busy_poll = on;
+        self
+    }
+    /// Seed the retry-jitter generator (tests). Tokens always come from the OS.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Check the configuration and build the client. Connections are opened lazily, by the
+    /// first operation.
+    pub fn build(self) -> Result<Redlock, Error> {
+        if self.masters.is_empty() {
+            return Err(Error::Config("no masters given".into()));
+        }
+        if !(0.0..0.5).contains(&self.drift_factor) || self.drift_factor.is_nan() {
+            return Err(Error::Config(format!(
+                "drift factor {} must be in [0, 0.5)",
+                self.drift_factor
+            )));
+        }
+        if self.node_timeout == Some(Duration::ZERO) {
+            return Err(Error::Config("node timeout must be above zero".into()));
+        }
+        if self.connect_timeout.is_zero() || self.stall_timeout.is_zero() {
+            return Err(Error::Config("timeouts must be above zero".into()));
+        }
+        let now = Instant::now();
+        let mut specs: Vec<(MasterSpec, std::net::SocketAddr)> = Vec::new();
+        for url in &self.masters {
+            let spec = MasterSpec::parse(url).map_err(Error::Config)?;
+            let addr = spec.resolve().map_err(Error::Config)?;
+            if let Some((dup, _)) = specs.iter().find(|(s, a)| *a == addr && s.db == spec.db) {
+                return Err(Error::Config(format!(
+                    "master {spec} is given twice (as {dup}): each master must be \
+                     independent, or the quorum is meaningless"
+                )));
+            }
+            specs.push((spec, addr));
+        }
+        let net = NetConfig {
+            connect_timeout: self.connect_timeout,
+            stall_timeout: self.stall_timeout,
+            busy_poll: self.busy_poll,
+            ..NetConfig::default()
+        };
+        let nodes = specs
+            .into_iter()
+            .map(|(s, addr)| {
+                Node::new(
+                    Arc::from(s.to_string()),
+                    addr,
+                    s.user,
+                    s.password,
+                    s.db,
+                    net.limits,
+                    now,
+                )
+            })
+            .collect();
+        let engine = Engine::new(nodes, net)?;
+        let mut tokens = TokenSource::new()?;
+        let seed = match self.seed {
+            Some(s) => s,
+            None => tokens.seed()?,
+        };
+        Ok(Redlock {
+            cancel: CancelHandle {
+                flag: Arc::new(AtomicBool::new(false)),
+                waker: engine.waker(),
+            },
+            engine,
+            tokens,
+            rng: fastrand::Rng::with_seed(seed),
+            cfg: self,
+            scratch_keys: KeyList::default(),
+        })
+    }
+}
+
+/// A Redlock client over N independent Redis masters.
+///
+/// One client owns one connection per master and one event loop, and its methods block
+/// the calling thread (`&mut self`): use one client per thread. Every operation writes its
+/// request to all masters at once, then reads the answers as they come.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use redlock_mux::Redlock;
+///
+/// let mut redlock = Redlock::new([
+///     "redis://127.0.0.1:7000",
+///     "redis://127.0.0.1:7001",
+///     "redis://127.0.0.1:7002",
+/// ])?;
+/// let lock = redlock.lock("orders:42", Duration::from_secs(10))?;
+/// // ... work while lock.is_valid() ...
+/// redlock.release(lock)?;
+/// # Ok::<(), redlock_mux::Error>(())
+/// ```
+pub struct Redlock {
+    engine: Engine,
+    tokens: TokenSource,
+    rng: fastrand::Rng,
+    cfg: Builder,
+    cancel: CancelHandle,
+    scratch_keys: KeyList,
+}
+
+impl fmt::Debug for Redlock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Redlock")
+            .field("masters", &self.masters().collect::<Vec<_>>())
+            .field("quorum", &self.quorum())
+            .finish()
+    }
+}
+
+impl Redlock {
+    /// A client with default settings over these masters.
+    pub fn new<I, S>(urls: I) -> Result<Self, Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        Builder::default().masters(urls).build()
+    }
+
+    /// Start configuring a client.
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    /// The masters, as `host:port[/db]`.
+    pub fn masters(&self) -> impl Iterator<Item = &str> + '_ {
+        self.engine.nodes.iter().map(|n| &*n.name)
+    }
+
+    /// OK answers needed: N/2 + 1.
+    pub fn quorum(&self) -> usize {
+        self.engine.quorum()
+    }
+
+    /// A handle that cancels this client's current lock attempt from another thread.
+    pub fn cancel_handle(&self) -> CancelHandle {
+        self.cancel.clone()
+    }
+
+    /// The round timeout used for a TTL.
+    pub fn round_timeout(&self, ttl: Duration) -> Duration {
+        let t = self.cfg.node_timeout.unwrap_or_else(|| {
+            (ttl / 100).clamp(Duration::from_millis(10), Duration::from_millis(50))
+        });
+        // A round that outlives the TTL minus drift can never yield validity.
+        t.min(ttl.saturating_sub(rules::drift(ttl, self.cfg.drift_factor)))
+            .max(Duration::from_millis(1))
+    }
+
+    /// One attempt to take `resource` for `ttl`: write `SET resource token NX PX ttl` to
+    /// every master, decide as soon as a quorum said OK (or can no longer), and on failure
+    /// release wherever the key may have been set.
+    pub fn try_lock(&mut self, resource: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
+        self.scratch_keys.clear();
+        self.scratch_keys.push(resource.as_ref());
+        self.check_args(ttl)?;
+        self.take_cancel()?;
+        let keys = std::mem::take(&mut self.scratch_keys);
+        let r = self.attempt(&keys, ttl, 1, None);
+        self.scratch_keys = keys;
+        r
+    }
+
+    /// Take `resource` for `ttl`, retrying after a random delay while it is taken or no
+    /// quorum answers, up to the configured retry count.
+    pub fn lock(&mut self, resource: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
+        self.lock_until(resource, ttl, None)
+    }
+
+    /// Like [`Redlock::lock`], but never past `deadline`: the retry loop does not sleep
+    /// beyond it and a round does not outlive it.
+    pub fn lock_with_deadline(
+        &mut self,
+        resource: impl AsRef<[u8]>,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lock, Error> {
+        self.lock_until(resource, ttl, Some(deadline))
+    }
+
+    fn lock_until(
+        &mut self,
+        resource: impl AsRef<[u8]>,
+        ttl: Duration,
+        deadline: Option<Instant>,
+    ) -> Result<Lock, Error> {
+        self.scratch_keys.clear();
+        self.scratch_keys.push(resource.as_ref());
+        let keys = std::mem::take(&mut self.scratch_keys);
+        let r = self.lock_keys(&keys, ttl, deadline);
+        self.scratch_keys = keys;
+        r
+    }
+
+    /// Take several resources as one lock: on each master all keys are set only if none
+    /// exists (one script), and the lock needs a quorum of masters where that worked.
+    pub fn lock_many<I, R>(&mut self, resources: I, ttl: Duration) -> Result<Lock, Error>
+    where
+        I: IntoIterator<Item = R>,
+        R: AsRef<[u8]>,
+    {
+        let mut keys = KeyList::default();
+        for r in resources {
+            keys.push(r.as_ref());
+        }
+        let mut sorted: Vec<&[u8]> = keys.iter().collect();
+        sorted.sort_unstable();
+        if sorted.windows(2).any(|w| w[0] == w[1]) {
+            return Err(Error::InvalidArgument(
+                "the same resource is listed twice".into(),
+            ));
+        }
+        self.lock_keys(&keys, ttl, None)
+    }
+
+    fn lock_keys(
+        &mut self,
+        keys: &KeyList,
+        ttl: Duration,
+        deadline: Option<Instant>,
+    ) -> Result<Lock, Error> {
+        check_keys(keys)?;
+        self.check_args(ttl)?;
+        self.take_cancel()?;
+        let mut attempt = 1u32;
+        loop {
+            let err = match self.attempt(keys, ttl, attempt, deadline) {
+                Ok(lock) => return Ok(lock),
+                Err(e @ (Error::Taken(_) | Error::NoQuorum(_) | Error::ValidityUsedUp(_))) => e,
+                Err(e) => return Err(e),
+            };
+            if attempt > self.cfg.retry_count {
+                return Err(err);
+            }
+            let delay =
+                rules::retry_delay(self.cfg.retry_delay, self.cfg.retry_jitter, &mut self.rng);
+            let wake = Instant::now() + delay;
+            if let Some(d) = deadline {
+                if wake >= d {
+                    // Sleeping would pass the deadline: give up now rather than late.
+                    return Err(Error::DeadlineExceeded(err.report().cloned()));
+                }
+            }
+            // Wait on the event loop, not in `sleep`: late replies are read meanwhile.
+            let flag = self.cancel.flag.clone();
+            self.engine
+                .drive(Some(wake), |_| false, || flag.load(Ordering::Relaxed))?;
+            self.take_cancel()?;
+            attempt += 1;
+        }
+    }
+
+    fn check_args(&self, ttl: Duration) -> Result<(), Error> {
+        check_keys(&self.scratch_keys)?;
+        if ttl < Duration::from_millis(1) {
+            return Err(Error::InvalidArgument(format!(
+                "ttl {ttl:?} is below the 1 ms resolution of PX"
+            )));
+        }
+        if ttl > MAX_TTL {
+            return Err(Error::InvalidArgument(format!(
+                "ttl {ttl:?} is above the maximum {MAX_TTL:?}"
+            )));
+        }
+        let drift = rules::drift(ttl, self.cfg.drift_factor);
+        if ttl <= drift + self.cfg.min_validity {
+            return Err(Error::InvalidArgument(format!(
+                "ttl {ttl:?} leaves no validity after the drift allowance {drift:?} \
+                 and minimum validity {:?}",
+                self.cfg.min_validity
+            )));
+        }
+        Ok(())
+    }
+
+    fn take_cancel(&self) -> Result<(), Error> {
+        if self.cancel.flag.swap(false, Ordering::SeqCst) {
+            Err(Error::Cancelled)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn report(&self, op: Operation, id: OpId, started: Instant, attempts: u32) -> Report {
+        let o = self.engine.op(id);
+        Report::new(
+            op,
+            self.engine.nodes.iter().map(|n| n.name.clone()),
+            &o.tally,
+            o.decided_at.saturating_duration_since(started),
+            attempts,
+        )
+    }
+
+    /// Run one round of `req` for `keys` and wait for its decision (or the deadline, or a
+    /// cancel). Returns the op (to be `finish`ed by the caller) and when it started.
+    fn round(
+        &mut self,
+        req: Request,
+        keys: &KeyList,
+        token: Token,
+        ttl: Duration,
+        deadline: Option<Instant>,
+    ) -> Result<(OpId, Instant), Error> {
+        let t1 = Instant::now();
+        let mut timeout = self.round_timeout(ttl);
+        if let Some(d) = deadline {
+            timeout = timeout.min(d.saturating_duration_since(t1));
+        }
+        let ttl_ms = ttl.as_millis() as u64;
+        let id = self.engine.start(
+            req,
+            |a| a.set(keys.iter(), token, ttl_ms),
+            timeout,
+            t1,
+            |_| true,
+            false,
+        );
+        self.engine.flush(t1);
+        let flag = self.cancel.flag.clone();
+        let engine = &mut self.engine;
+        let decided = engine.drive(
+            None,
+            |e| e.op(id).is_decided(),
+            || flag.load(Ordering::Relaxed),
+        );
+        if let Err(e) = decided {
+            self.engine.finish(id);
+            return Err(e.into());
+        }
+        Ok((id, t1))
+    }
+
+    fn attempt(
+        &mut self,
+        keys: &KeyList,
+        ttl: Duration,
+        attempts: u32,
+        deadline: Option<Instant>,
+    ) -> Result<Lock, Error> {
+        if let Some(d) = deadline {
+            if Instant::now() >= d {
+                return Err(Error::DeadlineExceeded(None));
+            }
+        }
+        let token = self.tokens.next()?;
+        let (id, t1) = self.round(Request::Acquire, keys, token, ttl, deadline)?;
+        let op = self.engine.op(id);
+        let cancelled = !op.is_decided();
+        let verdict = rules::judge_acquire(
+            &op.tally,
+            ttl,
+            op.decided_at.saturating_duration_since(t1),
+            self.cfg.drift_factor,
+            self.cfg.min_validity,
+        );
+        if let (false, AcquireVerdict::Acquired(v)) = (cancelled, verdict) {
+            let mut lock_keys = KeyList::default();
+            lock_keys.assign(keys);
+            let lock = Lock {
+                keys: lock_keys,
+                token,
+                ttl,
+                acquired_at: t1,
+                valid_until: op.decided_at + v,
+            };
+            self.engine.finish(id);
+            return Ok(lock);
+        }
+        let report = self.report(Operation::Acquire, id, t1, attempts);
+        // Release wherever our SET may have landed: masters that said OK, that have not
+        // answered, or whose connection broke after the request was sent. Masters that
+        // said "taken" or answered an error did not set it, and the key is not ours there.
+        let may_hold: SmallVec<[bool; 8]> = op
+            .tally
+            .outcomes()
+            .iter()
+            .map(|o| {
+                matches!(
+                    o,
+                    Outcome::Ok
+                        | Outcome::Pending
+                        | Outcome::TimedOut
+                        | Outcome::Failed(
+                            Fault::Closed(_) | Fault::Protocol(_) | Fault::Unexpected
+                        )
+                )
+            })
+            .collect();
+        self.engine.finish(id);
+        if may_hold.iter().any(|b| *b) {
+            let now = Instant::now();
+            let timeout = self.round_timeout(ttl);
+            let ttl_ms = ttl.as_millis() as u64;
+            self.engine.start(
+                Request::Release,
+                |a| a.set(keys.iter(), token, ttl_ms),
+                timeout,
+                now,
+                |i| may_hold[i],
+                true,
+            );
+            self.engine.flush(now);
+        }
+        if cancelled {
+            self.cancel.flag.store(false, Ordering::SeqCst);
+            return Err(Error::Cancelled);
+        }
+        if let Some(d) = deadline {
+            if Instant::now() >= d {
+                return Err(Error::DeadlineExceeded(Some(report)));
+            }
+        }
+        Err(match verdict {
+            AcquireVerdict::Acquired(_) | AcquireVerdict::ValidityUsedUp => {
+                Error::ValidityUsedUp(report)
+            }
+            AcquireVerdict::Taken => Error::Taken(report),
+            AcquireVerdict::NoQuorum => Error::NoQuorum(report),
+        })
+    }
+
+    /// Release the lock on every master at once (compare-and-delete: only keys that still
+    /// hold this lock's token are deleted). `Ok` when a quorum confirmed.
+    pub fn release(&mut self, lock: Lock) -> Result<(), Error> {
+        let (id, t1) = self.round(Request::Release, &lock.keys, lock.token, lock.ttl, None)?;
+        let op = self.engine.op(id);
+        let result = if op.tally.decision() == Decision::Reached {
+            Ok(())
+        } else if op.tally.count(Outcome::NotHeld) > 0 {
+            Err(Error::NotHeld(self.report(Operation::Release, id, t1, 1)))
+        } else {
+            Err(Error::NoQuorum(self.report(Operation::Release, id, t1, 1)))
+        };
+        self.engine.finish(id);
+        result
+    }
+
+    /// Extend the lock to `ttl` from now (compare-and-pexpire on every master). Succeeds
+    /// when a quorum confirmed and validity is left, computed exactly like acquire; the
+    /// lock's deadline is then moved. On failure the lock keeps its old deadline.
+    pub fn extend(&mut self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
+        self.scratch_keys.assign(&lock.keys);
+        self.check_args(ttl)?;
+        if !lock.is_valid() {
+            return Err(Error::Expired);
+        }
+        let (id, t1) = self.round(Request::Extend, &lock.keys, lock.token, ttl, None)?;
+        let op = self.engine.op(id);
+        let verdict = rules::judge_acquire(
+            &op.tally,
+            ttl,
+            op.decided_at.saturating_duration_since(t1),
+            self.cfg.drift_factor,
+            self.cfg.min_validity,
+        );
+        let result = match verdict {
+            AcquireVerdict::Acquired(v) => {
+                lock.valid_until = op.decided_at + v;
+                lock.ttl = ttl;
+                Ok(())
+            }
+            AcquireVerdict::ValidityUsedUp => Err(Error::ValidityUsedUp(self.report(
+                Operation::Extend,
+                id,
+                t1,
+                1,
+            ))),
+            _ if op.tally.count(Outcome::NotHeld) > 0 => {
+                Err(Error::NotHeld(self.report(Operation::Extend, id, t1, 1)))
+            }
+            _ => Err(Error::NoQuorum(self.report(Operation::Extend, id, t1, 1))),
+        };
+        self.engine.finish(id);
+        result
+    }
+
+    /// Per-master I/O counters (connects, writes, reads, NOSCRIPT retries).
+    pub fn stats(&self) -> Vec<crate::net::NodeStats> {
+        self.engine.stats().collect()
+    }
+}
+
+fn check_keys(keys: &KeyList) -> Result<(), Error> {
+    if keys.len() == 0 {
+        return Err(Error::InvalidArgument("no resource given".into()));
+    }
+    for k in keys.iter() {
+        if k.is_empty() {
+            return Err(Error::InvalidArgument("resource name is empty".into()));
+        }
+        if k.len() > MAX_RESOURCE_LEN {
+            return Err(Error::InvalidArgument(format!(
+                "resource name is {} bytes, above the maximum {MAX_RESOURCE_LEN}",
+                k.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl Drop for Redlock {
+    fn drop(&mut self) {
+        // Push out queued releases (cleanup after a failed attempt) before closing.
+        self.engine.flush(Instant::now());
+    }
+}

@@ -1,0 +1,969 @@
+//! The thin I/O shell: one non-blocking connection per master, one `mio::Poll`.
+//!
+//! An *op* is one fan-out round (acquire, release or extend of one lock). Starting an op
+//! encodes its request into every master's output buffer; [`Engine::flush`] then writes
+//! each buffer with one `write` per master, and [`Engine::drive`] polls and feeds replies
+//! to the op's [`Tally`] until the caller's condition holds.
+//!
+//! Every master has a FIFO of pending requests; a reply is always matched to the oldest
+//! one, so a late reply is credited to the op that asked for it, never to a newer one.
+//! An op's slot stays alive until every reply it is owed has arrived (or its connection
+//! died), even after the op was decided: a late `-NOSCRIPT` is then still retried with
+//! `EVAL`, so a release never silently misses a master.
+//!
+//! Reconnect policy: a connection that worked and then broke is reconnected on the next
+//! request. A connect that fails, or a connection that breaks before answering anything,
+//! backs off: 25 ms, 50 ms, ... up to 1 s. During backoff the master is reported as
+//! [`Fault::Down`] at once, so a dead master costs a round nothing, not a connect timeout.
+//! A connection with requests outstanding and no byte received for `stall_timeout` is
+//! closed (a hung or frozen master), which also bounds the memory its FIFO can take.
+
+use std::collections::VecDeque;
+use std::io::{self, Read, Write};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mio::net::TcpStream;
+use mio::{Events, Interest, Poll, Token as MioToken, Waker};
+use smallvec::SmallVec;
+use socket2::{Domain, Protocol, Socket, Type};
+
+use crate::client::KeyList;
+use crate::resp::{self, Arg, Frame};
+use crate::rules::{self, Decision, ErrorText, Fault, Outcome, Request, Tally};
+use crate::scripts::{self, Script};
+use crate::token::Token;
+
+/// The mio token reserved for the cross-thread waker.
+pub(crate) const WAKER: MioToken = MioToken(usize::MAX);
+
+const INBUF_START: usize = 16 * 1024;
+
+/// Tuning of the shell (set from the builder).
+#[derive(Debug, Clone)]
+pub(crate) struct NetConfig {
+    pub connect_timeout: Duration,
+    pub stall_timeout: Duration,
+    pub backoff_min: Duration,
+    pub backoff_max: Duration,
+    pub busy_poll: bool,
+    pub max_pending: usize,
+    pub limits: resp::Limits,
+}
+
+impl Default for NetConfig {
+    fn default() -> Self {
+        NetConfig {
+            connect_timeout: Duration::from_secs(1),
+            stall_timeout: Duration::from_secs(2),
+            backoff_min: Duration::from_millis(25),
+            backoff_max: Duration::from_secs(1),
+            busy_poll: false,
+            max_pending: 4096,
+            // Our replies are tiny; INFO is a few KiB. Anything larger is hostile.
+            limits: resp::Limits {
+                max_bulk_len: 1024 * 1024,
+                max_elements: 1024,
+                max_depth: 4,
+                max_line_len: 4096,
+            },
+        }
+    }
+}
+
+/// Where a master's connection stands.
+enum Conn {
+    Down,
+    Connecting(TcpStream),
+    Up(TcpStream),
+}
+
+/// What a pending request was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tag {
+    Auth,
+    Select,
+    ScriptLoad(usize),
+    Op { id: OpId, req: Request, eval: bool },
+}
+
+/// One master.
+pub(crate) struct Node {
+    pub name: Arc<str>,
+    addr: SocketAddr,
+    user: Option<String>,
+    password: Option<String>,
+    db: u32,
+    conn: Conn,
+    out: Vec<u8>,
+    out_pos: usize,
+    inbuf: Vec<u8>,
+    in_start: usize,
+    in_end: usize,
+    parser: resp::Parser,
+    pending: VecDeque<Tag>,
+    /// Consecutive connections that failed before answering anything.
+    failures: u32,
+    /// The connection has answered at least one request.
+    answered: bool,
+    retry_at: Option<Instant>,
+    connect_deadline: Instant,
+    last_progress: Instant,
+    pub last_fault: Option<Fault>,
+    /// Counters, for tests and benchmarks.
+    pub stats: NodeStats,
+}
+
+/// Per-master counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeStats {
+    /// Successful `connect`s.
+    pub connects: u64,
+    /// `write` calls.
+    pub writes: u64,
+    /// `read` calls.
+    pub reads: u64,
+    /// Requests retried with `EVAL` after `-NOSCRIPT`.
+    pub noscript: u64,
+}
+
+impl Node {
+    pub(crate) fn new(
+        name: Arc<str>,
+        addr: SocketAddr,
+        user: Option<String>,
+        password: Option<String>,
+        db: u32,
+        limits: resp::Limits,
+        now: Instant,
+    ) -> Self {
+        Node {
+            name,
+            addr,
+            user,
+            password,
+            db,
+            conn: Conn::Down,
+            out: Vec::with_capacity(4096),
+            out_pos: 0,
+            inbuf: vec![0; INBUF_START],
+            in_start: 0,
+            in_end: 0,
+            parser: resp::Parser::new(limits),
+            pending: VecDeque::with_capacity(256),
+            failures: 0,
+            answered: false,
+            retry_at: None,
+            connect_deadline: now,
+            last_progress: now,
+            last_fault: None,
+            stats: NodeStats::default(),
+        }
+    }
+
+    pub(crate) fn is_up(&self) -> bool {
+        matches!(self.conn, Conn::Up(_))
+    }
+}
+
+/// A handle to an op: slot index plus generation, so a stale handle never aliases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct OpId {
+    slot: u32,
+    gen: u32,
+}
+
+/// The arguments of an op, kept so a request can be re-sent with `EVAL`.
+#[derive(Clone, Default)]
+pub(crate) struct OpArgs {
+    pub keys: KeyList,
+    pub token: Option<Token>,
+    pub ttl_ms: u64,
+}
+
+impl OpArgs {
+    pub(crate) fn set<'k>(
+        &mut self,
+        keys: impl IntoIterator<Item = &'k [u8]>,
+        token: Token,
+        ttl_ms: u64,
+    ) {
+        self.keys.clear();
+        for k in keys {
+            self.keys.push(k);
+        }
+        self.token = Some(token);
+        self.ttl_ms = ttl_ms;
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OpState {
+    Free,
+    Active,
+    Decided,
+}
+
+/// One fan-out round.
+pub(crate) struct Op {
+    gen: u32,
+    state: OpState,
+    pub req: Request,
+    pub tally: Tally,
+    pub started: Instant,
+    pub deadline: Instant,
+    pub decided_at: Instant,
+    pub args: OpArgs,
+    /// Replies still owed to this op.
+    outstanding: u32,
+    /// Nobody collects the result (cleanup releases).
+    detached: bool,
+    collected: bool,
+}
+
+impl Op {
+    pub(crate) fn is_decided(&self) -> bool {
+        self.state == OpState::Decided
+    }
+}
+
+/// The event loop and its masters.
+pub(crate) struct Engine {
+    poll: Poll,
+    events: Events,
+    pub nodes: Vec<Node>,
+    ops: Vec<Op>,
+    free: Vec<u32>,
+    scratch: Vec<u8>,
+    pub cfg: NetConfig,
+    quorum: usize,
+    waker: Arc<Waker>,
+}
+
+impl Engine {
+    pub(crate) fn new(nodes: Vec<Node>, cfg: NetConfig) -> io::Result<Self> {
+        let poll = Poll::new()?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+        let quorum = rules::quorum(nodes.len());
+        let mut e = Engine {
+            poll,
+            events: Events::with_capacity(64),
+            nodes,
+            ops: Vec::with_capacity(64),
+            free: Vec::with_capacity(64),
+            scratch: Vec::with_capacity(1024),
+            cfg,
+            quorum,
+            waker,
+        };
+        // Pre-build a few slots so the first cycles do not allocate either.
+        for _ in 0..4 {
+            e.new_slot();
+        }
+        Ok(e)
+    }
+
+    pub(crate) fn waker(&self) -> Arc<Waker> {
+        self.waker.clone()
+    }
+
+    pub(crate) fn quorum(&self) -> usize {
+        self.quorum
+    }
+
+    fn new_slot(&mut self) -> u32 {
+        let n = self.nodes.len();
+        let now = Instant::now();
+        self.ops.push(Op {
+            gen: 0,
+            state: OpState::Free,
+            req: Request::Acquire,
+            tally: Tally::new(n, self.quorum),
+            started: now,
+            deadline: now,
+            decided_at: now,
+            args: OpArgs::default(),
+            outstanding: 0,
+            detached: false,
+            collected: false,
+        });
+        let slot = (self.ops.len() - 1) as u32;
+        self.free.push(slot);
+        slot
+    }
+
+    pub(crate) fn op(&self, id: OpId) -> &Op {
+        let op = &self.ops[id.slot as usize];
+        debug_assert_eq!(op.gen, id.gen);
+        op
+    }
+
+    /// Start an op: encode `req` for every master `target` accepts, queue it, and record
+    /// an immediate failure for masters that are down. Call [`Engine::flush`] after
+    /// starting all ops of a batch.
+    pub(crate) fn start(
+        &mut self,
+        req: Request,
+        fill: impl FnOnce(&mut OpArgs),
+        timeout: Duration,
+        now: Instant,
+        target: impl Fn(usize) -> bool,
+        detached: bool,
+    ) -> OpId {
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None => {
+                self.new_slot();
+                self.free.pop().expect("slot just pushed")
+            }
+        };
+        let n = self.nodes.len();
+        let quorum = self.quorum;
+        let op = &mut self.ops[slot as usize];
+        op.gen = op.gen.wrapping_add(1);
+        op.state = OpState::Active;
+        op.req = req;
+        op.tally.reset(n, quorum);
+        op.started = now;
+        op.deadline = now + timeout;
+        op.decided_at = now;
+        op.outstanding = 0;
+        op.detached = detached;
+        op.collected = false;
+        fill(&mut op.args);
+        let id = OpId { slot, gen: op.gen };
+        // Encode once, copy to every master.
+        self.scratch.clear();
+        encode_request(&mut self.scratch, req, &self.ops[slot as usize].args, false);
+        for i in 0..n {
+            if !target(i) {
+                // Not asked: counts as a no, so the tally still decides.
+                self.record(id, i, Outcome::NotHeld, now);
+                continue;
+            }
+            match self.ensure_connection(i, now) {
+                Ok(()) => {
+                    let node = &mut self.nodes[i];
+                    if node.pending.is_empty() {
+                        node.last_progress = now;
+                    }
+                    node.out.extend_from_slice(&self.scratch);
+                    node.pending.push_back(Tag::Op {
+                        id,
+                        req,
+                        eval: false,
+                    });
+                    self.ops[slot as usize].outstanding += 1;
+                }
+                Err(fault) => self.record(id, i, Outcome::Failed(fault), now),
+            }
+        }
+        self.check_decided(id, now);
+        id
+    }
+
+    /// The caller has read the op's result; its slot is reused once no reply is owed.
+    pub(crate) fn finish(&mut self, id: OpId) {
+        let op = &mut self.ops[id.slot as usize];
+        if op.gen == id.gen {
+            op.collected = true;
+            self.maybe_free(id.slot);
+        }
+    }
+
+    fn maybe_free(&mut self, slot: u32) {
+        let op = &mut self.ops[slot as usize];
+        if op.state == OpState::Decided && op.outstanding == 0 && (op.collected || op.detached) {
+            op.state = OpState::Free;
+            self.free.push(slot);
+        }
+    }
+
+    fn record(&mut self, id: OpId, node: usize, outcome: Outcome, now: Instant) {
+        let op = &mut self.ops[id.slot as usize];
+        if op.gen != id.gen || op.state == OpState::Free {
+            return;
+        }
+        op.tally.record(node, outcome);
+        self.check_decided(id, now);
+    }
+
+    fn check_decided(&mut self, id: OpId, now: Instant) {
+        let op = &mut self.ops[id.slot as usize];
+        if op.state == OpState::Active && op.tally.decision() != Decision::Open {
+            op.state = OpState::Decided;
+            op.decided_at = now;
+        }
+        self.maybe_free(id.slot);
+    }
+
+    /// Make sure master `i` has (or is getting) a connection; `Err` when it is backing off
+    /// or the connect failed at once.
+    fn ensure_connection(&mut self, i: usize, now: Instant) -> Result<(), Fault> {
+        let node = &mut self.nodes[i];
+        match node.conn {
+            Conn::Up(_) | Conn::Connecting(_) => {
+                if node.pending.len() >= self.cfg.max_pending {
+                    self.fail_node(i, Fault::Closed(io::ErrorKind::OutOfMemory), now);
+                    return Err(Fault::Down);
+                }
+                return Ok(());
+            }
+            Conn::Down => {}
+        }
+        if let Some(at) = node.retry_at {
+            if now < at {
+                return Err(node.last_fault.unwrap_or(Fault::Down));
+            }
+        }
+        match connect(node.addr) {
+            Ok(mut stream) => {
+                if let Err(e) = self.poll.registry().register(
+                    &mut stream,
+                    MioToken(i),
+                    Interest::READABLE | Interest::WRITABLE,
+                ) {
+                    let f = Fault::Connect(e.kind());
+                    self.connect_failed(i, f, now);
+                    return Err(f);
+                }
+                let node = &mut self.nodes[i];
+                node.conn = Conn::Connecting(stream);
+                node.connect_deadline = now + self.cfg.connect_timeout;
+                node.last_progress = now;
+                node.answered = false;
+                node.out.clear();
+                node.out_pos = 0;
+                node.in_start = 0;
+                node.in_end = 0;
+                node.parser.reset();
+                write_handshake(node);
+                Ok(())
+            }
+            Err(e) => {
+                let f = Fault::Connect(e.kind());
+                self.connect_failed(i, f, now);
+                Err(f)
+            }
+        }
+    }
+
+    fn connect_failed(&mut self, i: usize, fault: Fault, now: Instant) {
+        let node = &mut self.nodes[i];
+        node.failures = node.failures.saturating_add(1);
+        let shift = (node.failures - 1).min(16);
+        let backoff = self
+            .cfg
+            .backoff_min
+            .saturating_mul(1 << shift)
+            .min(self.cfg.backoff_max);
+        node.retry_at = Some(now + backoff);
+        node.last_fault = Some(fault);
+    }
+
+    /// Close master `i`'s connection: every request still owed an answer fails with
+    /// `fault`.
+    pub(crate) fn fail_node(&mut self, i: usize, fault: Fault, now: Instant) {
+        let node = &mut self.nodes[i];
+        let conn = std::mem::replace(&mut node.conn, Conn::Down);
+        match conn {
+            Conn::Up(mut s) | Conn::Connecting(mut s) => {
+                let _ = self.poll.registry().deregister(&mut s);
+            }
+            Conn::Down => {}
+        }
+        let node = &mut self.nodes[i];
+        node.out.clear();
+        node.out_pos = 0;
+        node.in_start = 0;
+        node.in_end = 0;
+        node.parser.reset();
+        let answered = node.answered;
+        let mut pending = std::mem::take(&mut node.pending);
+        for tag in pending.drain(..) {
+            if let Tag::Op { id, .. } = tag {
+                self.owed_reply_arrived(id);
+                self.record(id, i, Outcome::Failed(fault), now);
+                self.maybe_free(id.slot);
+            }
+        }
+        // Give the (empty) queue its storage back.
+        self.nodes[i].pending = pending;
+        if answered {
+            let node = &mut self.nodes[i];
+            node.failures = 0;
+            node.retry_at = None;
+            node.last_fault = Some(fault);
+        } else {
+            self.connect_failed(i, fault, now);
+        }
+    }
+
+    fn owed_reply_arrived(&mut self, id: OpId) {
+        let op = &mut self.ops[id.slot as usize];
+        if op.gen == id.gen {
+            op.outstanding = op.outstanding.saturating_sub(1);
+        }
+    }
+
+    /// Write every master's queued bytes: one `write` per master when the kernel takes
+    /// them all (the normal case).
+    pub(crate) fn flush(&mut self, now: Instant) {
+        for i in 0..self.nodes.len() {
+            self.flush_node(i, now);
+        }
+    }
+
+    fn flush_node(&mut self, i: usize, now: Instant) {
+        let node = &mut self.nodes[i];
+        let Conn::Up(stream) = &mut node.conn else {
+            return;
+        };
+        while node.out_pos < node.out.len() {
+            node.stats.writes += 1;
+            match stream.write(&node.out[node.out_pos..]) {
+                Ok(0) => {
+                    self.fail_node(i, Fault::Closed(io::ErrorKind::WriteZero), now);
+                    return;
+                }
+                Ok(n) => node.out_pos += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    self.fail_node(i, Fault::Closed(e.kind()), now);
+                    return;
+                }
+            }
+        }
+        node.out.clear();
+        node.out_pos = 0;
+    }
+
+    /// Poll and process replies until `done` holds, or `until` passes. Expires ops whose
+    /// deadline passed. Returns `Ok(true)` when `done` held, `Ok(false)` at `until`.
+    pub(crate) fn drive(
+        &mut self,
+        until: Option<Instant>,
+        mut done: impl FnMut(&Engine) -> bool,
+        mut interrupted: impl FnMut() -> bool,
+    ) -> io::Result<bool> {
+        loop {
+            let now = Instant::now();
+            let next = self.tick(now);
+            if done(self) {
+                return Ok(true);
+            }
+            if interrupted() {
+                return Ok(false);
+            }
+            let wake = match (next, until) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            if let Some(u) = until {
+                if now >= u {
+                    return Ok(false);
+                }
+            }
+            let timeout = if self.cfg.busy_poll {
+                Some(Duration::ZERO)
+            } else {
+                wake.map(|w| w.saturating_duration_since(now))
+            };
+            self.poll_once(timeout)?;
+        }
+    }
+
+    /// Handle timers; returns the next instant something is due.
+    fn tick(&mut self, now: Instant) -> Option<Instant> {
+        let mut next: Option<Instant> = None;
+        let mut due = |t: Instant| next = Some(next.map_or(t, |n: Instant| n.min(t)));
+        for slot in 0..self.ops.len() {
+            let op = &mut self.ops[slot];
+            if op.state == OpState::Active {
+                if now >= op.deadline {
+                    op.tally.expire();
+                    let id = OpId {
+                        slot: slot as u32,
+                        gen: op.gen,
+                    };
+                    self.check_decided(id, now);
+                } else {
+                    due(op.deadline);
+                }
+            }
+        }
+        for i in 0..self.nodes.len() {
+            let node = &self.nodes[i];
+            match node.conn {
+                Conn::Connecting(_) if now >= node.connect_deadline => {
+                    self.fail_node(i, Fault::Connect(io::ErrorKind::TimedOut), now);
+                }
+                Conn::Connecting(_) => due(node.connect_deadline),
+                Conn::Up(_) if !node.pending.is_empty() => {
+                    let stall = node.last_progress + self.cfg.stall_timeout;
+                    if now >= stall {
+                        self.fail_node(i, Fault::Closed(io::ErrorKind::TimedOut), now);
+                    } else {
+                        due(stall);
+                    }
+                }
+                _ => {}
+            }
+        }
+        next
+    }
+
+    fn poll_once(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        match self.poll.poll(&mut self.events, timeout) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        let now = Instant::now();
+        // Collect first: handling an event needs `&mut self`.
+        let mut ready: SmallVec<[(usize, bool, bool); 16]> = SmallVec::new();
+        for ev in self.events.iter() {
+            if ev.token() == WAKER {
+                continue;
+            }
+            ready.push((
+                ev.token().0,
+                ev.is_readable() || ev.is_read_closed() || ev.is_error(),
+                ev.is_writable() || ev.is_write_closed() || ev.is_error(),
+            ));
+        }
+        for (i, readable, writable) in ready {
+            if i >= self.nodes.len() {
+                continue; // spurious
+            }
+            if matches!(self.nodes[i].conn, Conn::Connecting(_)) {
+                if !writable && !readable {
+                    continue;
+                }
+                match self.finish_connect(i) {
+                    Ok(true) => {
+                        let node = &mut self.nodes[i];
+                        node.stats.connects += 1;
+                        self.flush_node(i, now);
+                    }
+                    Ok(false) => continue,
+                    Err(f) => {
+                        self.fail_node(i, f, now);
+                        continue;
+                    }
+                }
+            } else if writable {
+                self.flush_node(i, now);
+            }
+            if readable && self.nodes[i].is_up() {
+                self.read_node(i, now);
+            }
+        }
+        Ok(())
+    }
+
+    /// The documented non-blocking connect steps: a pending error means failure; a
+    /// `peer_addr` means connected; `NotConnected` means not yet.
+    fn finish_connect(&mut self, i: usize) -> Result<bool, Fault> {
+        let node = &mut self.nodes[i];
+        let Conn::Connecting(stream) = &mut node.conn else {
+            return Ok(true);
+        };
+        if let Ok(Some(e)) | Err(e) = stream.take_error() {
+            return Err(Fault::Connect(e.kind()));
+        }
+        match stream.peer_addr() {
+            Ok(_) => {
+                let Conn::Connecting(s) = std::mem::replace(&mut node.conn, Conn::Down) else {
+                    unreachable!()
+                };
+                node.conn = Conn::Up(s);
+                Ok(true)
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(false),
+            Err(e) => Err(Fault::Connect(e.kind())),
+        }
+    }
+
+    fn read_node(&mut self, i: usize, now: Instant) {
+        loop {
+            let node = &mut self.nodes[i];
+            // Make room: compact, or grow up to the largest frame the limits allow.
+            if node.in_end == node.inbuf.len() {
+                if node.in_start > 0 {
+                    node.inbuf.copy_within(node.in_start..node.in_end, 0);
+                    node.in_end -= node.in_start;
+                    node.in_start = 0;
+                } else {
+                    let cap = node.parser.limits().max_bulk_len + 64 * 1024;
+                    if node.inbuf.len() >= cap {
+                        self.fail_node(i, Fault::Protocol(resp::Error::BulkTooLong), now);
+                        return;
+                    }
+                    let new_len = (node.inbuf.len() * 2).min(cap);
+                    node.inbuf.resize(new_len, 0);
+                }
+            }
+            let Conn::Up(stream) = &mut node.conn else {
+                return;
+            };
+            let space = node.inbuf.len() - node.in_end;
+            node.stats.reads += 1;
+            match stream.read(&mut node.inbuf[node.in_end..]) {
+                Ok(0) => {
+                    self.fail_node(i, Fault::Closed(io::ErrorKind::UnexpectedEof), now);
+                    return;
+                }
+                Ok(n) => {
+                    node.in_end += n;
+                    node.last_progress = now;
+                    if !self.process_replies(i, now) {
+                        return;
+                    }
+                    // A short read drained the socket: the next edge will tell us more.
+                    if n < space {
+                        return;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    self.fail_node(i, Fault::Closed(e.kind()), now);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Parse and dispatch every complete reply; `false` if the connection was closed.
+    fn process_replies(&mut self, i: usize, now: Instant) -> bool {
+        loop {
+            let node = &mut self.nodes[i];
+            if node.in_start == node.in_end {
+                node.in_start = 0;
+                node.in_end = 0;
+                return true;
+            }
+            let parsed = node.parser.parse(&node.inbuf[node.in_start..node.in_end]);
+            let (outcome_or_fault, used) = match parsed {
+                Ok(resp::Status::Complete((frame, used))) => {
+                    let Some(tag) = node.pending.pop_front() else {
+                        // More replies than requests: the stream can not be trusted.
+                        self.fail_node(i, Fault::Unexpected, now);
+                        return false;
+                    };
+                    (interpret(tag, &frame), used)
+                }
+                Ok(resp::Status::Partial(_)) => return true,
+                Err(e) => {
+                    self.fail_node(i, Fault::Protocol(e), now);
+                    return false;
+                }
+            };
+            node.in_start += used;
+            node.answered = true;
+            match outcome_or_fault {
+                Reply::Handshake(Ok(())) => {
+                    node.failures = 0;
+                    node.retry_at = None;
+                }
+                Reply::Handshake(Err(f)) | Reply::Poison(f) => {
+                    if matches!(f, Fault::Handshake(_)) {
+                        // A refused handshake is a configuration problem: back off.
+                        node.answered = false;
+                    }
+                    self.fail_node(i, f, now);
+                    return false;
+                }
+                Reply::Op {
+                    id,
+                    req,
+                    eval,
+                    outcome,
+                } => {
+                    if let Outcome::Failed(Fault::Redis(t)) = outcome {
+                        if t.starts_with(b"NOSCRIPT")
+                            && !eval
+                            && self.retry_with_eval(i, id, req, now)
+                        {
+                            continue;
+                        }
+                    }
+                    self.owed_reply_arrived(id);
+                    self.record(id, i, outcome, now);
+                    self.maybe_free(id.slot);
+                }
+            }
+        }
+    }
+
+    /// `-NOSCRIPT` (the master restarted or its script cache was flushed): send the same
+    /// request again with `EVAL`, which also caches the script. The op keeps waiting.
+    fn retry_with_eval(&mut self, i: usize, id: OpId, req: Request, now: Instant) -> bool {
+        let op = &self.ops[id.slot as usize];
+        if op.gen != id.gen || op.state == OpState::Free {
+            return false;
+        }
+        let node = &mut self.nodes[i];
+        node.stats.noscript += 1;
+        encode_request(&mut node.out, req, &op.args, true);
+        node.pending.push_back(Tag::Op {
+            id,
+            req,
+            eval: true,
+        });
+        self.flush_node(i, now);
+        true
+    }
+
+    /// Counters of every master.
+    pub(crate) fn stats(&self) -> impl Iterator<Item = NodeStats> + '_ {
+        self.nodes.iter().map(|n| n.stats)
+    }
+}
+
+enum Reply {
+    Handshake(Result<(), Fault>),
+    Op {
+        id: OpId,
+        req: Request,
+        eval: bool,
+        outcome: Outcome,
+    },
+    Poison(Fault),
+}
+
+fn interpret(tag: Tag, frame: &Frame<'_>) -> Reply {
+    let refused = |f: &Frame<'_>| match f {
+        Frame::Error(m) | Frame::BulkError(m) => Fault::Handshake(ErrorText::new(m)),
+        _ => Fault::Unexpected,
+    };
+    match tag {
+        Tag::Auth | Tag::Select => match frame {
+            Frame::Simple(b"OK") => Reply::Handshake(Ok(())),
+            f => Reply::Handshake(Err(refused(f))),
+        },
+        Tag::ScriptLoad(k) => match frame {
+            Frame::Bulk(sha) if sha.eq_ignore_ascii_case(scripts::ALL[k].sha.as_bytes()) => {
+                Reply::Handshake(Ok(()))
+            }
+            Frame::Bulk(_) => Reply::Handshake(Err(Fault::Handshake(ErrorText::new(
+                b"SCRIPT LOAD returned an unexpected SHA1",
+            )))),
+            f => Reply::Handshake(Err(refused(f))),
+        },
+        Tag::Op { id, req, eval } => match rules::classify(req, frame) {
+            Ok(outcome) => Reply::Op {
+                id,
+                req,
+                eval,
+                outcome,
+            },
+            Err(()) => Reply::Poison(Fault::Unexpected),
+        },
+    }
+}
+
+#[cfg(target_os = "linux")]
+const EINPROGRESS: i32 = 115;
+#[cfg(not(target_os = "linux"))]
+const EINPROGRESS: i32 = 36;
+
+fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
+    let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    sock.set_nonblocking(true)?;
+    sock.set_tcp_nodelay(true)?;
+    sock.set_keepalive(true)?;
+    match sock.connect(&addr.into()) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+        // EINPROGRESS (Linux 115): the connect goes on in the background.
+        Err(e) if e.raw_os_error() == Some(EINPROGRESS) => {}
+        Err(e) => return Err(e),
+    }
+    Ok(TcpStream::from_std(std::net::TcpStream::from(sock)))
+}
+
+/// AUTH, SELECT and SCRIPT LOAD, queued ahead of whatever the first round sends, so a
+/// (re)connect costs no extra round trip.
+fn write_handshake(node: &mut Node) {
+    if let Some(pw) = &node.password {
+        match &node.user {
+            Some(u) => resp::encode_command(
+                &mut node.out,
+                &[
+                    Arg::Bytes(b"AUTH"),
+                    Arg::Bytes(u.as_bytes()),
+                    Arg::Bytes(pw.as_bytes()),
+                ],
+            ),
+            None => resp::encode_command(
+                &mut node.out,
+                &[Arg::Bytes(b"AUTH"), Arg::Bytes(pw.as_bytes())],
+            ),
+        }
+        node.pending.push_back(Tag::Auth);
+    }
+    if node.db != 0 {
+        resp::encode_command(
+            &mut node.out,
+            &[Arg::Bytes(b"SELECT"), Arg::Uint(node.db as u64)],
+        );
+        node.pending.push_back(Tag::Select);
+    }
+    for (k, s) in scripts::ALL.iter().enumerate() {
+        resp::encode_command(
+            &mut node.out,
+            &[
+                Arg::Bytes(b"SCRIPT"),
+                Arg::Bytes(b"LOAD"),
+                Arg::Bytes(s.src.as_bytes()),
+            ],
+        );
+        node.pending.push_back(Tag::ScriptLoad(k));
+    }
+}
+
+/// Encode one request of an op. Single-key acquire is `SET key token NX PX ttl`; the rest
+/// are scripts, by `EVALSHA` (or `EVAL` after `-NOSCRIPT`).
+fn encode_request(out: &mut Vec<u8>, req: Request, args: &OpArgs, eval: bool) {
+    let token: &[u8] = args.token.as_ref().map_or(&[], |t| t.as_bytes());
+    let nkeys = args.keys.len();
+    let mut v: SmallVec<[Arg<'_>; 16]> = SmallVec::new();
+    let script: Script = match req {
+        Request::Acquire if nkeys == 1 => {
+            let key = args.keys.iter().next().unwrap_or(&[]);
+            resp::encode_command(
+                out,
+                &[
+                    Arg::Bytes(b"SET"),
+                    Arg::Bytes(key),
+                    Arg::Bytes(token),
+                    Arg::Bytes(b"NX"),
+                    Arg::Bytes(b"PX"),
+                    Arg::Uint(args.ttl_ms),
+                ],
+            );
+            return;
+        }
+        Request::Acquire => scripts::ACQUIRE_MANY,
+        Request::Release => scripts::RELEASE,
+        Request::Extend => scripts::EXTEND,
+    };
+    if eval {
+        v.push(Arg::Bytes(b"EVAL"));
+        v.push(Arg::Bytes(script.src.as_bytes()));
+    } else {
+        v.push(Arg::Bytes(b"EVALSHA"));
+        v.push(Arg::Bytes(script.sha.as_bytes()));
+    }
+    v.push(Arg::Uint(nkeys as u64));
+    v.extend(args.keys.iter().map(Arg::Bytes));
+    v.push(Arg::Bytes(token));
+    if req != Request::Release {
+        v.push(Arg::Uint(args.ttl_ms));
+    }
+    resp::encode_command(out, &v);
+}

@@ -1,0 +1,502 @@
+//! The Redlock rules as plain state: no sockets, no clock reads, no sleeping.
+//!
+//! Everything here takes time as an argument, so it runs the same under the mio shell
+//! ([`crate::Redlock`]) and under a simulator with fake masters and simulated time.
+//!
+//! * [`quorum`]: N/2 + 1.
+//! * [`Tally`]: the votes of one fan-out round, and whether it is decided.
+//! * [`validity`]: `ttl - elapsed - (ttl * drift_factor + 2 ms)`.
+//! * [`judge_acquire`]: acquired, taken, no quorum, or validity used up.
+//! * [`classify`]: what a master's reply to one of our requests means.
+//! * [`retry_delay`]: a uniformly random delay around a base, so competing clients
+//!   desynchronise.
+
+use std::time::Duration;
+
+use smallvec::SmallVec;
+
+use crate::resp::Frame;
+
+/// The fixed part of the clock-drift allowance: Redis expires keys with ~1 ms precision,
+/// plus a margin for the client's own timer granularity.
+pub const DRIFT_FIXED: Duration = Duration::from_millis(2);
+
+/// The smallest majority of `n` masters: `n / 2 + 1`.
+///
+/// ```
+/// assert_eq!(redlock_mux::rules::quorum(1), 1);
+/// assert_eq!(redlock_mux::rules::quorum(4), 3);
+/// assert_eq!(redlock_mux::rules::quorum(5), 3);
+/// ```
+pub const fn quorum(n: usize) -> usize {
+    n / 2 + 1
+}
+
+/// The clock-drift allowance for a TTL: `ttl * drift_factor + 2 ms`.
+pub fn drift(ttl: Duration, drift_factor: f64) -> Duration {
+    ttl.mul_f64(drift_factor) + DRIFT_FIXED
+}
+
+/// How long a lock taken with `ttl`, whose round took `elapsed`, can still be trusted:
+/// `ttl - elapsed - drift`, or `None` when that is zero or less.
+///
+/// ```
+/// use std::time::Duration;
+/// use redlock_mux::rules::validity;
+/// let ttl = Duration::from_secs(10);
+/// // 10 s - 5 ms - (100 ms + 2 ms)
+/// assert_eq!(validity(ttl, Duration::from_millis(5), 0.01), Some(Duration::from_millis(9893)));
+/// assert_eq!(validity(ttl, Duration::from_secs(10), 0.01), None);
+/// ```
+pub fn validity(ttl: Duration, elapsed: Duration, drift_factor: f64) -> Option<Duration> {
+    ttl.checked_sub(elapsed)
+        .and_then(|left| left.checked_sub(drift(ttl, drift_factor)))
+        .filter(|v| !v.is_zero())
+}
+
+/// A uniformly random delay in `[base - jitter, base + jitter]` (saturating at zero).
+pub fn retry_delay(base: Duration, jitter: Duration, rng: &mut fastrand::Rng) -> Duration {
+    let lo = base.saturating_sub(jitter).as_micros() as u64;
+    let hi = base.saturating_add(jitter).as_micros() as u64;
+    Duration::from_micros(rng.u64(lo..=hi))
+}
+
+/// A copy of a Redis error line (`-ERR ...`), kept inline so reporting it never allocates.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct ErrorText {
+    len: u8,
+    buf: [u8; 62],
+}
+
+impl ErrorText {
+    /// Keep the first 62 bytes of `msg`.
+    pub fn new(msg: &[u8]) -> Self {
+        let mut buf = [0u8; 62];
+        let len = msg.len().min(buf.len());
+        buf[..len].copy_from_slice(&msg[..len]);
+        ErrorText {
+            len: len as u8,
+            buf,
+        }
+    }
+    /// The (possibly truncated) bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len as usize]
+    }
+    /// `true` when the message starts with `prefix` (e.g. `b"NOSCRIPT"`).
+    pub fn starts_with(&self, prefix: &[u8]) -> bool {
+        self.as_bytes().starts_with(prefix)
+    }
+}
+
+impl std::fmt::Display for ErrorText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&String::from_utf8_lossy(self.as_bytes()))
+    }
+}
+
+impl std::fmt::Debug for ErrorText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", String::from_utf8_lossy(self.as_bytes()))
+    }
+}
+
+/// Why a master could not give a usable answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Not connected, and the reconnect backoff has not run out yet.
+    Down,
+    /// Connecting failed (refused, unreachable, timed out...).
+    Connect(std::io::ErrorKind),
+    /// The connection closed or failed while the request was outstanding.
+    Closed(std::io::ErrorKind),
+    /// The master sent bytes that are not valid RESP; the connection was closed.
+    Protocol(crate::resp::Error),
+    /// A valid frame, but not a possible answer to the request; the connection was closed.
+    Unexpected,
+    /// The master answered with an error reply.
+    Redis(ErrorText),
+    /// The connection handshake (AUTH, SELECT, SCRIPT LOAD, INFO) was refused.
+    Handshake(ErrorText),
+    /// The master restarted less than `max_ttl` ago and may have forgotten held locks:
+    /// its votes do not count yet (the amnesia guard).
+    Amnesiac,
+}
+
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Fault::Down => f.write_str("down (waiting to reconnect)"),
+            Fault::Connect(k) => write!(f, "connect failed: {k}"),
+            Fault::Closed(k) => write!(f, "connection lost: {k}"),
+            Fault::Protocol(e) => write!(f, "protocol error: {e}"),
+            Fault::Unexpected => f.write_str("unexpected reply"),
+            Fault::Redis(t) => write!(f, "error reply: {t}"),
+            Fault::Handshake(t) => write!(f, "handshake refused: {t}"),
+            Fault::Amnesiac => f.write_str("restarted recently (amnesia guard): vote not counted"),
+        }
+    }
+}
+
+/// What one master did in one round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// No answer yet.
+    Pending,
+    /// Yes: the key was set (acquire), deleted (release) or extended (extend).
+    Ok,
+    /// The key is held by someone else (`SET NX` answered null).
+    Taken,
+    /// Release or extend: the key does not hold our token (expired or someone else's).
+    NotHeld,
+    /// No answer within the round's timeout.
+    TimedOut,
+    /// No usable answer.
+    Failed(Fault),
+}
+
+impl Outcome {
+    /// `true` for [`Outcome::Ok`].
+    pub fn is_ok(&self) -> bool {
+        matches!(self, Outcome::Ok)
+    }
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Outcome::Pending => f.write_str("pending"),
+            Outcome::Ok => f.write_str("ok"),
+            Outcome::Taken => f.write_str("taken"),
+            Outcome::NotHeld => f.write_str("not held"),
+            Outcome::TimedOut => f.write_str("timed out"),
+            Outcome::Failed(fault) => fault.fmt(f),
+        }
+    }
+}
+
+/// Where a round stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Neither a quorum of yes nor enough no's yet.
+    Open,
+    /// At least a quorum said yes.
+    Reached,
+    /// Too many said no (or failed) for a quorum to be possible.
+    Impossible,
+}
+
+/// The votes of one fan-out round over N masters.
+///
+/// Inline for up to 8 masters (no allocation); more masters work but allocate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tally {
+    need: usize,
+    yes: usize,
+    no: usize,
+    outcomes: SmallVec<[Outcome; 8]>,
+}
+
+impl Tally {
+    /// A round over `n` masters that needs `need` yes votes.
+    pub fn new(n: usize, need: usize) -> Self {
+        let mut outcomes = SmallVec::new();
+        outcomes.resize(n, Outcome::Pending);
+        Tally {
+            need,
+            yes: 0,
+            no: 0,
+            outcomes,
+        }
+    }
+
+    /// Reset for reuse, keeping the storage.
+    pub fn reset(&mut self, n: usize, need: usize) {
+        self.need = need;
+        self.yes = 0;
+        self.no = 0;
+        self.outcomes.clear();
+        self.outcomes.resize(n, Outcome::Pending);
+    }
+
+    /// Record master `node`'s outcome. Only the first answer per master counts; returns
+    /// whether this one was recorded.
+    pub fn record(&mut self, node: usize, outcome: Outcome) -> bool {
+        match self.outcomes.get_mut(node) {
+            Some(slot @ Outcome::Pending) if outcome != Outcome::Pending => {
+                *slot = outcome;
+                if outcome.is_ok() {
+                    self.yes += 1;
+                } else {
+                    self.no += 1;
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether the round is decided.
+    pub fn decision(&self) -> Decision {
+        if self.yes >= self.need {
+            Decision::Reached
+        } else if self.yes + self.pending() < self.need {
+            Decision::Impossible
+        } else {
+            Decision::Open
+        }
+    }
+
+    /// The round's time ran out: every master still pending has timed out.
+    pub fn expire(&mut self) {
+        for o in self.outcomes.iter_mut() {
+            if *o == Outcome::Pending {
+                *o = Outcome::TimedOut;
+                self.no += 1;
+            }
+        }
+    }
+
+    /// Yes votes so far.
+    pub fn yes(&self) -> usize {
+        self.yes
+    }
+    /// Masters that have not answered.
+    pub fn pending(&self) -> usize {
+        self.outcomes.len() - self.yes - self.no
+    }
+    /// Yes votes needed.
+    pub fn need(&self) -> usize {
+        self.need
+    }
+    /// Each master's outcome, by index.
+    pub fn outcomes(&self) -> &[Outcome] {
+        &self.outcomes
+    }
+    /// How many masters had `outcome`.
+    pub fn count(&self, outcome: Outcome) -> usize {
+        self.outcomes.iter().filter(|o| **o == outcome).count()
+    }
+}
+
+/// The verdict on an acquire round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AcquireVerdict {
+    /// A quorum said OK and this much validity is left.
+    Acquired(Duration),
+    /// No quorum, and at least one master said the key is held by someone else.
+    Taken,
+    /// No quorum, only because masters failed or timed out.
+    NoQuorum,
+    /// A quorum said OK, but the validity left is not above the minimum.
+    ValidityUsedUp,
+}
+
+/// Judge a decided (or expired) acquire or extend round.
+///
+/// `elapsed` is measured on the monotonic clock from just before the first request was
+/// written to the moment of the decision.
+pub fn judge_acquire(
+    tally: &Tally,
+    ttl: Duration,
+    elapsed: Duration,
+    drift_factor: f64,
+    min_validity: Duration,
+) -> AcquireVerdict {
+    if tally.yes() >= tally.need() {
+        match validity(ttl, elapsed, drift_factor) {
+            Some(v) if v > min_validity => AcquireVerdict::Acquired(v),
+            _ => AcquireVerdict::ValidityUsedUp,
+        }
+    } else if tally.count(Outcome::Taken) > 0 {
+        AcquireVerdict::Taken
+    } else {
+        AcquireVerdict::NoQuorum
+    }
+}
+
+/// What a request was, for reading its reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Request {
+    /// `SET key token NX PX ttl`, or the multi-key acquire script.
+    Acquire,
+    /// The compare-and-delete script.
+    Release,
+    /// The compare-and-pexpire script.
+    Extend,
+}
+
+/// What a reply to `request` means. `Err(())` for a frame that can not be an answer to it
+/// (the shell then closes that connection). A `-NOSCRIPT` error is returned as
+/// `Outcome::Failed(Fault::Redis(..))`; the shell checks for it and retries with `EVAL`.
+#[allow(clippy::result_unit_err)]
+pub fn classify(request: Request, frame: &Frame<'_>) -> Result<Outcome, ()> {
+    match (request, frame) {
+        (_, Frame::Error(msg)) | (_, Frame::BulkError(msg)) => {
+            Ok(Outcome::Failed(Fault::Redis(ErrorText::new(msg))))
+        }
+        (Request::Acquire, Frame::Simple(b"OK")) => Ok(Outcome::Ok),
+        (Request::Acquire, f) if f.is_null() => Ok(Outcome::Taken),
+        (Request::Acquire, Frame::Integer(1)) => Ok(Outcome::Ok),
+        (Request::Acquire, Frame::Integer(0)) => Ok(Outcome::Taken),
+        (Request::Release | Request::Extend, Frame::Integer(n)) if *n > 0 => Ok(Outcome::Ok),
+        (Request::Release | Request::Extend, Frame::Integer(0)) => Ok(Outcome::NotHeld),
+        _ => Err(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quorum_is_strict_majority() {
+        for (n, q) in [(1, 1), (2, 2), (3, 2), (4, 3), (5, 3), (6, 4), (7, 4)] {
+            assert_eq!(quorum(n), q, "n={n}");
+            assert!(2 * quorum(n) > n, "two quorums of {n} must intersect");
+        }
+    }
+
+    #[test]
+    fn validity_subtracts_elapsed_and_drift() {
+        let ttl = Duration::from_millis(1000);
+        // drift = 10 ms + 2 ms
+        assert_eq!(
+            validity(ttl, Duration::from_millis(8), 0.01),
+            Some(Duration::from_millis(980))
+        );
+        assert_eq!(validity(ttl, Duration::from_millis(988), 0.01), None);
+        assert_eq!(
+            validity(ttl, Duration::from_millis(987), 0.01),
+            Some(Duration::from_millis(1))
+        );
+        assert_eq!(validity(ttl, Duration::from_secs(5), 0.01), None);
+        assert_eq!(validity(Duration::ZERO, Duration::ZERO, 0.0), None);
+    }
+
+    #[test]
+    fn tally_decides_at_quorum_and_at_impossibility() {
+        let mut t = Tally::new(5, 3);
+        assert_eq!(t.decision(), Decision::Open);
+        t.record(0, Outcome::Ok);
+        t.record(1, Outcome::Taken);
+        t.record(2, Outcome::Ok);
+        assert_eq!(t.decision(), Decision::Open);
+        t.record(3, Outcome::Ok);
+        assert_eq!(t.decision(), Decision::Reached);
+
+        let mut t = Tally::new(5, 3);
+        t.record(0, Outcome::Taken);
+        t.record(1, Outcome::TimedOut);
+        assert_eq!(t.decision(), Decision::Open);
+        t.record(4, Outcome::Failed(Fault::Down));
+        assert_eq!(t.decision(), Decision::Impossible, "3 no's of 5");
+    }
+
+    #[test]
+    fn tally_counts_each_master_once() {
+        let mut t = Tally::new(3, 2);
+        assert!(t.record(0, Outcome::Ok));
+        assert!(!t.record(0, Outcome::Ok), "a second answer must not count");
+        assert!(!t.record(7, Outcome::Ok), "no such master");
+        assert_eq!(t.yes(), 1);
+        assert_eq!(t.decision(), Decision::Open);
+        t.expire();
+        assert_eq!(
+            t.outcomes(),
+            &[Outcome::Ok, Outcome::TimedOut, Outcome::TimedOut]
+        );
+        assert_eq!(t.decision(), Decision::Impossible);
+    }
+
+    #[test]
+    fn judge_prefers_taken_over_no_quorum() {
+        let ttl = Duration::from_secs(10);
+        let mut t = Tally::new(3, 2);
+        t.record(0, Outcome::Ok);
+        t.record(1, Outcome::Taken);
+        t.record(2, Outcome::TimedOut);
+        assert_eq!(
+            judge_acquire(&t, ttl, Duration::ZERO, 0.01, Duration::ZERO),
+            AcquireVerdict::Taken
+        );
+        let mut t = Tally::new(3, 2);
+        t.record(1, Outcome::Failed(Fault::Down));
+        t.expire();
+        assert_eq!(
+            judge_acquire(&t, ttl, Duration::ZERO, 0.01, Duration::ZERO),
+            AcquireVerdict::NoQuorum
+        );
+    }
+
+    #[test]
+    fn judge_refuses_when_validity_is_used_up() {
+        let ttl = Duration::from_millis(100);
+        let mut t = Tally::new(1, 1);
+        t.record(0, Outcome::Ok);
+        // drift = 1 ms + 2 ms; 100 - 96 - 3 = 1 ms left
+        assert_eq!(
+            judge_acquire(&t, ttl, Duration::from_millis(96), 0.01, Duration::ZERO),
+            AcquireVerdict::Acquired(Duration::from_millis(1))
+        );
+        assert_eq!(
+            judge_acquire(&t, ttl, Duration::from_millis(97), 0.01, Duration::ZERO),
+            AcquireVerdict::ValidityUsedUp
+        );
+        assert_eq!(
+            judge_acquire(
+                &t,
+                ttl,
+                Duration::from_millis(50),
+                0.01,
+                Duration::from_millis(47)
+            ),
+            AcquireVerdict::ValidityUsedUp,
+            "a configured minimum validity must be exceeded"
+        );
+    }
+
+    #[test]
+    fn classify_lock_replies() {
+        use Request::*;
+        assert_eq!(classify(Acquire, &Frame::Simple(b"OK")), Ok(Outcome::Ok));
+        assert_eq!(classify(Acquire, &Frame::NullBulk), Ok(Outcome::Taken));
+        assert_eq!(classify(Acquire, &Frame::Null), Ok(Outcome::Taken));
+        assert_eq!(classify(Release, &Frame::Integer(1)), Ok(Outcome::Ok));
+        assert_eq!(classify(Release, &Frame::Integer(0)), Ok(Outcome::NotHeld));
+        assert_eq!(classify(Extend, &Frame::Integer(0)), Ok(Outcome::NotHeld));
+        assert_eq!(classify(Release, &Frame::Simple(b"OK")), Err(()));
+        assert_eq!(classify(Acquire, &Frame::Simple(b"QUEUED")), Err(()));
+        assert!(matches!(
+            classify(Release, &Frame::Error(b"NOSCRIPT No matching script")),
+            Ok(Outcome::Failed(Fault::Redis(t))) if t.starts_with(b"NOSCRIPT")
+        ));
+    }
+
+    #[test]
+    fn retry_delay_stays_in_range_and_varies() {
+        let mut rng = fastrand::Rng::with_seed(7);
+        let base = Duration::from_millis(200);
+        let jitter = Duration::from_millis(100);
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..1000 {
+            let d = retry_delay(base, jitter, &mut rng);
+            assert!(d >= Duration::from_millis(100) && d <= Duration::from_millis(300));
+            seen.insert(d);
+        }
+        assert!(seen.len() > 100, "jitter must spread the delays");
+        let d = retry_delay(
+            Duration::from_millis(5),
+            Duration::from_millis(50),
+            &mut rng,
+        );
+        assert!(d <= Duration::from_millis(55));
+    }
+
+    #[test]
+    fn error_text_truncates_without_allocating() {
+        let long = [b'x'; 200];
+        assert_eq!(ErrorText::new(&long).as_bytes().len(), 62);
+        assert_eq!(ErrorText::new(b"ERR x").to_string(), "ERR x");
+    }
+}
