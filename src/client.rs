@@ -504,7 +504,7 @@ impl Redlock {
             if let Some(d) = deadline {
                 if wake >= d {
                     // Sleeping would pass the deadline: give up now rather than late.
-                    return Err(Error::DeadlineExceeded(err.report().cloned()));
+                    return Err(Error::DeadlineExceeded(err.report().cloned().map(Box::new)));
                 }
             }
             // Wait on the event loop, not in `sleep`: late replies are read meanwhile.
@@ -547,15 +547,15 @@ impl Redlock {
         }
     }
 
-    fn report(&self, op: Operation, id: OpId, started: Instant, attempts: u32) -> Report {
+    fn report(&self, op: Operation, id: OpId, started: Instant, attempts: u32) -> Box<Report> {
         let o = self.engine.op(id);
-        Report::new(
+        Box::new(Report::new(
             op,
             self.engine.nodes.iter().map(|n| n.name.clone()),
             &o.tally,
             o.decided_at.saturating_duration_since(started),
             attempts,
-        )
+        ))
     }
 
     /// Run one round of `req` for `keys` and wait for its decision (or the deadline, or a

@@ -136,20 +136,20 @@ pub enum Error {
     /// A call's argument is invalid (empty resource, zero TTL...).
     InvalidArgument(String),
     /// The lock is held by someone else: masters said taken and no quorum was reached.
-    Taken(Report),
+    Taken(Box<Report>),
     /// Not enough masters answered OK, because masters were down, erred or timed out.
-    NoQuorum(Report),
+    NoQuorum(Box<Report>),
     /// A quorum said OK, but the round took so long that no validity was left (over the
     /// minimum). The partial lock was released.
-    ValidityUsedUp(Report),
+    ValidityUsedUp(Box<Report>),
     /// Release or extend: the lock is no longer held on a quorum (it expired, or was
     /// taken over after expiring).
-    NotHeld(Report),
+    NotHeld(Box<Report>),
     /// Extend: the lock's validity already ran out locally; it may be held by someone
     /// else by now. Take a new lock.
     Expired,
     /// The overall deadline passed before the lock was acquired.
-    DeadlineExceeded(Option<Report>),
+    DeadlineExceeded(Option<Box<Report>>),
     /// The attempt was cancelled through a [`crate::CancelHandle`].
     Cancelled,
     /// A local I/O failure (the event loop or the OS random source).
@@ -163,7 +163,7 @@ impl Error {
             Error::Taken(r) | Error::NoQuorum(r) | Error::ValidityUsedUp(r) | Error::NotHeld(r) => {
                 Some(r)
             }
-            Error::DeadlineExceeded(r) => r.as_ref(),
+            Error::DeadlineExceeded(r) => r.as_deref(),
             _ => None,
         }
     }

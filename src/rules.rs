@@ -165,7 +165,7 @@ impl Outcome {
 impl std::fmt::Display for Outcome {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Outcome::Pending => f.write_str("pending"),
+            Outcome::Pending => f.write_str("no answer yet"),
             Outcome::Ok => f.write_str("ok"),
             Outcome::Taken => f.write_str("taken"),
             Outcome::NotHeld => f.write_str("not held"),

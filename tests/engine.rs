@@ -1,0 +1,460 @@
+//! The Redlock engine against real `redis-server` masters (started and stopped here).
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redlock_mux::local::{AdminReply, LocalMasters};
+use redlock_mux::{Error, Lock, Outcome, Redlock};
+
+fn masters(n: usize) -> LocalMasters {
+    LocalMasters::start(n).unwrap_or_else(|e| panic!("cannot start {n} redis-server masters: {e}"))
+}
+
+fn client(m: &LocalMasters) -> Redlock {
+    Redlock::builder()
+        .masters(m.urls())
+        .node_timeout(Duration::from_millis(200))
+        .retry_count(0)
+        .build()
+        .expect("client")
+}
+
+fn get(m: &LocalMasters, i: usize, key: &str) -> Option<Vec<u8>> {
+    match m[i].cmd(&[b"GET", key.as_bytes()]).expect("GET") {
+        AdminReply::Bulk(v) => v,
+        other => panic!("GET {key}: {other:?}"),
+    }
+}
+
+fn pttl(m: &LocalMasters, i: usize, key: &str) -> i64 {
+    match m[i].cmd(&[b"PTTL", key.as_bytes()]).expect("PTTL") {
+        AdminReply::Int(v) => v,
+        other => panic!("PTTL {key}: {other:?}"),
+    }
+}
+
+fn holders(m: &LocalMasters, key: &str, lock: &Lock) -> usize {
+    (0..m.len())
+        .filter(|&i| get(m, i, key).as_deref() == Some(lock.token().as_bytes()))
+        .count()
+}
+
+#[test]
+fn one_master_lock_release() {
+    let m = masters(1);
+    let mut c = client(&m);
+    assert_eq!(c.quorum(), 1);
+    let lock = c.try_lock("one", Duration::from_secs(10)).unwrap();
+    assert_eq!(lock.resource(), b"one");
+    assert_eq!(lock.resource_str(), Some("one"));
+    assert!(lock.is_valid());
+    assert!(lock.remaining() > Duration::from_millis(9_800));
+    assert_eq!(get(&m, 0, "one").as_deref(), Some(lock.token().as_bytes()));
+    let ttl = pttl(&m, 0, "one");
+    assert!((9_000..=10_000).contains(&ttl), "PX must be set: {ttl}");
+    c.release(lock).unwrap();
+    assert_eq!(get(&m, 0, "one"), None);
+}
+
+#[test]
+fn five_masters_acquire_extend_release() {
+    let m = masters(5);
+    let mut c = client(&m);
+    assert_eq!(c.quorum(), 3);
+    let ttl = Duration::from_secs(2);
+    let mut lock = c.try_lock("five", ttl).unwrap();
+    assert!(holders(&m, "five", &lock) >= 3);
+    let before = lock.valid_until();
+    c.extend(&mut lock, Duration::from_secs(30)).unwrap();
+    assert!(lock.valid_until() > before + Duration::from_secs(20));
+    assert_eq!(lock.ttl(), Duration::from_secs(30));
+    // Every master that holds the key now has the new TTL (the extend reached all that
+    // answered; at least a quorum).
+    let extended = (0..5).filter(|&i| pttl(&m, i, "five") > 20_000).count();
+    assert!(extended >= 3, "extended on {extended} masters");
+    c.release(lock).unwrap();
+    // Release is written to all masters; the ones not needed for the quorum answer later,
+    // but Redis executes commands of one connection in order, so an admin GET after our
+    // own next round sees them gone.
+    let probe = c.try_lock("probe", Duration::from_secs(1)).unwrap();
+    c.release(probe).unwrap();
+    for i in 0..5 {
+        assert_eq!(get(&m, i, "five"), None, "master {i} still holds the key");
+    }
+}
+
+#[test]
+fn binary_resource_names_are_safe() {
+    let m = masters(3);
+    let mut c = client(&m);
+    let name: &[u8] = b"bin\r\n\0\xff key";
+    let lock = c.try_lock(name, Duration::from_secs(5)).unwrap();
+    assert_eq!(lock.resource(), name);
+    assert_eq!(lock.resource_str(), None);
+    c.release(lock).unwrap();
+}
+
+#[test]
+fn two_clients_contending_exactly_one_wins() {
+    let m = masters(5);
+    let urls = m.urls();
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let handles: Vec<_> = (0..2)
+        .map(|_| {
+            let urls = urls.clone();
+            let barrier = barrier.clone();
+            thread::spawn(move || {
+                let mut c = Redlock::builder()
+                    .masters(urls)
+                    .node_timeout(Duration::from_millis(500))
+                    .build()
+                    .unwrap();
+                // Warm the connections so both attempts really race.
+                let warm = c.try_lock("warm-up", Duration::from_secs(1));
+                if let Ok(l) = warm {
+                    c.release(l).unwrap();
+                }
+                barrier.wait();
+                c.try_lock("contended", Duration::from_secs(10))
+                    .map(|l| l.token().as_str().to_string())
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let winners = results.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(winners, 1, "{results:?}");
+    let loser = results
+        .iter()
+        .find(|r| r.is_err())
+        .unwrap()
+        .as_ref()
+        .unwrap_err();
+    assert!(
+        matches!(loser, Error::Taken(_)),
+        "the loser must be told the lock is taken: {loser}"
+    );
+    let report = loser.report().unwrap();
+    assert!(report.masters_with(Outcome::Taken).count() >= 3, "{report}");
+}
+
+#[test]
+fn ttl_expiry_frees_the_lock() {
+    let m = masters(3);
+    let mut a = client(&m);
+    let mut b = client(&m);
+    let lock = a.try_lock("expiring", Duration::from_millis(300)).unwrap();
+    assert!(b
+        .try_lock("expiring", Duration::from_secs(5))
+        .unwrap_err()
+        .is_taken());
+    // Wait (bounded) until the keys expire on the masters.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while (0..3).any(|i| get(&m, i, "expiring").is_some()) {
+        assert!(Instant::now() < deadline, "keys did not expire");
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        !lock.is_valid(),
+        "local validity ends before the keys expire"
+    );
+    let lock2 = b.try_lock("expiring", Duration::from_secs(5)).unwrap();
+    b.release(lock2).unwrap();
+}
+
+#[test]
+fn release_of_a_stale_lock_leaves_the_new_holder_alone() {
+    let m = masters(3);
+    let mut a = client(&m);
+    let mut b = client(&m);
+    let stale = a.try_lock("handover", Duration::from_millis(200)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let fresh = loop {
+        match b.try_lock("handover", Duration::from_secs(10)) {
+            Ok(l) => break l,
+            Err(e) if e.is_taken() && Instant::now() < deadline => {
+                thread::sleep(Duration::from_millis(20))
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    // A's token is foreign now: compare-and-delete must not touch B's keys.
+    let err = a.release(stale).unwrap_err();
+    assert!(matches!(err, Error::NotHeld(_)), "{err}");
+    assert_eq!(holders(&m, "handover", &fresh), 3);
+    b.release(fresh).unwrap();
+}
+
+#[test]
+fn extend_after_expiry_fails() {
+    let m = masters(3);
+    let mut c = client(&m);
+    let mut lock = c.try_lock("short", Duration::from_millis(100)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while lock.is_valid() {
+        assert!(Instant::now() < deadline);
+        thread::sleep(Duration::from_millis(10));
+    }
+    assert!(matches!(
+        c.extend(&mut lock, Duration::from_secs(5)),
+        Err(Error::Expired)
+    ));
+    // And on the masters: once the keys are gone, a fresh lock's extend of a foreign
+    // token is refused too.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while (0..3).any(|i| get(&m, i, "short").is_some()) {
+        assert!(Instant::now() < deadline, "keys did not expire");
+        thread::sleep(Duration::from_millis(10));
+    }
+    let mut l2 = c.try_lock("short", Duration::from_secs(5)).unwrap();
+    for i in 0..3 {
+        assert!(m[i].cmd(&[b"DEL", b"short"]).is_ok());
+    }
+    let err = c.extend(&mut l2, Duration::from_secs(5)).unwrap_err();
+    assert!(matches!(err, Error::NotHeld(_)), "{err}");
+}
+
+#[test]
+fn two_of_five_dead_still_locks() {
+    let mut m = masters(5);
+    let mut c = client(&m);
+    m[1].kill().unwrap();
+    m[3].kill().unwrap();
+    let lock = c.try_lock("degraded", Duration::from_secs(5)).unwrap();
+    assert_eq!(holders_alive(&m, "degraded", &lock, &[0, 2, 4]), 3);
+    c.release(lock).unwrap();
+}
+
+fn holders_alive(m: &LocalMasters, key: &str, lock: &Lock, alive: &[usize]) -> usize {
+    alive
+        .iter()
+        .filter(|&&i| get(m, i, key).as_deref() == Some(lock.token().as_bytes()))
+        .count()
+}
+
+#[test]
+fn three_of_five_dead_fails_fast_naming_them() {
+    let mut m = masters(5);
+    let timeout = Duration::from_millis(100);
+    let mut c = Redlock::builder()
+        .masters(m.urls())
+        .node_timeout(timeout)
+        .retry_count(0)
+        .build()
+        .unwrap();
+    // Connect everything first, so the deaths are seen on live connections.
+    let l = c.try_lock("warm", Duration::from_secs(1)).unwrap();
+    c.release(l).unwrap();
+    let dead = [0usize, 2, 3];
+    let dead_names: Vec<String> = dead
+        .iter()
+        .map(|&i| format!("127.0.0.1:{}", m[i].port()))
+        .collect();
+    for &i in &dead {
+        m[i].kill().unwrap();
+    }
+    for round in 0..3 {
+        let t = Instant::now();
+        let err = c.try_lock("doomed", Duration::from_secs(5)).unwrap_err();
+        let took = t.elapsed();
+        assert!(
+            took < timeout + Duration::from_millis(100),
+            "round {round} took {took:?}"
+        );
+        assert!(matches!(err, Error::NoQuorum(_)), "{err}");
+        let report = err.report().unwrap();
+        let unavailable: Vec<&str> = report.unavailable().collect();
+        for name in &dead_names {
+            assert!(
+                unavailable.contains(&name.as_str()),
+                "{name} not named in: {err}"
+            );
+            assert!(err.to_string().contains(name.as_str()));
+        }
+        // Decided as soon as a quorum became impossible: the live masters are ok or have
+        // not answered yet, never blamed.
+        for i in [1usize, 4] {
+            let name = format!("127.0.0.1:{}", m[i].port());
+            let (_, o) = report.outcomes().find(|(n, _)| *n == name).unwrap();
+            assert!(matches!(o, Outcome::Ok | Outcome::Pending), "{name}: {o}");
+        }
+    }
+    // The cleanup released the two live masters' keys.
+    let probe = c.try_lock("probe", Duration::from_secs(1));
+    drop(probe);
+    for i in [1, 4] {
+        assert_eq!(get(&m, i, "doomed"), None, "master {i} kept a partial lock");
+    }
+}
+
+#[test]
+fn one_frozen_master_costs_at_most_one_round_timeout() {
+    let mut m = masters(5);
+    let timeout = Duration::from_millis(150);
+    let mut c = Redlock::builder()
+        .masters(m.urls())
+        .node_timeout(timeout)
+        .retry_count(0)
+        .build()
+        .unwrap();
+    let l = c.try_lock("warm", Duration::from_secs(1)).unwrap();
+    c.release(l).unwrap();
+    m[4].freeze().unwrap();
+    for k in 0..5 {
+        let t = Instant::now();
+        let lock = c
+            .try_lock(format!("frozen-{k}"), Duration::from_secs(5))
+            .unwrap();
+        c.release(lock).unwrap();
+        assert!(
+            t.elapsed() < timeout + Duration::from_millis(100),
+            "{:?}",
+            t.elapsed()
+        );
+    }
+    m[4].thaw().unwrap();
+}
+
+#[test]
+fn restarted_master_reconnects_and_noscript_falls_back_to_eval() {
+    let mut m = masters(3);
+    let mut c = client(&m);
+    let l = c.try_lock("r", Duration::from_secs(5)).unwrap();
+    c.release(l).unwrap();
+    let connects_before = c.stats()[1].connects;
+    m[1].restart().unwrap();
+    // The first round after the restart finds the old connection closed (the master may
+    // still count it as failed); within a few bounded rounds it is reconnected.
+    let mut ok_on_1 = false;
+    for _ in 0..20 {
+        let lock = c.try_lock("r", Duration::from_secs(5)).unwrap();
+        ok_on_1 = get(&m, 1, "r").as_deref() == Some(lock.token().as_bytes());
+        c.release(lock).unwrap();
+        if ok_on_1 {
+            break;
+        }
+        thread::sleep(Duration::from_millis(30));
+    }
+    assert!(ok_on_1, "restarted master never rejoined");
+    assert!(c.stats()[1].connects > connects_before);
+    // Now flush the script cache without a reconnect: EVALSHA answers NOSCRIPT and the
+    // client falls back to EVAL, on every master.
+    for i in 0..3 {
+        assert!(m[i].cmd(&[b"SCRIPT", b"FLUSH"]).unwrap().is_ok());
+    }
+    let mut lock = c.try_lock("r", Duration::from_secs(5)).unwrap();
+    c.extend(&mut lock, Duration::from_secs(8)).unwrap();
+    c.release(lock).unwrap();
+    let noscript: u64 = c.stats().iter().map(|s| s.noscript).sum();
+    assert!(noscript >= 2, "NOSCRIPT fallbacks: {noscript}");
+    for i in 0..3 {
+        assert_eq!(get(&m, i, "r"), None);
+    }
+}
+
+#[test]
+fn late_reply_is_matched_to_its_own_request() {
+    let mut m = masters(3);
+    let mut c = Redlock::builder()
+        .masters(m.urls())
+        .node_timeout(Duration::from_secs(3))
+        .retry_count(0)
+        .build()
+        .unwrap();
+    let l = c.try_lock("warm", Duration::from_secs(1)).unwrap();
+    c.release(l).unwrap();
+    // Someone else holds "b" on masters 1 and 2.
+    for i in [1, 2] {
+        assert!(m[i]
+            .cmd(&[b"SET", b"b", b"someone-else", b"PX", b"30000"])
+            .unwrap()
+            .is_ok());
+    }
+    m[2].freeze().unwrap();
+    // "a" is granted by masters 0 and 1; master 2's answer is still owed.
+    let a = c.try_lock("a", Duration::from_secs(30)).unwrap();
+    // Thaw master 2 while the next round waits for it: it answers OK (for "a"), then
+    // null (for "b"). A client that credited the first answer to "b" would grant "b".
+    let pid_thawer = {
+        let pid = m[2].pid().unwrap();
+        thread::spawn(move || {
+            thread::sleep(Duration::from_millis(100));
+            let ok = std::process::Command::new("kill")
+                .args(["-CONT", &pid.to_string()])
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            assert!(ok, "could not SIGCONT {pid}");
+        })
+    };
+    let err = c.try_lock("b", Duration::from_secs(30)).unwrap_err();
+    pid_thawer.join().unwrap();
+    m[2].thaw().unwrap(); // keep the harness' view in sync (SIGCONT is idempotent)
+    assert!(matches!(err, Error::Taken(_)), "{err}");
+    let report = err.report().unwrap();
+    let outcomes: Vec<Outcome> = report.outcomes().map(|(_, o)| o).collect();
+    assert_eq!(
+        outcomes,
+        vec![Outcome::Ok, Outcome::Taken, Outcome::Taken],
+        "master 2's answer for b must be its own (null), not a's late OK: {report}"
+    );
+    assert_eq!(get(&m, 2, "a").as_deref(), Some(a.token().as_bytes()));
+    c.release(a).unwrap();
+}
+
+#[test]
+fn one_write_per_master_per_round() {
+    let m = masters(5);
+    let mut c = client(&m);
+    for _ in 0..3 {
+        let l = c.try_lock("w", Duration::from_secs(5)).unwrap();
+        c.release(l).unwrap();
+    }
+    let before = c.stats();
+    let cycles = 50u64;
+    for _ in 0..cycles {
+        let l = c.try_lock("w", Duration::from_secs(5)).unwrap();
+        c.release(l).unwrap();
+    }
+    let after = c.stats();
+    for (i, (b, a)) in before.iter().zip(&after).enumerate() {
+        assert_eq!(
+            a.writes - b.writes,
+            2 * cycles,
+            "master {i}: writes per cycle"
+        );
+        assert_eq!(a.connects, b.connects, "master {i} reconnected");
+    }
+}
+
+#[test]
+fn wrong_password_is_a_handshake_error_naming_the_master() {
+    let m = redlock_mux::local::LocalMasters::start_with(3, &["--requirepass", "sesame"])
+        .expect("masters with a password");
+    let good: Vec<String> = m.urls();
+    assert!(
+        good[0].contains("sesame"),
+        "harness URLs carry the password: {}",
+        good[0]
+    );
+    let mut c = Redlock::builder()
+        .masters(&good)
+        .retry_count(0)
+        .build()
+        .unwrap();
+    let l = c.try_lock("auth", Duration::from_secs(5)).unwrap();
+    c.release(l).unwrap();
+    let bad: Vec<String> = good.iter().map(|u| u.replace("sesame", "b4dpw")).collect();
+    let mut c = Redlock::builder()
+        .masters(&bad)
+        .retry_count(0)
+        .build()
+        .unwrap();
+    let err = c.try_lock("auth", Duration::from_secs(5)).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("handshake refused"), "{text}");
+    assert!(
+        !text.contains("b4dpw"),
+        "the password must not be shown: {text}"
+    );
+    assert!(!format!("{err:?}").contains("b4dpw"));
+}
