@@ -9,7 +9,7 @@ use smallvec::SmallVec;
 
 use crate::error::{Error, Operation, Report};
 use crate::net::{Engine, NetConfig, Node, OpId};
-use crate::rules::{self, AcquireVerdict, Decision, Fault, Outcome, Request};
+use crate::rules::{self, AcquireVerdict, Decision, Outcome, Request};
 use crate::token::{Token, TokenSource};
 use crate::url::MasterSpec;
 
@@ -641,17 +641,7 @@ impl Redlock {
             .tally
             .outcomes()
             .iter()
-            .map(|o| {
-                matches!(
-                    o,
-                    Outcome::Ok
-                        | Outcome::Pending
-                        | Outcome::TimedOut
-                        | Outcome::Failed(
-                            Fault::Closed(_) | Fault::Protocol(_) | Fault::Unexpected
-                        )
-                )
-            })
+            .map(|o| rules::may_hold(*o))
             .collect();
         self.engine.finish(id);
         if may_hold.iter().any(|b| *b) {

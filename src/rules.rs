@@ -315,6 +315,19 @@ pub fn judge_acquire(
     }
 }
 
+/// After a failed acquire: may our `SET` have landed on a master with this outcome? Those
+/// masters get the compare-and-delete release. A master that said "taken" or answered an
+/// error did not set our key; one we could not reach never got the request.
+pub fn may_hold(outcome: Outcome) -> bool {
+    matches!(
+        outcome,
+        Outcome::Ok
+            | Outcome::Pending
+            | Outcome::TimedOut
+            | Outcome::Failed(Fault::Closed(_) | Fault::Protocol(_) | Fault::Unexpected)
+    )
+}
+
 /// What a request was, for reading its reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Request {
