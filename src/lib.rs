@@ -1,2 +1,4 @@
 #![forbid(unsafe_code)]
+#[cfg(feature = "local")]
+pub mod local;
 pub mod resp;
