@@ -1,1 +1,96 @@
-fn main() {}
+//! `redlock`: a distributed `flock(1)` over N independent Redis masters, a benchmark, and
+//! a status probe. See `redlock --help`.
+#![forbid(unsafe_code)]
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+#[path = "redlock/bench.rs"]
+mod bench;
+#[path = "redlock/common.rs"]
+mod common;
+#[path = "redlock/run.rs"]
+mod run;
+#[path = "redlock/status.rs"]
+mod status;
+
+use common::exit;
+
+/// Parse a human duration (`30s`, `1m 30s`, `250ms`) with `humantime`.
+fn duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (write e.g. 30s, 1m30s, 250ms)"))
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "redlock",
+    version,
+    about = "Redlock over N independent Redis masters: run a command under a distributed lock, \
+             benchmark lock latency, inspect a lock.",
+    after_help = "Masters are redis://[user:password@]host:port[/db] or host:port, given with \
+                  --masters (comma separated, repeatable) or in REDLOCK_MASTERS.\n\
+                  Messages go to stderr, prefixed `redlock:`. Usage and configuration errors \
+                  exit with 64."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a command while holding a lock (a distributed flock for cron jobs and scripts).
+    #[command(after_help = run::AFTER_HELP)]
+    Run(run::RunArgs),
+    /// Measure lock+unlock latency and throughput, and check mutual exclusion.
+    #[command(after_help = bench::AFTER_HELP)]
+    Bench(bench::BenchArgs),
+    /// Show who holds a lock on each master, and for how long.
+    #[command(after_help = status::AFTER_HELP)]
+    Status(status::StatusArgs),
+}
+
+/// The masters to use, shared by every subcommand.
+#[derive(Args, Debug, Clone)]
+pub struct MasterArgs {
+    /// Redis masters, comma separated; repeatable. An odd number, 3 or more, each
+    /// independent (not replicas of each other).
+    #[arg(
+        short,
+        long = "masters",
+        value_name = "URLS",
+        env = "REDLOCK_MASTERS",
+        value_delimiter = ','
+    )]
+    masters: Vec<String>,
+}
+
+impl MasterArgs {
+    /// The non-empty master URLs.
+    pub fn urls(&self) -> Vec<String> {
+        self.masters
+            .iter()
+            .map(|m| m.trim().to_string())
+            .filter(|m| !m.is_empty())
+            .collect()
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() { exit::USAGE } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    let code = match cli.command {
+        Command::Run(args) => run::main(args),
+        Command::Bench(args) => bench::main(args),
+        Command::Status(args) => status::main(args),
+    };
+    ExitCode::from(code)
+}

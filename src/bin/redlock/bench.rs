@@ -1,0 +1,731 @@
+//! `redlock bench`: lock+unlock latency and throughput against real masters (local ones by
+//! default), with a mutual-exclusion check.
+
+use std::io::IsTerminal;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressStyle};
+use nix::sys::resource::{getrusage, UsageWho};
+use nix::sys::time::TimeValLike;
+use redlock_mux::local::LocalMasters;
+use redlock_mux::{Error, Redlock};
+use signal_hook::consts::{SIGINT, SIGTERM};
+
+use crate::common::{exit, human_micros, say, thousands};
+use crate::{duration, MasterArgs};
+
+pub const AFTER_HELP: &str = "\
+With no masters (neither --masters nor REDLOCK_MASTERS), starts --local redis-server
+processes on free 127.0.0.1 ports in a temporary directory and stops them on exit, Ctrl-C
+included. Each client is a thread with its own Redlock client (one connection per master)
+that loops: try_lock (retried at once while taken), a tiny critical section, release.
+
+  acquire   from the first attempt to the grant, refused attempts included
+  release   one release round
+  cycle     acquire + critical section + release
+
+Mutual-exclusion check: every holder records the interval [grant, min(release start,
+validity end)] on the monotonic clock, and increments a per-resource counter with a
+deliberately non-atomic read-modify-write (load, yield, store) inside the lock. The run
+fails if two intervals of one resource overlap or a counter differs from its grants.
+
+Exit status:
+  0    the run completed and the mutual-exclusion check passed
+  2    MUTUAL EXCLUSION VIOLATED (overlapping holders or lost counter updates)
+  64   usage or configuration error
+  69   redis-server missing, masters unreachable, or no lock acquired at all
+  70   a client thread panicked
+  130  interrupted (Ctrl-C); local masters are stopped first";
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    masters: MasterArgs,
+    /// Local masters to start when no masters are given.
+    #[arg(short, long, value_name = "N", default_value_t = 5)]
+    local: usize,
+    /// Client threads, each with its own client and connections.
+    #[arg(short, long, value_name = "C", default_value_t = 1)]
+    clients: usize,
+    /// Locks in flight per client. This engine runs one operation per client at a time,
+    /// so only 1 is accepted; use --clients for concurrency.
+    #[arg(long, value_name = "K", default_value_t = 1)]
+    in_flight: usize,
+    /// Distinct resources (default: one per client, no contention; fewer: contention).
+    #[arg(short, long, value_name = "R")]
+    resources: Option<usize>,
+    /// How long to run.
+    #[arg(short, long, value_name = "DURATION", default_value = "5s", value_parser = duration)]
+    duration: Duration,
+    /// TTL of each lock.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration)]
+    ttl: Duration,
+    /// Print one JSON object on stdout instead of the table (no progress bar).
+    #[arg(long)]
+    json: bool,
+    /// Poll without sleeping in the kernel: lower latency, one busy core per client.
+    #[arg(long)]
+    busy_poll: bool,
+}
+
+/// One hold of a resource, in nanoseconds since the bench epoch.
+#[derive(Clone, Copy)]
+struct Hold {
+    resource: u32,
+    start: u64,
+    end: u64,
+}
+
+/// What one client thread measured.
+struct ClientResult {
+    acquire: Histogram<u64>,
+    release: Histogram<u64>,
+    cycle: Histogram<u64>,
+    acquired: u64,
+    refused: u64,
+    retried: u64,
+    errors: u64,
+    overran: u64,
+    cycles: u64,
+    grants: Vec<u64>,
+    holds: Vec<Hold>,
+    first_error: Option<String>,
+}
+
+fn histogram() -> Histogram<u64> {
+    // 1 µs .. 1 h, 3 significant digits.
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid histogram bounds")
+}
+
+fn micros(d: Duration) -> u64 {
+    d.as_micros().try_into().unwrap_or(u64::MAX)
+}
+
+impl ClientResult {
+    fn new(resources: usize) -> Self {
+        ClientResult {
+            acquire: histogram(),
+            release: histogram(),
+            cycle: histogram(),
+            acquired: 0,
+            refused: 0,
+            retried: 0,
+            errors: 0,
+            overran: 0,
+            cycles: 0,
+            grants: vec![0; resources],
+            holds: Vec::new(),
+            first_error: None,
+        }
+    }
+
+    fn error(&mut self, e: &Error) {
+        self.errors += 1;
+        if self.first_error.is_none() {
+            self.first_error = Some(e.to_string());
+        }
+    }
+
+    fn merge(&mut self, o: ClientResult) {
+        // Same bounds on both sides: addition cannot fail.
+        let _ = self.acquire.add(&o.acquire);
+        let _ = self.release.add(&o.release);
+        let _ = self.cycle.add(&o.cycle);
+        self.acquired += o.acquired;
+        self.refused += o.refused;
+        self.retried += o.retried;
+        self.errors += o.errors;
+        self.overran += o.overran;
+        self.cycles += o.cycles;
+        for (g, x) in self.grants.iter_mut().zip(o.grants) {
+            *g += x;
+        }
+        self.holds.extend(o.holds);
+        if self.first_error.is_none() {
+            self.first_error = o.first_error;
+        }
+    }
+}
+
+/// State shared by the client threads.
+struct Shared {
+    epoch: Instant,
+    stop: AtomicBool,
+    cycles: AtomicU64,
+    /// Incremented non-atomically (load, yield, store) by each holder: lost updates show
+    /// up as a count below the grants.
+    counters: Vec<AtomicU64>,
+    names: Vec<String>,
+    ttl: Duration,
+    clients: usize,
+}
+
+pub fn main(args: BenchArgs) -> u8 {
+    let clients = args.clients;
+    let resources = args.resources.unwrap_or(clients);
+    if clients == 0 || resources == 0 {
+        say!("--clients and --resources must be at least 1");
+        return exit::USAGE;
+    }
+    if args.in_flight != 1 {
+        say!(
+            "--in-flight {} is not supported: this engine runs one lock operation per client \
+             at a time; use --clients for concurrency",
+            args.in_flight
+        );
+        return exit::USAGE;
+    }
+    if args.duration.is_zero() {
+        say!("--duration must be above zero");
+        return exit::USAGE;
+    }
+    if u32::try_from(resources).is_err() {
+        say!("--resources is too large");
+        return exit::USAGE;
+    }
+
+    // Ctrl-C / SIGTERM: stop the run, stop the local masters, exit 130. A second one
+    // exits at once.
+    let interrupted = Arc::new(AtomicBool::new(false));
+    for sig in [SIGINT, SIGTERM] {
+        let ok = signal_hook::flag::register_conditional_shutdown(
+            sig,
+            exit::signal(SIGINT).into(),
+            interrupted.clone(),
+        )
+        .and_then(|_| signal_hook::flag::register(sig, interrupted.clone()));
+        if let Err(e) = ok {
+            say!("cannot install signal handlers: {e}");
+            return exit::OSERR;
+        }
+    }
+
+    let mut urls = args.masters.urls();
+    let mut local = None;
+    if urls.is_empty() {
+        if args.local == 0 {
+            say!("--local must be at least 1 when no masters are given");
+            return exit::USAGE;
+        }
+        if !args.json {
+            say!("starting {} local redis-server masters", args.local);
+        }
+        match LocalMasters::start(args.local) {
+            Ok(m) => {
+                urls = m.urls();
+                local = Some(m);
+            }
+            Err(e) => {
+                say!("cannot start local masters: {e}");
+                return exit::UNAVAILABLE;
+            }
+        }
+    }
+    let code = bench(&args, &urls, local.is_some(), resources, &interrupted);
+    // Stop the local masters before exiting (also after Ctrl-C).
+    drop(local);
+    code
+}
+
+fn bench(
+    args: &BenchArgs,
+    urls: &[String],
+    local: bool,
+    resources: usize,
+    interrupted: &AtomicBool,
+) -> u8 {
+    let build = || {
+        Redlock::builder()
+            .masters(urls)
+            .busy_poll(args.busy_poll)
+            .build()
+    };
+    // One client up front checks the configuration and names the masters.
+    let probe = match build() {
+        Ok(c) => c,
+        Err(e) => {
+            say!("{e}");
+            return crate::run::error_code(&e);
+        }
+    };
+    let master_names: Vec<String> = probe.masters().map(str::to_string).collect();
+    let quorum = probe.quorum();
+    drop(probe);
+
+    let run_id = format!(
+        "{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros())
+            .unwrap_or(0)
+    );
+    let shared = Arc::new(Shared {
+        epoch: Instant::now(),
+        stop: AtomicBool::new(false),
+        cycles: AtomicU64::new(0),
+        counters: (0..resources).map(|_| AtomicU64::new(0)).collect(),
+        names: (0..resources)
+            .map(|r| format!("redlock-bench:{run_id}:{r}"))
+            .collect(),
+        ttl: args.ttl,
+        clients: args.clients,
+    });
+    let barrier = Arc::new(Barrier::new(args.clients + 1));
+    let mut handles = Vec::with_capacity(args.clients);
+    for id in 0..args.clients {
+        let shared = shared.clone();
+        let barrier = barrier.clone();
+        let client = build();
+        handles.push(
+            thread::Builder::new()
+                .name(format!("bench-client-{id}"))
+                .spawn(move || client_thread(id, client, &shared, &barrier))
+                .expect("spawn a client thread"),
+        );
+    }
+
+    barrier.wait();
+    let usage0 = getrusage(UsageWho::RUSAGE_SELF).ok();
+    let t0 = Instant::now();
+    let bar = progress_bar(args);
+    let end = t0 + args.duration;
+    loop {
+        let now = Instant::now();
+        if now >= end || interrupted.load(Ordering::Relaxed) {
+            break;
+        }
+        let cycles = shared.cycles.load(Ordering::Relaxed);
+        let elapsed = now - t0;
+        bar.set_position(elapsed.as_millis() as u64);
+        bar.set_message(format!(
+            "{} cycles, {}/s",
+            thousands(cycles),
+            thousands((cycles as f64 / elapsed.as_secs_f64().max(1e-9)) as u64)
+        ));
+        thread::sleep((end - now).min(Duration::from_millis(100)));
+    }
+    shared.stop.store(true, Ordering::Relaxed);
+    let mut total = ClientResult::new(resources);
+    let mut setup_error = None;
+    let mut panicked = false;
+    for h in handles {
+        match h.join() {
+            Ok(Ok(r)) => total.merge(r),
+            Ok(Err(e)) => setup_error = setup_error.or(Some(e)),
+            Err(_) => panicked = true,
+        }
+    }
+    let elapsed = t0.elapsed();
+    let usage1 = getrusage(UsageWho::RUSAGE_SELF).ok();
+    bar.finish_and_clear();
+
+    if interrupted.load(Ordering::Relaxed) {
+        say!(
+            "interrupted after {:.1}s; stopping{}",
+            elapsed.as_secs_f64(),
+            if local { " the local masters" } else { "" }
+        );
+        return exit::signal(SIGINT);
+    }
+    if panicked {
+        say!("a client thread panicked");
+        return exit::SOFTWARE;
+    }
+    if let Some(e) = setup_error {
+        say!("cannot lock on the masters: {e}");
+        return exit::UNAVAILABLE;
+    }
+
+    let cpu = match (usage0, usage1) {
+        (Some(a), Some(b)) => Some((
+            (b.user_time() - a.user_time()).num_microseconds() as f64,
+            (b.system_time() - a.system_time()).num_microseconds() as f64,
+        )),
+        _ => None,
+    };
+    let check = check_exclusion(&shared, &total);
+    let report = Report {
+        args,
+        masters: &master_names,
+        local,
+        quorum,
+        resources,
+        elapsed,
+        total: &total,
+        cpu,
+        check: &check,
+    };
+    if args.json {
+        println!("{}", report.json());
+    } else {
+        report.print();
+    }
+    if !check.ok() {
+        say!(
+            "MUTUAL EXCLUSION VIOLATED: {} overlapping holds, {} lost counter updates",
+            check.overlaps,
+            check.lost_updates
+        );
+        for line in &check.details {
+            say!("  {line}");
+        }
+        return exit::VIOLATION;
+    }
+    if total.acquired == 0 {
+        say!(
+            "no lock was acquired{}",
+            total
+                .first_error
+                .as_deref()
+                .map(|e| format!(" (first error: {e})"))
+                .unwrap_or_default()
+        );
+        return exit::UNAVAILABLE;
+    }
+    exit::OK
+}
+
+fn progress_bar(args: &BenchArgs) -> ProgressBar {
+    if args.json || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(args.duration.as_millis() as u64);
+    if let Ok(style) =
+        ProgressStyle::with_template("{spinner} bench [{bar:30}] {elapsed:>3}/{duration_s}  {msg}")
+    {
+        let total = format!("{}s", args.duration.as_secs_f64());
+        let style = style
+            .with_key(
+                "duration_s",
+                move |_: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                    let _ = w.write_str(&total);
+                },
+            )
+            .progress_chars("=> ");
+        bar.set_style(style);
+    }
+    bar
+}
+
+fn client_thread(
+    id: usize,
+    client: Result<Redlock, Error>,
+    shared: &Shared,
+    barrier: &Barrier,
+) -> Result<ClientResult, String> {
+    let resources = shared.names.len();
+    let mut out = ClientResult::new(resources);
+    let mut client = match client {
+        Ok(c) => c,
+        Err(e) => {
+            barrier.wait();
+            return Err(e.to_string());
+        }
+    };
+    // Warm up (connect, load the scripts) on a key of our own, outside the measurement.
+    let warm = format!("{}:warmup:{id}", shared.names[0]);
+    let mut warm_error = None;
+    for _ in 0..20 {
+        match client.try_lock(&warm, shared.ttl) {
+            Ok(l) => {
+                if let Err(e) = client.release(l) {
+                    warm_error = Some(e.to_string());
+                    break;
+                }
+            }
+            Err(e) => {
+                warm_error = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    barrier.wait();
+    if let Some(e) = warm_error {
+        return Err(e);
+    }
+
+    let epoch = shared.epoch;
+    let ns = |t: Instant| t.saturating_duration_since(epoch).as_nanos() as u64;
+    let mut k = 0usize;
+    'run: while !shared.stop.load(Ordering::Relaxed) {
+        let r = (id + k * shared.clients) % resources;
+        k = k.wrapping_add(1);
+        let name = &shared.names[r];
+        let t0 = Instant::now();
+        let lock = loop {
+            match client.try_lock(name, shared.ttl) {
+                Ok(lock) => break lock,
+                Err(Error::Taken(_)) => out.refused += 1,
+                Err(e) => {
+                    out.error(&e);
+                    // Do not spin on masters that are down.
+                    thread::sleep(Duration::from_millis(1));
+                }
+            }
+            if shared.stop.load(Ordering::Relaxed) {
+                break 'run;
+            }
+            out.retried += 1;
+            thread::yield_now();
+        };
+        let granted = Instant::now();
+        out.acquired += 1;
+        out.grants[r] += 1;
+        out.acquire.saturating_record(micros(granted - t0).max(1));
+
+        // The critical section: a read-modify-write that loses updates unless exclusive.
+        let counter = &shared.counters[r];
+        let v = counter.load(Ordering::Relaxed);
+        std::hint::black_box(v);
+        thread::yield_now();
+        counter.store(v + 1, Ordering::Relaxed);
+
+        let release_start = Instant::now();
+        let valid_until = lock.valid_until();
+        if release_start > valid_until {
+            out.overran += 1;
+        }
+        let released = client.release(lock);
+        let done = Instant::now();
+        if let Err(e) = released {
+            out.error(&e);
+        }
+        out.release
+            .saturating_record(micros(done - release_start).max(1));
+        out.cycle.saturating_record(micros(done - t0).max(1));
+        out.holds.push(Hold {
+            resource: r as u32,
+            start: ns(granted),
+            end: ns(release_start.min(valid_until)),
+        });
+        out.cycles += 1;
+        shared.cycles.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(out)
+}
+
+/// The mutual-exclusion verdict.
+struct Check {
+    overlaps: u64,
+    lost_updates: u64,
+    details: Vec<String>,
+}
+
+impl Check {
+    fn ok(&self) -> bool {
+        self.overlaps == 0 && self.lost_updates == 0
+    }
+}
+
+fn check_exclusion(shared: &Shared, total: &ClientResult) -> Check {
+    let mut check = Check {
+        overlaps: 0,
+        lost_updates: 0,
+        details: Vec::new(),
+    };
+    let mut holds = total.holds.clone();
+    holds.sort_unstable_by_key(|h| (h.resource, h.start));
+    let mut prev: Option<Hold> = None;
+    for h in holds {
+        match prev {
+            Some(p) if p.resource == h.resource && h.start < p.end => {
+                check.overlaps += 1;
+                if check.details.len() < 10 {
+                    check.details.push(format!(
+                        "{}: a hold began {} ns after the previous one began and {} ns before \
+                         it ended",
+                        shared.names[h.resource as usize],
+                        h.start - p.start,
+                        p.end - h.start
+                    ));
+                }
+                // Keep the later end, so every overlap with the union is found.
+                if h.end > p.end {
+                    prev = Some(h);
+                }
+            }
+            _ => prev = Some(h),
+        }
+    }
+    for (r, counter) in shared.counters.iter().enumerate() {
+        let counted = counter.load(Ordering::SeqCst);
+        let grants = total.grants[r];
+        if counted != grants {
+            check.lost_updates += grants.abs_diff(counted);
+            if check.details.len() < 20 {
+                check.details.push(format!(
+                    "{}: counter {counted} != grants {grants}",
+                    shared.names[r]
+                ));
+            }
+        }
+    }
+    check
+}
+
+/// Everything the end of a run prints.
+struct Report<'a> {
+    args: &'a BenchArgs,
+    masters: &'a [String],
+    local: bool,
+    quorum: usize,
+    resources: usize,
+    elapsed: Duration,
+    total: &'a ClientResult,
+    /// User and system CPU time of this process during the run, in µs.
+    cpu: Option<(f64, f64)>,
+    check: &'a Check,
+}
+
+const QUANTILES: [(&str, f64); 4] = [("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p99.9", 0.999)];
+
+impl Report<'_> {
+    fn throughput(&self) -> f64 {
+        self.total.cycles as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    fn per_cycle(&self, us: f64) -> f64 {
+        us / (self.total.cycles.max(1) as f64)
+    }
+
+    fn latency_json(h: &Histogram<u64>) -> serde_json::Value {
+        let mut m = serde_json::Map::new();
+        for (name, q) in QUANTILES {
+            m.insert(name.to_string(), h.value_at_quantile(q).into());
+        }
+        m.insert("max".into(), h.max().into());
+        m.insert("mean".into(), ((h.mean() * 10.0).round() / 10.0).into());
+        m.insert("count".into(), h.len().into());
+        serde_json::Value::Object(m)
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let t = self.total;
+        let cpu = self.cpu.map(|(u, s)| {
+            serde_json::json!({
+                "user": (self.per_cycle(u) * 10.0).round() / 10.0,
+                "system": (self.per_cycle(s) * 10.0).round() / 10.0,
+                "total": (self.per_cycle(u + s) * 10.0).round() / 10.0,
+            })
+        });
+        serde_json::json!({
+            "masters": self.masters,
+            "local_masters": self.local,
+            "quorum": self.quorum,
+            "clients": self.args.clients,
+            "in_flight": self.args.in_flight,
+            "resources": self.resources,
+            "ttl_ms": self.args.ttl.as_millis() as u64,
+            "busy_poll": self.args.busy_poll,
+            "elapsed_s": (self.elapsed.as_secs_f64() * 1000.0).round() / 1000.0,
+            "cycles": t.cycles,
+            "throughput_per_s": self.throughput().round(),
+            "acquired": t.acquired,
+            "refused": t.refused,
+            "retried": t.retried,
+            "errors": t.errors,
+            "first_error": t.first_error,
+            "latency_us": {
+                "acquire": Self::latency_json(&t.acquire),
+                "release": Self::latency_json(&t.release),
+                "cycle": Self::latency_json(&t.cycle),
+            },
+            "cpu_us_per_cycle": cpu,
+            "mutual_exclusion": {
+                "ok": self.check.ok(),
+                "violations": self.check.overlaps + self.check.lost_updates,
+                "overlaps": self.check.overlaps,
+                "lost_updates": self.check.lost_updates,
+                "grants": t.acquired,
+                "holds_checked": t.holds.len(),
+                "holds_past_validity": t.overran,
+                "details": self.check.details,
+            },
+        })
+    }
+
+    fn print(&self) {
+        let t = self.total;
+        let a = self.args;
+        println!(
+            "redlock bench: {} {}masters (quorum {}), {} client{}, {} resource{}, ttl {}, {:.2} s{}",
+            self.masters.len(),
+            if self.local { "local " } else { "" },
+            self.quorum,
+            a.clients,
+            if a.clients == 1 { "" } else { "s" },
+            self.resources,
+            if self.resources == 1 { "" } else { "s" },
+            humantime::format_duration(a.ttl),
+            self.elapsed.as_secs_f64(),
+            if a.busy_poll { ", busy-poll" } else { "" },
+        );
+        println!();
+        print!("{:<10}", "latency");
+        for (name, _) in QUANTILES {
+            print!("{name:>10}");
+        }
+        println!("{:>10}", "max");
+        for (name, h) in [
+            ("acquire", &t.acquire),
+            ("release", &t.release),
+            ("cycle", &t.cycle),
+        ] {
+            print!("{name:<10}");
+            for (_, q) in QUANTILES {
+                print!("{:>10}", human_micros(h.value_at_quantile(q) as f64));
+            }
+            println!("{:>10}", human_micros(h.max() as f64));
+        }
+        println!();
+        println!(
+            "throughput    {} cycles/s ({} cycles in {:.2} s)",
+            thousands(self.throughput().round() as u64),
+            thousands(t.cycles),
+            self.elapsed.as_secs_f64()
+        );
+        println!(
+            "counts        acquired {}, refused (taken) {}, retried {}, errors {}",
+            thousands(t.acquired),
+            thousands(t.refused),
+            thousands(t.retried),
+            thousands(t.errors)
+        );
+        if let Some(e) = &t.first_error {
+            println!("first error   {e}");
+        }
+        if let Some((u, s)) = self.cpu {
+            println!(
+                "client CPU    {:.1} µs per cycle ({:.1} µs user + {:.1} µs system)",
+                self.per_cycle(u + s),
+                self.per_cycle(u),
+                self.per_cycle(s)
+            );
+        }
+        if self.check.ok() {
+            println!(
+                "mutual excl.  ok: {} holds on {} resource{} checked, no overlap, counters match grants",
+                thousands(t.holds.len() as u64),
+                self.resources,
+                if self.resources == 1 { "" } else { "s" }
+            );
+        } else {
+            println!(
+                "mutual excl.  VIOLATED: {} overlapping holds, {} lost counter updates",
+                self.check.overlaps, self.check.lost_updates
+            );
+        }
+        if t.overran > 0 {
+            println!(
+                "warning       {} holds were released after their validity ended",
+                t.overran
+            );
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! Exit codes and message helpers shared by the subcommands.
+
+/// Exit codes. Where one fits, the BSD `sysexits.h` value is used (as `flock(1)` does).
+pub mod exit {
+    /// Success.
+    pub const OK: u8 = 0;
+    /// `run`: the lock is held by someone else (default; `-E` changes it, like `flock -E`).
+    /// `status`: some master did not answer.
+    pub const CONFLICT: u8 = 1;
+    /// `bench`: the mutual-exclusion check failed.
+    pub const VIOLATION: u8 = 2;
+    /// EX_USAGE: bad arguments or configuration (no masters, bad URL, bad duration...).
+    pub const USAGE: u8 = 64;
+    /// EX_UNAVAILABLE: no quorum of masters reachable, or `redis-server` missing.
+    pub const UNAVAILABLE: u8 = 69;
+    /// EX_SOFTWARE: an internal error (a bench thread panicked).
+    pub const SOFTWARE: u8 = 70;
+    /// EX_OSERR: a local OS error (event loop, random source, signals).
+    pub const OSERR: u8 = 71;
+    /// EX_TEMPFAIL: `run` lost the lock while the command ran and terminated it
+    /// (default; `--lost-exit-code` changes it).
+    pub const LOST: u8 = 75;
+    /// The command could not be executed (as in shells).
+    pub const CANNOT_EXEC: u8 = 126;
+    /// The command was not found (as in shells).
+    pub const NOT_FOUND: u8 = 127;
+    /// 128 + signal number: the command (or redlock itself, before the command started)
+    /// was ended by this signal.
+    pub fn signal(sig: i32) -> u8 {
+        (128 + sig).clamp(0, 255) as u8
+    }
+}
+
+/// Print a message to stderr, prefixed `redlock:`.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        eprintln!("redlock: {}", format_args!($($arg)*))
+    };
+}
+pub(crate) use say;
+
+/// A short form of a lock token (first 8 characters and an ellipsis); never print a whole
+/// token: it is the capability to release someone else's lock.
+pub fn short_token(token: &[u8]) -> String {
+    match std::str::from_utf8(token) {
+        Ok(s) if s.chars().all(|c| !c.is_control()) => {
+            let mut out: String = s.chars().take(8).collect();
+            if s.chars().count() > 8 {
+                out.push('…');
+            }
+            out
+        }
+        _ => {
+            let mut out: String = token.iter().take(4).map(|b| format!("{b:02x}")).collect();
+            if token.len() > 4 {
+                out.push('…');
+            }
+            out
+        }
+    }
+}
+
+/// A duration the way people read it: `950 µs`, `12.3 ms`, `4.50 s`.
+pub fn human_duration(d: std::time::Duration) -> String {
+    let us = d.as_secs_f64() * 1e6;
+    human_micros(us)
+}
+
+/// Microseconds the way people read them.
+pub fn human_micros(us: f64) -> String {
+    if us < 1_000.0 {
+        format!("{us:.0} µs")
+    } else if us < 1_000_000.0 {
+        format!("{:.2} ms", us / 1e3)
+    } else {
+        format!("{:.2} s", us / 1e6)
+    }
+}
+
+/// `12345678` -> `12,345,678`.
+pub fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::with_capacity(s.len() + s.len() / 3);
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1000), "1,000");
+        assert_eq!(thousands(12345678), "12,345,678");
+        assert_eq!(short_token(b"0123456789abcdef"), "01234567…");
+        assert_eq!(short_token(b"abc"), "abc");
+        assert_eq!(short_token(&[0, 1, 2, 3, 4]), "00010203…");
+        assert_eq!(human_micros(12.4), "12 µs");
+        assert_eq!(human_micros(1500.0), "1.50 ms");
+        assert_eq!(exit::signal(15), 143);
+    }
+}

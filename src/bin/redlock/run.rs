@@ -1,0 +1,438 @@
+//! `redlock run`: run a command while holding a lock, keep the lock extended while it
+//! runs, release it when it exits.
+
+use std::ffi::OsString;
+use std::io;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, Command, ExitStatus};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use redlock_mux::{Error, Lock, Outcome, Redlock};
+use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGQUIT, SIGTERM};
+use signal_hook::iterator::Signals;
+
+use crate::common::{exit, human_duration, say};
+use crate::{duration, MasterArgs};
+
+pub const AFTER_HELP: &str = "\
+How it works:
+  Takes the lock (waiting up to --wait), runs COMMAND in its own process group, extends the
+  lock whenever a third of its validity is left, and releases it when COMMAND exits. An
+  extension that reaches no quorum is retried until a sixth of the validity is left; an
+  extension refused because the lock is no longer held ends the hold at once. When the
+  lock is lost, COMMAND's process group gets SIGTERM, then SIGKILL after --kill-grace.
+  SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to redlock are forwarded to COMMAND's process
+  group; the lock is released once COMMAND has exited. Because COMMAND has its own process
+  group it cannot read from a terminal; run it from cron, scripts or with stdin redirected.
+  Keep --ttl well above 3 x --kill-grace, so that COMMAND is gone before the lock expires.
+
+Exit status:
+  COMMAND's exit status   COMMAND ran and exited (128+N if it was killed by signal N)
+  1 (-E N)                the lock is held by someone else (after --wait, or at once
+                          with --no-wait); COMMAND did not run
+  75 (--lost-exit-code)   the lock was lost while COMMAND ran; COMMAND was terminated
+  64                      usage or configuration error (no masters, bad URL, bad duration)
+  69                      no quorum of masters answered; COMMAND did not run
+  71                      local OS error (event loop, signals)
+  126, 127                COMMAND could not be executed / was not found
+  128+N                   redlock got signal N before COMMAND started
+
+Example (crontab: nightly backup on whichever host gets the lock first):
+  REDLOCK_MASTERS=redis://10.0.0.1:6379,redis://10.0.0.2:6379,redis://10.0.0.3:6379
+  0 3 * * *  redlock run --no-wait --ttl 2m backup-nightly -- /usr/local/bin/backup.sh";
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    masters: MasterArgs,
+    /// Lock time-to-live. The lock is extended while COMMAND runs, so this bounds how long
+    /// the lock outlives a redlock that died, not how long COMMAND may run.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration)]
+    ttl: Duration,
+    /// Wait up to this long for the lock, retrying while it is taken.
+    #[arg(
+        short,
+        long,
+        value_name = "DURATION",
+        default_value = "10s",
+        value_parser = duration,
+        conflicts_with = "no_wait"
+    )]
+    wait: Duration,
+    /// Try once and fail at once if the lock is taken (like `flock -n`).
+    #[arg(short, long)]
+    no_wait: bool,
+    /// Exit status when the lock is held by someone else (like `flock -E`).
+    #[arg(short = 'E', long, value_name = "N", default_value_t = exit::CONFLICT)]
+    conflict_exit_code: u8,
+    /// Exit status when the lock was lost while COMMAND ran (COMMAND is terminated).
+    #[arg(long, value_name = "N", default_value_t = exit::LOST)]
+    lost_exit_code: u8,
+    /// After the lock is lost: time between SIGTERM and SIGKILL to COMMAND.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration)]
+    kill_grace: Duration,
+    /// Report acquire, extend and release on stderr.
+    #[arg(short, long)]
+    verbose: bool,
+    /// The lock's name (the Redis key).
+    #[arg(value_name = "RESOURCE")]
+    resource: String,
+    /// The command to run, and its arguments, after `--`.
+    #[arg(last = true, required = true, num_args = 1.., value_name = "COMMAND")]
+    command: Vec<OsString>,
+}
+
+/// Longest time the main loop sleeps before checking the child and the lock again.
+const POLL: Duration = Duration::from_millis(50);
+
+fn is_terminating(sig: i32) -> bool {
+    matches!(sig, SIGINT | SIGTERM | SIGHUP | SIGQUIT)
+}
+
+pub fn main(args: RunArgs) -> u8 {
+    let urls = args.masters.urls();
+    if urls.is_empty() {
+        say!("no masters: pass --masters URLS or set REDLOCK_MASTERS");
+        return exit::USAGE;
+    }
+    let mut client = match Redlock::builder()
+        .masters(&urls)
+        // `--wait` bounds the retries, not a count.
+        .retry_count(u32::MAX)
+        .build()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            say!("{e}");
+            return error_code(&e);
+        }
+    };
+
+    // Signals are read on a thread and handed to the main loop over a channel. While the
+    // lock is being acquired, a terminating signal also cancels the attempt, so that a
+    // Ctrl-C does not wait out `--wait`.
+    let mut signals = match Signals::new([SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD]) {
+        Ok(s) => s,
+        Err(e) => {
+            say!("cannot install signal handlers: {e}");
+            return exit::OSERR;
+        }
+    };
+    let signals_handle = signals.handle();
+    let acquiring = Arc::new(Mutex::new(true));
+    let (tx, rx) = mpsc::channel::<i32>();
+    {
+        let acquiring = acquiring.clone();
+        let cancel = client.cancel_handle();
+        thread::spawn(move || {
+            for sig in signals.forever() {
+                if is_terminating(sig) && *acquiring.lock().unwrap_or_else(|p| p.into_inner()) {
+                    cancel.cancel();
+                }
+                if tx.send(sig).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+
+    let code = hold_and_run(&args, &mut client, &acquiring, &rx);
+    signals_handle.close();
+    code
+}
+
+fn hold_and_run(
+    args: &RunArgs,
+    client: &mut Redlock,
+    acquiring: &Mutex<bool>,
+    rx: &Receiver<i32>,
+) -> u8 {
+    let resource = args.resource.as_str();
+    let ttl = args.ttl;
+    let started = Instant::now();
+    let result = if args.no_wait || args.wait.is_zero() {
+        client.try_lock(resource, ttl)
+    } else {
+        client.lock_with_deadline(resource, ttl, started + args.wait)
+    };
+    // From here on a signal no longer cancels: a cancel would cut short the extend and
+    // release rounds.
+    *acquiring.lock().unwrap_or_else(|p| p.into_inner()) = false;
+    let early_signal = rx.try_iter().find(|s| is_terminating(*s));
+
+    let lock = match result {
+        Ok(lock) => lock,
+        Err(Error::Cancelled) => {
+            let sig = early_signal.unwrap_or(SIGINT);
+            say!("got {}, gave up waiting for {resource}", signal_name(sig));
+            return exit::signal(sig);
+        }
+        Err(e) => return acquire_failed(args, &e),
+    };
+    if args.verbose {
+        say!(
+            "acquired {resource} (token {}…, validity {}) on {} of {} masters after {}",
+            lock.token().short(),
+            human_duration(lock.remaining()),
+            client.quorum(),
+            client.masters().count(),
+            human_duration(started.elapsed())
+        );
+    }
+    if let Some(sig) = early_signal {
+        // The signal may have raised the client's cancel flag after the attempt had
+        // already succeeded. An attempt whose deadline has passed consumes a pending cancel
+        // or returns at once, with no I/O either way; then the release runs normally.
+        let _ = client.lock_with_deadline(resource, ttl, Instant::now());
+        release(args, client, lock);
+        say!("got {}, did not start the command", signal_name(sig));
+        return exit::signal(sig);
+    }
+
+    let mut child = match spawn(&args.command) {
+        Ok(c) => c,
+        Err(e) => {
+            say!(
+                "cannot run {}: {e}",
+                args.command[0].to_string_lossy().into_owned()
+            );
+            release(args, client, lock);
+            return match e.kind() {
+                io::ErrorKind::NotFound => exit::NOT_FOUND,
+                _ => exit::CANNOT_EXEC,
+            };
+        }
+    };
+    let group = Pid::from_raw(-(child.id() as i32));
+    let mut watch = Watch::new(args, lock);
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) => {}
+            Err(e) => {
+                say!("cannot wait for the command: {e}");
+                let _ = kill(group, Signal::SIGKILL);
+                let status = child.wait();
+                release(args, client, watch.lock);
+                return status.map(status_code).unwrap_or(exit::OSERR);
+            }
+        }
+        let wake = watch.step(client, group);
+        let timeout = wake
+            .saturating_duration_since(Instant::now())
+            .min(POLL)
+            .max(Duration::from_millis(1));
+        match rx.recv_timeout(timeout) {
+            Ok(sig) if is_terminating(sig) => {
+                if args.verbose {
+                    say!("forwarding {} to the command", signal_name(sig));
+                }
+                let _ = kill(group, Signal::try_from(sig).ok());
+            }
+            Ok(_) | Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => thread::sleep(timeout),
+        }
+    };
+
+    if let Some(lost_at) = watch.lost_at {
+        // The command's leader exited; make sure no member of its group outlives the grace.
+        let kill_at = lost_at + args.kill_grace;
+        while kill(group, None).is_ok() {
+            if Instant::now() >= kill_at {
+                let _ = kill(group, Signal::SIGKILL);
+                break;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+        // Compare-and-delete: harmless where the key is someone else's by now.
+        let _ = client.release(watch.lock);
+        say!(
+            "the command was terminated because the lock on {resource} was lost (it exited \
+             with status {})",
+            status_code(status)
+        );
+        return args.lost_exit_code;
+    }
+    release(args, client, watch.lock);
+    status_code(status)
+}
+
+/// Keeps the lock extended while the command runs, and terminates the command when the
+/// lock is lost.
+struct Watch {
+    lock: Lock,
+    ttl: Duration,
+    grace: Duration,
+    verbose: bool,
+    /// Extend when less validity than this is left.
+    extend_below: Duration,
+    /// Retry failed extensions (no quorum) while more validity than this is left.
+    give_up_below: Duration,
+    retry_every: Duration,
+    next_try: Instant,
+    lost_at: Option<Instant>,
+    killed: bool,
+}
+
+impl Watch {
+    fn new(args: &RunArgs, lock: Lock) -> Self {
+        let ttl = args.ttl;
+        Watch {
+            lock,
+            ttl,
+            grace: args.kill_grace,
+            verbose: args.verbose,
+            extend_below: ttl / 3,
+            give_up_below: ttl / 6,
+            retry_every: (ttl / 60).clamp(Duration::from_millis(10), Duration::from_secs(1)),
+            next_try: Instant::now(),
+            lost_at: None,
+            killed: false,
+        }
+    }
+
+    /// Extend if due, notice a lost lock, escalate to SIGKILL. Returns when to look again.
+    fn step(&mut self, client: &mut Redlock, group: Pid) -> Instant {
+        let now = Instant::now();
+        if let Some(lost_at) = self.lost_at {
+            let kill_at = lost_at + self.grace;
+            if !self.killed && now >= kill_at {
+                say!(
+                    "the command is still running after {:?}: SIGKILL",
+                    self.grace
+                );
+                let _ = kill(group, Signal::SIGKILL);
+                self.killed = true;
+            }
+            return if self.killed { now + POLL } else { kill_at };
+        }
+        let remaining = self.lock.remaining();
+        if remaining.is_zero() {
+            self.lose(group, "its validity ran out before an extension succeeded");
+            return now;
+        }
+        if remaining < self.extend_below && now >= self.next_try {
+            match client.extend(&mut self.lock, self.ttl) {
+                Ok(()) => {
+                    if self.verbose {
+                        say!(
+                            "extended the lock (validity {})",
+                            human_duration(self.lock.remaining())
+                        );
+                    }
+                }
+                Err(e @ (Error::NoQuorum(_) | Error::ValidityUsedUp(_) | Error::Io(_)))
+                    if self.lock.remaining() > self.give_up_below =>
+                {
+                    say!("extension failed, retrying: {e}");
+                    self.next_try = Instant::now() + self.retry_every;
+                }
+                Err(e) => {
+                    self.lose(group, &format!("extension failed: {e}"));
+                    return Instant::now();
+                }
+            }
+        }
+        let due = self
+            .lock
+            .valid_until()
+            .checked_sub(self.extend_below)
+            .unwrap_or(now);
+        due.max(self.next_try)
+    }
+
+    fn lose(&mut self, group: Pid, why: &str) {
+        say!(
+            "LOST THE LOCK ({why}); terminating the command (SIGTERM, SIGKILL after {})",
+            humantime::format_duration(self.grace)
+        );
+        let _ = kill(group, Signal::SIGTERM);
+        self.lost_at = Some(Instant::now());
+        if self.grace.is_zero() {
+            let _ = kill(group, Signal::SIGKILL);
+            self.killed = true;
+        }
+    }
+}
+
+fn spawn(command: &[OsString]) -> io::Result<Child> {
+    let mut cmd = Command::new(&command[0]);
+    cmd.args(&command[1..]);
+    // Its own process group: forwarded signals and the lost-lock kill reach every process
+    // of the command (`sh -c 'a | b'` included), and a terminal's Ctrl-C reaches it once,
+    // through redlock.
+    cmd.process_group(0);
+    cmd.spawn()
+}
+
+fn release(args: &RunArgs, client: &mut Redlock, lock: Lock) {
+    match client.release(lock) {
+        Ok(()) => {
+            if args.verbose {
+                say!("released {}", args.resource);
+            }
+        }
+        Err(e) => say!(
+            "warning: release of {} failed, the keys expire by themselves within the TTL: {e}",
+            args.resource
+        ),
+    }
+}
+
+fn acquire_failed(args: &RunArgs, e: &Error) -> u8 {
+    let resource = &args.resource;
+    match e {
+        Error::Taken(_) => {
+            say!("{resource} is locked: {e}");
+            args.conflict_exit_code
+        }
+        Error::DeadlineExceeded(Some(r)) if r.masters_with(Outcome::Taken).next().is_some() => {
+            say!(
+                "{resource} is still locked after waiting {}: last attempt: {r}",
+                humantime::format_duration(args.wait)
+            );
+            args.conflict_exit_code
+        }
+        Error::DeadlineExceeded(_) | Error::NoQuorum(_) | Error::ValidityUsedUp(_) => {
+            say!("cannot lock {resource}: {e}");
+            exit::UNAVAILABLE
+        }
+        _ => {
+            say!("cannot lock {resource}: {e}");
+            error_code(e)
+        }
+    }
+}
+
+/// The exit code for an error that is not about the lock itself.
+pub fn error_code(e: &Error) -> u8 {
+    match e {
+        Error::Config(_) | Error::InvalidArgument(_) => exit::USAGE,
+        Error::Io(_) => exit::OSERR,
+        Error::Taken(_)
+        | Error::NoQuorum(_)
+        | Error::ValidityUsedUp(_)
+        | Error::DeadlineExceeded(_) => exit::UNAVAILABLE,
+        _ => exit::SOFTWARE,
+    }
+}
+
+fn status_code(status: ExitStatus) -> u8 {
+    match (status.code(), status.signal()) {
+        (Some(c), _) => c.clamp(0, 255) as u8,
+        (None, Some(sig)) => exit::signal(sig),
+        (None, None) => exit::SOFTWARE,
+    }
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    Signal::try_from(sig)
+        .map(|s| s.as_str())
+        .unwrap_or("a signal")
+}

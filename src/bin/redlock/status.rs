@@ -1,0 +1,328 @@
+//! `redlock status`: per master, is it reachable, who holds the key, for how long.
+
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use redlock_mux::resp::{self, Arg, Frame, Limits, Status};
+use redlock_mux::MasterSpec;
+
+use crate::common::{exit, human_duration, say, short_token};
+use crate::{duration, MasterArgs};
+
+pub const AFTER_HELP: &str = "\
+Asks every master, in parallel, for the lock's key (GET) and its time to live (PTTL),
+authenticating with the URL's user and password and selecting its database.
+Tokens are shown shortened: a whole token is the capability to release the lock.
+
+Exit status:
+  0    every master answered (whether or not the lock is held)
+  1    some master did not answer (down, refused, timed out, or an error reply)
+  64   usage or configuration error";
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    masters: MasterArgs,
+    /// How long each master may take to connect and answer.
+    #[arg(long, value_name = "DURATION", default_value = "500ms", value_parser = duration)]
+    timeout: Duration,
+    /// Print one JSON object on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// The lock's name (the Redis key).
+    #[arg(value_name = "RESOURCE")]
+    resource: String,
+}
+
+/// What one master said about the key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum State {
+    /// The key holds this token, expiring in this many ms (`None`: no expiry set).
+    Held(Vec<u8>, Option<u64>),
+    /// No such key.
+    Free,
+    /// Could not connect, timed out, or an error reply.
+    Unreachable(String),
+}
+
+pub fn main(args: StatusArgs) -> u8 {
+    let urls = args.masters.urls();
+    if urls.is_empty() {
+        say!("no masters: pass --masters URLS or set REDLOCK_MASTERS");
+        return exit::USAGE;
+    }
+    let mut specs = Vec::with_capacity(urls.len());
+    for url in &urls {
+        match MasterSpec::parse(url) {
+            Ok(s) => specs.push(s),
+            Err(e) => {
+                say!("bad configuration: {e}");
+                return exit::USAGE;
+            }
+        }
+    }
+    let key = args.resource.as_bytes();
+    let states: Vec<State> = std::thread::scope(|s| {
+        let probes: Vec<_> = specs
+            .iter()
+            .map(|spec| s.spawn(move || probe(spec, key, args.timeout)))
+            .collect();
+        probes
+            .into_iter()
+            .map(|p| {
+                p.join()
+                    .unwrap_or_else(|_| State::Unreachable("probe panicked".into()))
+            })
+            .collect()
+    });
+    let quorum = specs.len() / 2 + 1;
+    let verdict = verdict(&states, quorum);
+    if args.json {
+        print_json(&args.resource, &specs, &states, quorum, &verdict);
+    } else {
+        print_table(&args.resource, &specs, &states, quorum, &verdict);
+    }
+    if states.iter().all(|s| !matches!(s, State::Unreachable(_))) {
+        exit::OK
+    } else {
+        exit::CONFLICT
+    }
+}
+
+/// The token held on the most masters, and on how many.
+fn verdict(states: &[State], quorum: usize) -> (Option<Vec<u8>>, usize, String) {
+    let mut best: Option<(&[u8], usize)> = None;
+    for s in states {
+        if let State::Held(t, _) = s {
+            let n = states
+                .iter()
+                .filter(|x| matches!(x, State::Held(u, _) if u == t))
+                .count();
+            if best.map_or(true, |(_, m)| n > m) {
+                best = Some((t, n));
+            }
+        }
+    }
+    let reachable = states
+        .iter()
+        .filter(|s| !matches!(s, State::Unreachable(_)))
+        .count();
+    let total = states.len();
+    match best {
+        Some((t, n)) if n >= quorum => (
+            Some(t.to_vec()),
+            n,
+            format!(
+                "locked: held by {} on {n} of {total} masters (quorum {quorum})",
+                short_token(t)
+            ),
+        ),
+        Some((t, n)) => (
+            Some(t.to_vec()),
+            n,
+            format!(
+                "not locked by a quorum: {} holds {n} of {total} masters (quorum {quorum}); \
+                 such leftovers expire with their TTL",
+                short_token(t)
+            ),
+        ),
+        None if reachable >= quorum => (
+            None,
+            0,
+            format!("free on all {reachable} reachable masters of {total}"),
+        ),
+        None => (
+            None,
+            0,
+            format!(
+                "unknown: only {reachable} of {total} masters answered (quorum {quorum}), \
+                 and none holds the key"
+            ),
+        ),
+    }
+}
+
+fn print_table(
+    resource: &str,
+    specs: &[MasterSpec],
+    states: &[State],
+    quorum: usize,
+    verdict: &(Option<Vec<u8>>, usize, String),
+) {
+    println!("{resource} on {} masters (quorum {quorum}):", specs.len());
+    let width = specs
+        .iter()
+        .map(|s| s.to_string().len())
+        .max()
+        .unwrap_or(6)
+        .max(6);
+    println!(
+        "  {:<width$}  {:<11}  {:<10}  PTTL",
+        "MASTER", "STATE", "HOLDER"
+    );
+    for (spec, state) in specs.iter().zip(states) {
+        let name = spec.to_string();
+        match state {
+            State::Held(t, pttl) => println!(
+                "  {name:<width$}  {:<11}  {:<10}  {}",
+                "held",
+                short_token(t),
+                pttl.map_or_else(
+                    || "no expiry".to_string(),
+                    |ms| human_duration(Duration::from_millis(ms))
+                )
+            ),
+            State::Free => println!("  {name:<width$}  {:<11}  {:<10}  -", "free", "-"),
+            State::Unreachable(why) => {
+                println!("  {name:<width$}  {:<11}  {why}", "unreachable")
+            }
+        }
+    }
+    println!("{}", verdict.2);
+}
+
+fn print_json(
+    resource: &str,
+    specs: &[MasterSpec],
+    states: &[State],
+    quorum: usize,
+    verdict: &(Option<Vec<u8>>, usize, String),
+) {
+    let masters: Vec<serde_json::Value> = specs
+        .iter()
+        .zip(states)
+        .map(|(spec, state)| match state {
+            State::Held(t, pttl) => serde_json::json!({
+                "master": spec.to_string(),
+                "reachable": true,
+                "held": true,
+                "holder": short_token(t),
+                "pttl_ms": pttl,
+            }),
+            State::Free => serde_json::json!({
+                "master": spec.to_string(),
+                "reachable": true,
+                "held": false,
+            }),
+            State::Unreachable(why) => serde_json::json!({
+                "master": spec.to_string(),
+                "reachable": false,
+                "error": why,
+            }),
+        })
+        .collect();
+    let out = serde_json::json!({
+        "resource": resource,
+        "quorum": quorum,
+        "locked": verdict.1 >= quorum,
+        "holder": verdict.0.as_deref().map(short_token),
+        "holder_masters": verdict.1,
+        "summary": verdict.2,
+        "masters": masters,
+    });
+    println!("{out}");
+}
+
+/// Connect, authenticate, select the database, then `GET key` and `PTTL key`, pipelined.
+fn probe(spec: &MasterSpec, key: &[u8], timeout: Duration) -> State {
+    match probe_io(spec, key, timeout) {
+        Ok(s) => s,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut => {
+            State::Unreachable(format!("no answer within {}", human_duration(timeout)))
+        }
+        Err(e) => State::Unreachable(e.to_string()),
+    }
+}
+
+fn probe_io(spec: &MasterSpec, key: &[u8], timeout: Duration) -> io::Result<State> {
+    let deadline = Instant::now() + timeout;
+    let addr = spec
+        .resolve()
+        .map_err(|e| io::Error::new(io::ErrorKind::NotFound, e))?;
+    let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
+    stream.set_nodelay(true)?;
+    let mut out = Vec::with_capacity(128);
+    let mut setup = 0usize;
+    match (&spec.user, &spec.password) {
+        (Some(u), Some(p)) => {
+            resp::encode_command(
+                &mut out,
+                &[Arg::from("AUTH"), u.as_str().into(), p.as_str().into()],
+            );
+            setup += 1;
+        }
+        (None, Some(p)) => {
+            resp::encode_command(&mut out, &[Arg::from("AUTH"), p.as_str().into()]);
+            setup += 1;
+        }
+        _ => {}
+    }
+    if spec.db != 0 {
+        resp::encode_command(&mut out, &[Arg::from("SELECT"), Arg::Uint(spec.db.into())]);
+        setup += 1;
+    }
+    resp::encode_command(&mut out, &[Arg::from("GET"), Arg::Bytes(key)]);
+    resp::encode_command(&mut out, &[Arg::from("PTTL"), Arg::Bytes(key)]);
+    stream.set_write_timeout(Some(remaining(deadline)?))?;
+    stream.write_all(&out)?;
+
+    let limits = Limits::default();
+    let mut buf: Vec<u8> = Vec::with_capacity(512);
+    let mut start = 0;
+    let mut token: Option<Vec<u8>> = None;
+    let mut pttl: i64 = -2;
+    for reply in 0..setup + 2 {
+        // Read until one whole frame is buffered.
+        let (frame, used) = loop {
+            match resp::parse(&buf[start..], &limits) {
+                Ok(Status::Complete((f, n))) => break (f, n),
+                Ok(Status::Partial(_)) => {}
+                Err(e) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("bad reply: {e:?}"),
+                    ))
+                }
+            }
+            stream.set_read_timeout(Some(remaining(deadline)?))?;
+            let mut chunk = [0u8; 512];
+            let n = stream.read(&mut chunk)?;
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "connection closed by the master",
+                ));
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        if let Frame::Error(e) | Frame::BulkError(e) = frame {
+            return Ok(State::Unreachable(format!(
+                "error reply: {}",
+                String::from_utf8_lossy(e)
+            )));
+        }
+        match (reply.checked_sub(setup), frame) {
+            (Some(0), Frame::Bulk(t)) => token = Some(t.to_vec()),
+            (Some(1), Frame::Integer(ms)) => pttl = ms,
+            _ => {}
+        }
+        start += used;
+    }
+    Ok(match token {
+        // -2: the key vanished between GET and PTTL.
+        Some(_) if pttl == -2 => State::Free,
+        Some(t) => State::Held(t, u64::try_from(pttl).ok()),
+        None => State::Free,
+    })
+}
+
+fn remaining(deadline: Instant) -> io::Result<Duration> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        Err(io::Error::new(io::ErrorKind::TimedOut, "timed out"))
+    } else {
+        Ok(left)
+    }
+}
