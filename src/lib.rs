@@ -11,6 +11,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+#[cfg(feature = "local")]
+pub mod local;
 pub mod resp;
 
 #[cfg(feature = "client")]

@@ -1,0 +1,1053 @@
+//! Local `redis-server` processes for tests, examples and `redlock bench`.
+//!
+//! [`LocalMaster`] starts one `redis-server` on a free `127.0.0.1` port, in a temporary
+//! directory of its own, and controls it by PID: pause it with SIGSTOP ([`freeze`]), resume
+//! it ([`thaw`]), kill it ([`kill`]), stop it ([`stop`]) and start it again on the same port
+//! ([`restart`]). Dropping the handle stops the process (by PID, never by name) and removes
+//! the directory, also while a panic unwinds. [`LocalMasters`] holds several.
+//!
+//! No persistence by default (`--save '' --appendonly no`): a restart comes back empty,
+//! which is exactly the "restart without persistence" hazard of Redlock. Pass
+//! `--appendonly yes --appendfsync always` to [`LocalMaster::start_with`] for a master
+//! that keeps its keys across [`restart`].
+//!
+//! The binary is found by [`redis_server_path`]: `$REDIS_SERVER` if set, else
+//! `redis-server` on `PATH`. When it is missing, starting fails with an error that says how
+//! to install it.
+//!
+//! [`cmd`](LocalMaster::cmd) is a tiny blocking admin client (its own minimal RESP2 reader,
+//! independent of [`crate::resp`]) for set-up and assertions in tests; it opens a fresh
+//! connection per call.
+//!
+//! Everything here is Unix-only (signals) and talks to `127.0.0.1` only.
+//!
+//! If the process that owns the handles is killed without unwinding (SIGKILL), the servers
+//! outlive it. An interactive Ctrl-C reaches them too (they share the terminal's process
+//! group, and `redis-server` shuts down on SIGINT), except a frozen one.
+//!
+//! [`freeze`]: LocalMaster::freeze
+//! [`thaw`]: LocalMaster::thaw
+//! [`kill`]: LocalMaster::kill
+//! [`stop`]: LocalMaster::stop
+//! [`restart`]: LocalMaster::restart
+
+use std::fmt;
+use std::fs::{self, File};
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
+use std::ops::{Index, IndexMut};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+/// What the error says when `redis-server` cannot be found.
+pub const INSTALL_HINT: &str = "redis-server not found on PATH: install it with \
+`sudo apt-get install redis-server` (Debian/Ubuntu) or set REDIS_SERVER=/path/to/redis-server";
+
+/// How long a start (or restart) may take before it is an error.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// Pause between two readiness probes.
+const POLL_INTERVAL: Duration = Duration::from_millis(5);
+/// Upper bound on readiness probes per start, whatever the clock says.
+const MAX_POLLS: u32 = 2_000;
+/// How many fresh ports a first start tries when `redis-server` cannot bind.
+const MAX_PORT_ATTEMPTS: u32 = 20;
+/// How long [`LocalMaster::stop`] waits after SIGTERM before SIGKILL.
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connect, write and read timeout of one readiness probe.
+const PROBE_IO_TIMEOUT: Duration = Duration::from_millis(250);
+/// Default timeout of [`LocalMaster::cmd`].
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long freeze/thaw wait for the kernel to report the new process state.
+const SIGNAL_SETTLE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Finds the `redis-server` binary: `$REDIS_SERVER` when set and not empty, else the
+/// first executable `redis-server` on `PATH`.
+///
+/// # Errors
+///
+/// `io::ErrorKind::NotFound` with [`INSTALL_HINT`] in the message when there is none (or
+/// `$REDIS_SERVER` names something that is not an executable file).
+///
+/// # Examples
+///
+/// ```
+/// match redlock_mux::local::redis_server_path() {
+///     Ok(path) => println!("using {}", path.display()),
+///     Err(e) => eprintln!("{e}"), // says how to install redis-server
+/// }
+/// ```
+pub fn redis_server_path() -> io::Result<PathBuf> {
+    if let Some(value) = std::env::var_os("REDIS_SERVER").filter(|v| !v.is_empty()) {
+        let path = PathBuf::from(value);
+        if is_executable(&path) {
+            return Ok(path);
+        }
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!(
+                "{INSTALL_HINT} (REDIS_SERVER is set to `{}`, which is not an executable file)",
+                path.display()
+            ),
+        ));
+    }
+    let path_var = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path_var)
+        .filter(|dir| !dir.as_os_str().is_empty())
+        .map(|dir| dir.join("redis-server"))
+        .find(|candidate| is_executable(candidate))
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, INSTALL_HINT))
+}
+
+fn is_executable(path: &Path) -> bool {
+    fs::metadata(path)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+/// A reply read by the admin helpers ([`LocalMaster::cmd`], [`command`]).
+///
+/// Nulls (`$-1`, `*-1`, RESP3 `_`) are `Bulk(None)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdminReply {
+    /// `+OK`, `+PONG`, ...
+    Simple(String),
+    /// `-ERR ...`, `-NOSCRIPT ...`: the whole line after the `-`.
+    Error(String),
+    /// `:42`.
+    Int(i64),
+    /// `$3\r\nabc\r\n`, or `None` for a null.
+    Bulk(Option<Vec<u8>>),
+    /// `*2\r\n...`.
+    Array(Vec<AdminReply>),
+}
+
+impl AdminReply {
+    /// `true` for `+OK`.
+    pub fn is_ok(&self) -> bool {
+        matches!(self, AdminReply::Simple(s) if s == "OK")
+    }
+
+    /// The text of a simple string or a (UTF-8) bulk string.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            AdminReply::Simple(s) => Some(s),
+            AdminReply::Bulk(Some(b)) => std::str::from_utf8(b).ok(),
+            _ => None,
+        }
+    }
+}
+
+/// Sends one command to `addr` on a fresh connection and reads one reply, each step
+/// bounded by `timeout`. A minimal blocking client for test set-up and assertions (through
+/// a proxy, for instance); no `AUTH`.
+///
+/// # Errors
+///
+/// Connection errors; `TimedOut` when no full reply arrives in time (a frozen master, a
+/// blackholed proxy); `InvalidData` for bytes that are not RESP2; `UnexpectedEof` when the
+/// peer closes mid-reply.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use redlock_mux::local::{command, AdminReply, LocalMaster};
+///
+/// let master = LocalMaster::start()?;
+/// let reply = command(master.addr(), &[b"PING"], Duration::from_millis(200))?;
+/// assert_eq!(reply, AdminReply::Simple("PONG".into()));
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub fn command(addr: SocketAddr, args: &[&[u8]], timeout: Duration) -> io::Result<AdminReply> {
+    let mut replies = exchange(addr, &[args], timeout)?;
+    replies
+        .pop()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no reply"))
+}
+
+/// Sends `commands` pipelined on one fresh connection and reads one reply per command.
+fn exchange(
+    addr: SocketAddr,
+    commands: &[&[&[u8]]],
+    timeout: Duration,
+) -> io::Result<Vec<AdminReply>> {
+    let stream = TcpStream::connect_timeout(&addr, timeout)
+        .map_err(|e| io::Error::new(e.kind(), format!("connect to {addr}: {e}")))?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    stream.set_nodelay(true)?;
+    let mut out = Vec::new();
+    for args in commands {
+        encode_command(args, &mut out);
+    }
+    (&stream)
+        .write_all(&out)
+        .map_err(|e| timeout_error(e, addr, timeout, "writing to"))?;
+    let mut reader = BufReader::new(&stream);
+    let mut replies = Vec::with_capacity(commands.len());
+    for _ in commands {
+        let reply =
+            read_reply(&mut reader, 0).map_err(|e| timeout_error(e, addr, timeout, "reading"))?;
+        replies.push(reply);
+    }
+    Ok(replies)
+}
+
+fn timeout_error(e: io::Error, addr: SocketAddr, timeout: Duration, doing: &str) -> io::Error {
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("timed out after {timeout:?} {doing} {addr}"),
+        ),
+        io::ErrorKind::UnexpectedEof => io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("{addr} closed the connection before a full reply"),
+        ),
+        _ => io::Error::new(e.kind(), format!("{doing} {addr}: {e}")),
+    }
+}
+
+fn encode_command(args: &[&[u8]], out: &mut Vec<u8>) {
+    out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+    for arg in args {
+        out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+        out.extend_from_slice(arg);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+const MAX_LINE: u64 = 64 * 1024;
+const MAX_BULK: i64 = 64 * 1024 * 1024;
+const MAX_ELEMENTS: i64 = 1024 * 1024;
+const MAX_DEPTH: usize = 16;
+
+fn invalid(msg: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg.into())
+}
+
+/// Reads one line ending in CRLF (without it), at most `MAX_LINE` bytes.
+fn read_line(r: &mut impl BufRead) -> io::Result<Vec<u8>> {
+    let mut line = Vec::new();
+    r.take(MAX_LINE).read_until(b'\n', &mut line)?;
+    if line.is_empty() {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
+    if !line.ends_with(b"\r\n") {
+        if line.len() as u64 >= MAX_LINE {
+            return Err(invalid("RESP line too long"));
+        }
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
+    line.truncate(line.len() - 2);
+    Ok(line)
+}
+
+fn parse_int(digits: &[u8]) -> io::Result<i64> {
+    std::str::from_utf8(digits)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| {
+            invalid(format!(
+                "bad RESP integer {:?}",
+                String::from_utf8_lossy(digits)
+            ))
+        })
+}
+
+fn read_reply(r: &mut impl BufRead, depth: usize) -> io::Result<AdminReply> {
+    if depth > MAX_DEPTH {
+        return Err(invalid("RESP reply nested too deep"));
+    }
+    let line = read_line(r)?;
+    let (&kind, rest) = line
+        .split_first()
+        .ok_or_else(|| invalid("empty RESP line"))?;
+    let text = || String::from_utf8_lossy(rest).into_owned();
+    match kind {
+        b'+' => Ok(AdminReply::Simple(text())),
+        b'-' => Ok(AdminReply::Error(text())),
+        b':' => Ok(AdminReply::Int(parse_int(rest)?)),
+        b'_' if rest.is_empty() => Ok(AdminReply::Bulk(None)),
+        b'$' => match parse_int(rest)? {
+            -1 => Ok(AdminReply::Bulk(None)),
+            n if (0..=MAX_BULK).contains(&n) => {
+                let n = n as usize;
+                let mut data = vec![0; n + 2];
+                r.read_exact(&mut data)?;
+                if !data.ends_with(b"\r\n") {
+                    return Err(invalid("bulk string not followed by CRLF"));
+                }
+                data.truncate(n);
+                Ok(AdminReply::Bulk(Some(data)))
+            }
+            n => Err(invalid(format!("bad bulk length {n}"))),
+        },
+        b'*' => match parse_int(rest)? {
+            -1 => Ok(AdminReply::Bulk(None)),
+            n if (0..=MAX_ELEMENTS).contains(&n) => {
+                let mut items = Vec::with_capacity(n.min(1024) as usize);
+                for _ in 0..n {
+                    items.push(read_reply(r, depth + 1)?);
+                }
+                Ok(AdminReply::Array(items))
+            }
+            n => Err(invalid(format!("bad array length {n}"))),
+        },
+        other => Err(invalid(format!(
+            "unexpected RESP type byte {:?}",
+            char::from(other)
+        ))),
+    }
+}
+
+/// A free port on 127.0.0.1 at the time of the call (the listener is dropped at once, so
+/// another process may take it before `redis-server` binds: callers retry).
+fn free_port() -> io::Result<u16> {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+    Ok(listener.local_addr()?.port())
+}
+
+fn make_temp_dir() -> io::Result<PathBuf> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let base = std::env::temp_dir();
+    let mut last = None;
+    for _ in 0..100 {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let dir = base.join(format!(
+            "redlock-mux-redis-{}-{n}-{nanos:08x}",
+            std::process::id()
+        ));
+        match fs::create_dir(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("creating temporary directory {}: {e}", dir.display()),
+                ))
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::other("could not create a temporary directory")))
+}
+
+/// The one-letter state of a process from `/proc/<pid>/stat` (`R`, `S`, `T`, `Z`, ...), or
+/// `None` when it cannot be read.
+fn proc_state(pid: u32) -> Option<u8> {
+    let stat = fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    stat.get(close + 2).copied()
+}
+
+/// Why one start attempt failed.
+enum StartFailure {
+    /// `redis-server` exited because it could not bind the port: try again.
+    PortTaken(io::Error),
+    /// Anything else.
+    Fatal(io::Error),
+}
+
+/// One local `redis-server` process on `127.0.0.1`, stopped (by PID) when dropped.
+///
+/// State-changing methods take `&mut self`; share it between threads behind a `Mutex` if
+/// a fault-injecting thread must drive it.
+///
+/// # Examples
+///
+/// ```no_run
+/// use redlock_mux::local::{AdminReply, LocalMaster};
+///
+/// let mut master = LocalMaster::start()?;
+/// println!("{} is {}", master.url(), master.pid().unwrap());
+/// assert!(master.cmd(&[b"SET", b"k", b"v"])?.is_ok());
+///
+/// master.freeze()?; // SIGSTOP: connections hang, nothing answers
+/// master.thaw()?; // SIGCONT
+///
+/// let port = master.port();
+/// master.kill()?; // SIGKILL, reaped
+/// master.restart()?; // same port, empty memory (no persistence)
+/// assert_eq!(master.port(), port);
+/// assert_eq!(master.cmd(&[b"GET", b"k"])?, AdminReply::Bulk(None));
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub struct LocalMaster {
+    bin: PathBuf,
+    dir: PathBuf,
+    port: u16,
+    extra_args: Vec<String>,
+    password: Option<String>,
+    child: Option<Child>,
+    frozen: bool,
+}
+
+impl fmt::Debug for LocalMaster {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LocalMaster")
+            .field("addr", &self.addr())
+            .field("pid", &self.pid())
+            .field("frozen", &self.frozen)
+            .field("dir", &self.dir)
+            .field("extra_args", &self.extra_args.len())
+            .finish()
+    }
+}
+
+impl LocalMaster {
+    /// Starts `redis-server` on a free port without persistence and waits until it answers
+    /// `PING` (at most 10 s).
+    ///
+    /// # Errors
+    ///
+    /// `NotFound` with an install hint when `redis-server` is missing; otherwise the port,
+    /// PID and last lines of `redis.log` of the failed start.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let master = redlock_mux::local::LocalMaster::start()?;
+    /// assert!(master.url().starts_with("redis://127.0.0.1:"));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn start() -> io::Result<LocalMaster> {
+        Self::start_with(&[])
+    }
+
+    /// Like [`start`](Self::start), with extra `redis-server` arguments appended after the
+    /// defaults (`--port P --bind 127.0.0.1 --save '' --appendonly no --dir <tmp>
+    /// --daemonize no --protected-mode no --loglevel warning --logfile <tmp>/redis.log`);
+    /// for single-valued options the last one wins. A `--requirepass` given here is also
+    /// used by [`cmd`](Self::cmd) and the readiness probe.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use redlock_mux::local::LocalMaster;
+    ///
+    /// // Keeps its keys across restart():
+    /// let durable = LocalMaster::start_with(&["--appendonly", "yes", "--appendfsync", "always"])?;
+    /// // Needs AUTH:
+    /// let locked = LocalMaster::start_with(&["--requirepass", "s3cret"])?;
+    /// assert_eq!(locked.password(), Some("s3cret"));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn start_with(extra_args: &[&str]) -> io::Result<LocalMaster> {
+        let bin = redis_server_path()?;
+        let dir = make_temp_dir()?;
+        let extra_args: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
+        let password = extra_args
+            .iter()
+            .position(|a| a.eq_ignore_ascii_case("--requirepass"))
+            .and_then(|i| extra_args.get(i + 1))
+            .cloned();
+        // From here on, Drop removes the directory if starting fails.
+        let mut master = LocalMaster {
+            bin,
+            dir,
+            port: 0,
+            extra_args,
+            password,
+            child: None,
+            frozen: false,
+        };
+        let mut last = None;
+        for _ in 0..MAX_PORT_ATTEMPTS {
+            master.port = free_port()?;
+            match master.spawn_and_wait() {
+                Ok(()) => return Ok(master),
+                Err(StartFailure::PortTaken(e)) => last = Some(e),
+                Err(StartFailure::Fatal(e)) => return Err(e),
+            }
+        }
+        Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            format!(
+                "redis-server could not bind a free port in {MAX_PORT_ATTEMPTS} attempts; last: {}",
+                last.map(|e| e.to_string()).unwrap_or_default()
+            ),
+        ))
+    }
+
+    /// The TCP port (the same across [`restart`](Self::restart)).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `127.0.0.1:port`.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    /// `redis://127.0.0.1:port` (with `:password@` when started with `--requirepass`).
+    pub fn url(&self) -> String {
+        match &self.password {
+            Some(p) => format!("redis://:{p}@127.0.0.1:{}", self.port),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
+    }
+
+    /// The password given with `--requirepass`, if any.
+    pub fn password(&self) -> Option<&str> {
+        self.password.as_deref()
+    }
+
+    /// The PID of the process this handle started and has not reaped yet; `None` after
+    /// [`kill`](Self::kill) or [`stop`](Self::stop), or once [`is_running`](Self::is_running)
+    /// found it exited.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// The temporary directory (`--dir`), removed on drop.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The server's log file.
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join("redis.log")
+    }
+
+    /// The last `n` lines of the server's log (and of its stderr, if any), for error
+    /// messages.
+    pub fn log_tail(&self, n: usize) -> String {
+        let mut out = String::new();
+        for name in ["redis.log", "stderr.log"] {
+            let text = fs::read_to_string(self.dir.join(name)).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let start = lines.len().saturating_sub(n);
+            for line in lines.get(start..).unwrap_or_default() {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+        out
+    }
+
+    /// `true` when the process is alive (possibly frozen). Reaps it if it has exited.
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut().map(Child::try_wait) {
+            None => false,
+            Some(Ok(None)) => true,
+            Some(Ok(Some(_))) => {
+                self.child = None;
+                self.frozen = false;
+                false
+            }
+            // Cannot tell: the child handle is still ours, so treat it as alive.
+            Some(Err(_)) => true,
+        }
+    }
+
+    /// `true` between [`freeze`](Self::freeze) and [`thaw`](Self::thaw).
+    pub fn is_frozen(&self) -> bool {
+        self.frozen
+    }
+
+    fn signal(&self, signal: Signal) -> io::Result<()> {
+        let child = self.child.as_ref().ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotConnected,
+                format!("redis-server on port {} is not running", self.port),
+            )
+        })?;
+        let pid = child.id();
+        let raw = i32::try_from(pid).map_err(|_| invalid(format!("pid {pid} out of range")))?;
+        kill(Pid::from_raw(raw), signal).map_err(|errno| {
+            io::Error::new(
+                io::Error::from(errno).kind(),
+                format!("sending {signal} to redis-server pid {pid}: {errno}"),
+            )
+        })
+    }
+
+    /// Waits (bounded) until `/proc` shows the process stopped (`want_stopped`) or not.
+    fn wait_proc_state(&self, want_stopped: bool) -> io::Result<()> {
+        let Some(pid) = self.pid() else {
+            return Ok(());
+        };
+        let deadline = Instant::now() + SIGNAL_SETTLE_TIMEOUT;
+        for _ in 0..(SIGNAL_SETTLE_TIMEOUT.as_millis() as u32) {
+            match proc_state(pid) {
+                // No /proc here: nothing more to wait for.
+                None => return Ok(()),
+                Some(state) if (state == b'T' || state == b't') == want_stopped => return Ok(()),
+                Some(_) => {}
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            thread::sleep(Duration::from_millis(1));
+        }
+        Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "redis-server pid {pid} did not become {} within {SIGNAL_SETTLE_TIMEOUT:?}",
+                if want_stopped { "stopped" } else { "running" }
+            ),
+        ))
+    }
+
+    /// Pauses the process with SIGSTOP and waits until the kernel shows it stopped. Its
+    /// sockets stay open: connects complete (the kernel's backlog), nothing answers.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use redlock_mux::local::{command, LocalMaster};
+    ///
+    /// let mut master = LocalMaster::start()?;
+    /// master.freeze()?;
+    /// let err = command(master.addr(), &[b"PING"], Duration::from_millis(100)).unwrap_err();
+    /// assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+    /// master.thaw()?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn freeze(&mut self) -> io::Result<()> {
+        self.signal(Signal::SIGSTOP)?;
+        self.frozen = true;
+        self.wait_proc_state(true)
+    }
+
+    /// Resumes a frozen process with SIGCONT and waits until it runs again.
+    pub fn thaw(&mut self) -> io::Result<()> {
+        self.signal(Signal::SIGCONT)?;
+        self.frozen = false;
+        self.wait_proc_state(false)
+    }
+
+    /// SIGKILL, then reaps the process. No-op when not running.
+    pub fn kill(&mut self) -> io::Result<()> {
+        let Some(child) = self.child.as_mut() else {
+            return Ok(());
+        };
+        let result = match child.try_wait() {
+            Ok(Some(_)) => Ok(()),
+            _ => self.signal(Signal::SIGKILL),
+        };
+        self.reap()?;
+        result
+    }
+
+    fn reap(&mut self) -> io::Result<ExitStatus> {
+        let status = match self.child.as_mut() {
+            Some(child) => child.wait(),
+            None => return Err(io::ErrorKind::NotFound.into()),
+        };
+        self.child = None;
+        self.frozen = false;
+        status
+    }
+
+    /// SIGTERM (after SIGCONT if frozen), waits up to 5 s for a clean exit, then SIGKILL.
+    /// Always reaps the process. No-op when not running.
+    pub fn stop(&mut self) -> io::Result<()> {
+        if !self.is_running() {
+            return Ok(());
+        }
+        let mut result = Ok(());
+        if self.frozen {
+            result = self.signal(Signal::SIGCONT);
+            self.frozen = false;
+        }
+        if let Err(e) = self.signal(Signal::SIGTERM) {
+            result = result.and(Err(e));
+        }
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        let max_polls = (STOP_TIMEOUT.as_millis() / POLL_INTERVAL.as_millis()) as u32;
+        for _ in 0..max_polls {
+            if !self.is_running() {
+                return result;
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            thread::sleep(POLL_INTERVAL);
+        }
+        // Did not exit in time: no more patience.
+        self.kill().and(result)
+    }
+
+    /// Starts the server again on the same port and directory, after [`kill`](Self::kill)
+    /// or [`stop`](Self::stop) (a running server is stopped first). Without persistence
+    /// arguments it comes back with empty memory; the log keeps growing in the same file.
+    ///
+    /// # Errors
+    ///
+    /// When the port stays taken by another process for 10 s, or the server does not start.
+    pub fn restart(&mut self) -> io::Result<()> {
+        self.stop()?;
+        let deadline = Instant::now() + START_TIMEOUT;
+        let mut attempts = 0u32;
+        loop {
+            attempts += 1;
+            match self.spawn_and_wait() {
+                Ok(()) => return Ok(()),
+                Err(StartFailure::Fatal(e)) => return Err(e),
+                Err(StartFailure::PortTaken(e)) => {
+                    if Instant::now() >= deadline || attempts >= MAX_POLLS {
+                        return Err(io::Error::new(
+                            io::ErrorKind::AddrInUse,
+                            format!(
+                                "cannot restart redis-server on port {}: port taken \
+                                 ({attempts} attempts): {e}",
+                                self.port
+                            ),
+                        ));
+                    }
+                    thread::sleep(Duration::from_millis(10));
+                }
+            }
+        }
+    }
+
+    /// Sends one command on a fresh connection (after `AUTH` if started with
+    /// `--requirepass`) and reads its reply, with a 2 s timeout.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use redlock_mux::local::{AdminReply, LocalMaster};
+    ///
+    /// let master = LocalMaster::start()?;
+    /// master.cmd(&[b"SET", b"lock", b"token", b"PX", b"10000"])?;
+    /// assert_eq!(master.cmd(&[b"GET", b"lock"])?, AdminReply::Bulk(Some(b"token".to_vec())));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn cmd(&self, args: &[&[u8]]) -> io::Result<AdminReply> {
+        self.cmd_timeout(args, ADMIN_TIMEOUT)
+    }
+
+    /// [`cmd`](Self::cmd) with a chosen timeout (for each of connect, write and read).
+    pub fn cmd_timeout(&self, args: &[&[u8]], timeout: Duration) -> io::Result<AdminReply> {
+        match &self.password {
+            None => command(self.addr(), args, timeout),
+            Some(password) => {
+                let auth: &[&[u8]] = &[b"AUTH", password.as_bytes()];
+                let mut replies = exchange(self.addr(), &[auth, args], timeout)?;
+                let reply = replies.pop();
+                match replies.pop() {
+                    Some(AdminReply::Error(e)) => Err(io::Error::new(
+                        io::ErrorKind::PermissionDenied,
+                        format!("AUTH on {}: {e}", self.addr()),
+                    )),
+                    _ => reply.ok_or_else(|| invalid("no reply")),
+                }
+            }
+        }
+    }
+
+    fn spawn(&mut self) -> io::Result<()> {
+        let stderr = File::options()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("stderr.log"))?;
+        let port = self.port.to_string();
+        let child = Command::new(&self.bin)
+            .args(["--port", &port, "--bind", "127.0.0.1", "--save", ""])
+            .args([
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+                "--protected-mode",
+                "no",
+            ])
+            .args(["--loglevel", "warning"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .arg("--logfile")
+            .arg(self.log_path())
+            .args(&self.extra_args)
+            .current_dir(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("spawning {} on port {port}: {e}", self.bin.display()),
+                )
+            })?;
+        self.child = Some(child);
+        self.frozen = false;
+        Ok(())
+    }
+
+    /// Spawns on `self.port` and waits until this very process answers (bounded).
+    fn spawn_and_wait(&mut self) -> Result<(), StartFailure> {
+        self.spawn().map_err(StartFailure::Fatal)?;
+        let pid = self.pid().unwrap_or(0);
+        let addr = self.addr();
+        let deadline = Instant::now() + START_TIMEOUT;
+        let mut last_probe = String::from("no probe yet");
+        for _ in 0..MAX_POLLS {
+            let exited = match self.child.as_mut().map(Child::try_wait) {
+                Some(Ok(Some(status))) => Some(status),
+                _ => None,
+            };
+            if let Some(status) = exited {
+                self.child = None;
+                let log = self.log_tail(20);
+                let message = format!(
+                    "redis-server (pid {pid}, port {}) exited during startup with {status}; \
+                     last lines of {}:\n{log}",
+                    self.port,
+                    self.log_path().display()
+                );
+                return Err(
+                    if log.contains("Address already in use") || log.contains("Failed listening") {
+                        StartFailure::PortTaken(io::Error::new(io::ErrorKind::AddrInUse, message))
+                    } else {
+                        StartFailure::Fatal(io::Error::other(message))
+                    },
+                );
+            }
+            match self.probe(pid) {
+                Ok(()) => return Ok(()),
+                Err(e) => last_probe = e,
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            thread::sleep(POLL_INTERVAL);
+        }
+        let _ = self.kill();
+        Err(StartFailure::Fatal(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "redis-server (pid {pid}) did not answer PING on {addr} within {START_TIMEOUT:?} \
+                 (last probe: {last_probe}); last lines of {}:\n{}",
+                self.log_path().display(),
+                self.log_tail(20)
+            ),
+        )))
+    }
+
+    /// One readiness probe: PING answered (not `-LOADING`) by the process `pid` (checked
+    /// with `INFO server`, so a foreign server that grabbed the port does not count).
+    fn probe(&self, pid: u32) -> Result<(), String> {
+        let ping: &[&[u8]] = &[b"PING"];
+        let info: &[&[u8]] = &[b"INFO", b"server"];
+        let replies = match &self.password {
+            None => exchange(self.addr(), &[ping, info], PROBE_IO_TIMEOUT),
+            Some(p) => {
+                let auth: &[&[u8]] = &[b"AUTH", p.as_bytes()];
+                exchange(self.addr(), &[auth, ping, info], PROBE_IO_TIMEOUT)
+            }
+        }
+        .map_err(|e| e.to_string())?;
+        let n = replies.len();
+        match replies.get(n.wrapping_sub(2)) {
+            Some(AdminReply::Error(e)) => return Err(format!("PING: -{e}")),
+            Some(_) => {}
+            None => return Err("no PING reply".into()),
+        }
+        let info = replies.last().and_then(AdminReply::as_str).unwrap_or("");
+        let reported = info
+            .lines()
+            .find_map(|l| l.strip_prefix("process_id:"))
+            .map(str::trim);
+        match reported {
+            Some(p) if p == pid.to_string() => Ok(()),
+            Some(p) => Err(format!(
+                "port {} is answered by another process (pid {p})",
+                self.port
+            )),
+            None => Err("INFO server has no process_id".into()),
+        }
+    }
+}
+
+impl Drop for LocalMaster {
+    /// Stops the process by PID (thawing it first if frozen) and removes the directory.
+    /// Never panics.
+    fn drop(&mut self) {
+        let _ = self.stop();
+        if self.child.is_some() {
+            let _ = self.kill();
+        }
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Several [`LocalMaster`]s, started in parallel; dropping stops them all.
+///
+/// # Examples
+///
+/// ```no_run
+/// use redlock_mux::local::LocalMasters;
+///
+/// let mut masters = LocalMasters::start(5)?;
+/// let urls = masters.urls(); // hand these to the client
+/// masters[0].kill()?;
+/// masters[1].freeze()?;
+/// assert_eq!(urls.len(), masters.len());
+/// # Ok::<(), std::io::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct LocalMasters {
+    masters: Vec<LocalMaster>,
+}
+
+impl LocalMasters {
+    /// Starts `n` masters without persistence.
+    pub fn start(n: usize) -> io::Result<LocalMasters> {
+        Self::start_with(n, &[])
+    }
+
+    /// Starts `n` masters, each with the same extra arguments (see
+    /// [`LocalMaster::start_with`]). On error the ones already started are stopped.
+    pub fn start_with(n: usize, extra_args: &[&str]) -> io::Result<LocalMasters> {
+        // Fail fast, once, when the binary is missing.
+        redis_server_path()?;
+        let results: Vec<io::Result<LocalMaster>> = thread::scope(|scope| {
+            let handles: Vec<_> = (0..n)
+                .map(|_| scope.spawn(|| LocalMaster::start_with(extra_args)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(io::Error::other("a thread starting redis-server panicked"))
+                    })
+                })
+                .collect()
+        });
+        let masters = results.into_iter().collect::<io::Result<Vec<_>>>()?;
+        Ok(LocalMasters { masters })
+    }
+
+    /// Number of masters.
+    pub fn len(&self) -> usize {
+        self.masters.len()
+    }
+
+    /// `true` when there are none.
+    pub fn is_empty(&self) -> bool {
+        self.masters.is_empty()
+    }
+
+    /// The URLs, in index order.
+    pub fn urls(&self) -> Vec<String> {
+        self.masters.iter().map(LocalMaster::url).collect()
+    }
+
+    /// The addresses, in index order.
+    pub fn addrs(&self) -> Vec<SocketAddr> {
+        self.masters.iter().map(LocalMaster::addr).collect()
+    }
+
+    /// The masters.
+    pub fn iter(&self) -> std::slice::Iter<'_, LocalMaster> {
+        self.masters.iter()
+    }
+
+    /// The masters, mutably (to freeze, kill, restart).
+    pub fn iter_mut(&mut self) -> std::slice::IterMut<'_, LocalMaster> {
+        self.masters.iter_mut()
+    }
+}
+
+impl Index<usize> for LocalMasters {
+    type Output = LocalMaster;
+    fn index(&self, i: usize) -> &LocalMaster {
+        &self.masters[i]
+    }
+}
+
+impl IndexMut<usize> for LocalMasters {
+    fn index_mut(&mut self, i: usize) -> &mut LocalMaster {
+        &mut self.masters[i]
+    }
+}
+
+impl<'a> IntoIterator for &'a LocalMasters {
+    type Item = &'a LocalMaster;
+    type IntoIter = std::slice::Iter<'a, LocalMaster>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.masters.iter()
+    }
+}
+
+impl<'a> IntoIterator for &'a mut LocalMasters {
+    type Item = &'a mut LocalMaster;
+    type IntoIter = std::slice::IterMut<'a, LocalMaster>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.masters.iter_mut()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(bytes: &[u8]) -> io::Result<AdminReply> {
+        read_reply(&mut &bytes[..], 0)
+    }
+
+    #[test]
+    fn reads_resp2_replies() {
+        assert_eq!(parse(b"+OK\r\n").unwrap(), AdminReply::Simple("OK".into()));
+        assert_eq!(
+            parse(b"-ERR no\r\n").unwrap(),
+            AdminReply::Error("ERR no".into())
+        );
+        assert_eq!(parse(b":-7\r\n").unwrap(), AdminReply::Int(-7));
+        assert_eq!(parse(b"$-1\r\n").unwrap(), AdminReply::Bulk(None));
+        assert_eq!(parse(b"*-1\r\n").unwrap(), AdminReply::Bulk(None));
+        assert_eq!(
+            parse(b"$3\r\na\r\n\r\n").unwrap(),
+            AdminReply::Bulk(Some(b"a\r\n".to_vec()))
+        );
+        assert_eq!(
+            parse(b"*2\r\n:1\r\n*1\r\n$0\r\n\r\n").unwrap(),
+            AdminReply::Array(vec![
+                AdminReply::Int(1),
+                AdminReply::Array(vec![AdminReply::Bulk(Some(vec![]))])
+            ])
+        );
+    }
+
+    #[test]
+    fn rejects_bad_replies() {
+        for bad in [
+            &b"$3\r\nabcXY"[..],
+            b"$99999999999\r\n",
+            b":x\r\n",
+            b"?\r\n",
+            b"+OK\n",
+            b"*1\r\n",
+        ] {
+            assert!(parse(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
+        }
+        let deep = "*1\r\n".repeat(MAX_DEPTH + 2) + ":1\r\n";
+        assert!(parse(deep.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn encodes_commands() {
+        let mut out = Vec::new();
+        encode_command(&[b"GET", b"k"], &mut out);
+        assert_eq!(out, b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n");
+    }
+
+    #[test]
+    fn proc_state_of_self_is_running() {
+        let state = proc_state(std::process::id());
+        assert!(matches!(state, None | Some(b'R') | Some(b'S')), "{state:?}");
+    }
+}
