@@ -62,6 +62,7 @@ pub struct Lock {
     pub(crate) ttl: Duration,
     pub(crate) acquired_at: Instant,
     pub(crate) valid_until: Instant,
+    pub(crate) fence: Option<u64>,
 }
 
 impl Lock {
@@ -102,6 +103,16 @@ impl Lock {
     pub fn is_valid(&self) -> bool {
         Instant::now() < self.valid_until
     }
+    /// `true` when less than `margin` of validity is left: time to [`Redlock::extend`].
+    /// The building block for a hand-written keep-alive loop.
+    pub fn should_extend(&self, margin: Duration) -> bool {
+        self.remaining() < margin
+    }
+    /// The fencing token, when the client was built with [`Builder::fencing`]: strictly
+    /// greater than every earlier holder's, as long as the masters keep their data.
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.fence
+    }
 }
 
 impl fmt::Debug for Lock {
@@ -116,6 +127,7 @@ impl fmt::Debug for Lock {
             .field("token", &self.token)
             .field("ttl", &self.ttl)
             .field("remaining", &self.remaining())
+            .field("fence", &self.fence)
             .finish()
     }
 }
@@ -158,6 +170,9 @@ pub struct Builder {
     min_validity: Duration,
     busy_poll: bool,
     seed: Option<u64>,
+    fencing: bool,
+    fencing_write_back: bool,
+    amnesia_guard: Option<Duration>,
 }
 
 impl Default for Builder {
@@ -174,6 +189,9 @@ impl Default for Builder {
             min_validity: Duration::ZERO,
             busy_poll: false,
             seed: None,
+            fencing: false,
+            fencing_write_back: true,
+            amnesia_guard: None,
         }
     }
 }
@@ -194,6 +212,8 @@ impl fmt::Debug for Builder {
             .field("node_timeout", &self.node_timeout)
             .field("min_validity", &self.min_validity)
             .field("busy_poll", &self.busy_poll)
+            .field("fencing", &self.fencing)
+            .field("amnesia_guard", &self.amnesia_guard)
             .finish()
     }
 }
@@ -258,6 +278,36 @@ impl Builder {
         self.busy_poll = on;
         self
     }
+    /// Fencing tokens (default off). Each master keeps a counter per resource (the key
+    /// `<resource>:fence`) that the acquire script increments when it sets the lock; the
+    /// lock's token is the largest value among the quorum's answers, written back to the
+    /// masters (each raises its counter to at least that) and confirmed by a quorum before
+    /// the lock is returned. Any two quorums intersect, so every later holder's token is
+    /// strictly greater, as long as masters keep their data (a master restarted without
+    /// persistence can break it; see [`Builder::amnesia_guard`]). Cost: one more round
+    /// trip per acquire. For a multi-resource lock the counter is the first resource's.
+    pub fn fencing(mut self, on: bool) -> Self {
+        self.fencing = on;
+        self
+    }
+    /// Skip the fencing write-back. Only for demonstrating why it is needed: without it a
+    /// later holder can get a smaller token.
+    #[doc(hidden)]
+    pub fn fencing_write_back(mut self, on: bool) -> Self {
+        self.fencing_write_back = on;
+        self
+    }
+    /// The amnesia guard (enforced delayed restart), with `max_ttl` the largest TTL in
+    /// use (default off). At every connect the client reads the master's
+    /// `uptime_in_seconds` (`INFO server`); a master up for less than `max_ttl` may have
+    /// restarted without persistence and forgotten locks that are still held, so its yes
+    /// votes do not count toward any quorum until it has been up for `max_ttl`. Cost: a
+    /// freshly started cluster grants no lock for `max_ttl`; TTLs above `max_ttl` are
+    /// refused.
+    pub fn amnesia_guard(mut self, max_ttl: Duration) -> Self {
+        self.amnesia_guard = Some(max_ttl);
+        self
+    }
     /// Seed the retry-jitter generator (tests). Tokens always come from the OS.
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
@@ -299,6 +349,7 @@ impl Builder {
             connect_timeout: self.connect_timeout,
             stall_timeout: self.stall_timeout,
             busy_poll: self.busy_poll,
+            amnesia_guard: self.amnesia_guard,
             ..NetConfig::default()
         };
         let nodes = specs
@@ -331,6 +382,7 @@ impl Builder {
             rng: fastrand::Rng::with_seed(seed),
             cfg: self,
             scratch_keys: KeyList::default(),
+            fence_keys: KeyList::default(),
         })
     }
 }
@@ -362,6 +414,7 @@ pub struct Redlock {
     cfg: Builder,
     cancel: CancelHandle,
     scratch_keys: KeyList,
+    fence_keys: KeyList,
 }
 
 impl fmt::Debug for Redlock {
@@ -528,6 +581,13 @@ impl Redlock {
                 "ttl {ttl:?} is above the maximum {MAX_TTL:?}"
             )));
         }
+        if let Some(max) = self.cfg.amnesia_guard {
+            if ttl > max {
+                return Err(Error::InvalidArgument(format!(
+                    "ttl {ttl:?} is above the amnesia guard's max_ttl {max:?}"
+                )));
+            }
+        }
         let drift = rules::drift(ttl, self.cfg.drift_factor);
         if ttl <= drift + self.cfg.min_validity {
             return Err(Error::InvalidArgument(format!(
@@ -566,6 +626,7 @@ impl Redlock {
         keys: &KeyList,
         token: Token,
         ttl: Duration,
+        value: u64,
         deadline: Option<Instant>,
     ) -> Result<(OpId, Instant), Error> {
         let t1 = Instant::now();
@@ -576,7 +637,10 @@ impl Redlock {
         let ttl_ms = ttl.as_millis() as u64;
         let id = self.engine.start(
             req,
-            |a| a.set(keys.iter(), token, ttl_ms),
+            |a| {
+                a.set(keys.iter(), token, ttl_ms);
+                a.value = value;
+            },
             timeout,
             t1,
             |_| true,
@@ -610,16 +674,72 @@ impl Redlock {
             }
         }
         let token = self.tokens.next()?;
-        let (id, t1) = self.round(Request::Acquire, keys, token, ttl, deadline)?;
+        let fencing = self.cfg.fencing;
+        let (id, t1) = if fencing {
+            let mut fk = std::mem::take(&mut self.fence_keys);
+            fk.assign(keys);
+            let mut counter: SmallVec<[u8; 64]> = SmallVec::new();
+            counter.extend_from_slice(keys.iter().next().unwrap_or(&[]));
+            counter.extend_from_slice(b":fence");
+            fk.push(&counter);
+            let r = self.round(Request::AcquireFenced, &fk, token, ttl, 0, deadline);
+            self.fence_keys = fk;
+            r?
+        } else {
+            self.round(Request::Acquire, keys, token, ttl, 0, deadline)?
+        };
         let op = self.engine.op(id);
-        let cancelled = !op.is_decided();
-        let verdict = rules::judge_acquire(
+        let mut cancelled = !op.is_decided();
+        let mut verdict = rules::judge_acquire(
             &op.tally,
             ttl,
             op.decided_at.saturating_duration_since(t1),
             self.cfg.drift_factor,
             self.cfg.min_validity,
         );
+        let mut decided_at = op.decided_at;
+        let fence = (op.max_value > 0).then_some(op.max_value as u64);
+        let mut failed_op = id;
+        if let (false, AcquireVerdict::Acquired(_), true) = (cancelled, verdict, fencing) {
+            // Write the fencing token back to the masters and wait for a quorum, so every
+            // later acquire's quorum meets a counter at least this large.
+            let value = fence.unwrap_or(0);
+            if self.cfg.fencing_write_back {
+                let last = self.fence_keys.len().saturating_sub(1);
+                let mut counter = KeyList::default();
+                if let Some(k) = self.fence_keys.iter().nth(last) {
+                    counter.push(k);
+                }
+                let (wid, _) = self.round(
+                    Request::FenceWriteBack,
+                    &counter,
+                    token,
+                    ttl,
+                    value,
+                    deadline,
+                )?;
+                let w = self.engine.op(wid);
+                cancelled = !w.is_decided();
+                decided_at = w.decided_at;
+                if w.tally.decision() == Decision::Reached {
+                    self.engine.finish(wid);
+                } else {
+                    verdict = AcquireVerdict::NoQuorum;
+                    failed_op = wid;
+                }
+            }
+            if let AcquireVerdict::Acquired(_) = verdict {
+                // Validity counts the write-back round too.
+                verdict = match rules::validity(
+                    ttl,
+                    decided_at.saturating_duration_since(t1),
+                    self.cfg.drift_factor,
+                ) {
+                    Some(v) if v > self.cfg.min_validity => AcquireVerdict::Acquired(v),
+                    _ => AcquireVerdict::ValidityUsedUp,
+                };
+            }
+        }
         if let (false, AcquireVerdict::Acquired(v)) = (cancelled, verdict) {
             let mut lock_keys = KeyList::default();
             lock_keys.assign(keys);
@@ -628,12 +748,17 @@ impl Redlock {
                 token,
                 ttl,
                 acquired_at: t1,
-                valid_until: op.decided_at + v,
+                valid_until: decided_at + v,
+                fence: if fencing { fence } else { None },
             };
             self.engine.finish(id);
             return Ok(lock);
         }
-        let report = self.report(Operation::Acquire, id, t1, attempts);
+        let report = self.report(Operation::Acquire, failed_op, t1, attempts);
+        if failed_op != id {
+            self.engine.finish(failed_op);
+        }
+        let op = self.engine.op(id);
         // Release wherever our SET may have landed: masters that said OK, that have not
         // answered, or whose connection broke after the request was sent. Masters that
         // said "taken" or answered an error did not set it, and the key is not ours there.
@@ -679,7 +804,7 @@ impl Redlock {
     /// Release the lock on every master at once (compare-and-delete: only keys that still
     /// hold this lock's token are deleted). `Ok` when a quorum confirmed.
     pub fn release(&mut self, lock: Lock) -> Result<(), Error> {
-        let (id, t1) = self.round(Request::Release, &lock.keys, lock.token, lock.ttl, None)?;
+        let (id, t1) = self.round(Request::Release, &lock.keys, lock.token, lock.ttl, 0, None)?;
         let op = self.engine.op(id);
         let result = if op.tally.decision() == Decision::Reached {
             Ok(())
@@ -701,7 +826,7 @@ impl Redlock {
         if !lock.is_valid() {
             return Err(Error::Expired);
         }
-        let (id, t1) = self.round(Request::Extend, &lock.keys, lock.token, ttl, None)?;
+        let (id, t1) = self.round(Request::Extend, &lock.keys, lock.token, ttl, 0, None)?;
         let op = self.engine.op(id);
         let verdict = rules::judge_acquire(
             &op.tally,
