@@ -472,7 +472,8 @@ impl Redlock {
     pub fn try_lock(&mut self, resource: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
         self.scratch_keys.clear();
         self.scratch_keys.push(resource.as_ref());
-        self.check_args(ttl)?;
+        check_keys(&self.scratch_keys)?;
+        self.check_ttl(ttl)?;
         self.take_cancel()?;
         let keys = std::mem::take(&mut self.scratch_keys);
         let r = self.attempt(&keys, ttl, 1, None);
@@ -539,7 +540,7 @@ impl Redlock {
         deadline: Option<Instant>,
     ) -> Result<Lock, Error> {
         check_keys(keys)?;
-        self.check_args(ttl)?;
+        self.check_ttl(ttl)?;
         self.take_cancel()?;
         let mut attempt = 1u32;
         loop {
@@ -569,8 +570,7 @@ impl Redlock {
         }
     }
 
-    fn check_args(&self, ttl: Duration) -> Result<(), Error> {
-        check_keys(&self.scratch_keys)?;
+    fn check_ttl(&self, ttl: Duration) -> Result<(), Error> {
         if ttl < Duration::from_millis(1) {
             return Err(Error::InvalidArgument(format!(
                 "ttl {ttl:?} is below the 1 ms resolution of PX"
@@ -821,8 +821,7 @@ impl Redlock {
     /// when a quorum confirmed and validity is left, computed exactly like acquire; the
     /// lock's deadline is then moved. On failure the lock keeps its old deadline.
     pub fn extend(&mut self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
-        self.scratch_keys.assign(&lock.keys);
-        self.check_args(ttl)?;
+        self.check_ttl(ttl)?;
         if !lock.is_valid() {
             return Err(Error::Expired);
         }

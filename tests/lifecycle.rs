@@ -382,10 +382,13 @@ fn fencing_write_back_is_what_keeps_tokens_monotonic() {
             .retry_count(0)
             .build()
             .unwrap();
+        // The first holder's quorum is masters 0 and 1 (master 2 is frozen).
+        m[2].freeze().unwrap();
         let first = c.try_lock("wb", Duration::from_secs(10)).unwrap();
         let t1 = first.fencing_token().unwrap();
         assert_eq!(t1, 11, "max over the quorum's answers");
         c.release(first).unwrap();
+        m[2].thaw().unwrap();
         // The next holder's quorum misses master 0.
         m[0].freeze().unwrap();
         let second = c.try_lock("wb", Duration::from_secs(10)).unwrap();
@@ -447,7 +450,10 @@ fn amnesia_guard_refuses_until_max_ttl_has_passed() {
         .outcomes()
         .filter(|(_, o)| *o == Outcome::Failed(Fault::Amnesiac))
         .count();
-    assert_eq!(amnesiac, 2, "{err}");
+    // Decided as soon as a quorum was impossible: master 0 said taken (A's key) and a
+    // restarted master's OK was not counted.
+    assert!(amnesiac >= 1, "{err}");
+    assert_eq!(report.ok(), 0, "{err}");
     // Refused for as long as the restarted masters are younger than max_ttl; then granted.
     let granted = loop {
         match b.try_lock("amnesia", Duration::from_secs(3)) {
