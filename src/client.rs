@@ -383,6 +383,7 @@ impl Builder {
             cfg: self,
             scratch_keys: KeyList::default(),
             fence_keys: KeyList::default(),
+            batch: Vec::with_capacity(64),
         })
     }
 }
@@ -415,6 +416,23 @@ pub struct Redlock {
     cancel: CancelHandle,
     scratch_keys: KeyList,
     fence_keys: KeyList,
+    batch: Vec<(OpId, Token)>,
+}
+
+/// The state of a decided acquire, handed to `Redlock::conclude`.
+struct Concluded<'k> {
+    id: OpId,
+    failed_op: OpId,
+    keys: &'k KeyList,
+    token: Token,
+    ttl: Duration,
+    t1: Instant,
+    decided_at: Instant,
+    verdict: AcquireVerdict,
+    cancelled: bool,
+    fence: Option<u64>,
+    attempts: u32,
+    deadline: Option<Instant>,
 }
 
 impl fmt::Debug for Redlock {
@@ -740,6 +758,41 @@ impl Redlock {
                 };
             }
         }
+        let r = self.conclude(Concluded {
+            id,
+            failed_op,
+            keys,
+            token,
+            ttl,
+            t1,
+            decided_at,
+            verdict,
+            cancelled,
+            fence: if fencing { fence } else { None },
+            attempts,
+            deadline,
+        });
+        self.engine.flush(Instant::now());
+        r
+    }
+
+    /// Turn a decided acquire into a lock, or into an error after queueing the cleanup
+    /// release (the caller flushes).
+    fn conclude(&mut self, c: Concluded<'_>) -> Result<Lock, Error> {
+        let Concluded {
+            id,
+            failed_op,
+            keys,
+            token,
+            ttl,
+            t1,
+            decided_at,
+            verdict,
+            cancelled,
+            fence,
+            attempts,
+            deadline,
+        } = c;
         if let (false, AcquireVerdict::Acquired(v)) = (cancelled, verdict) {
             let mut lock_keys = KeyList::default();
             lock_keys.assign(keys);
@@ -749,7 +802,7 @@ impl Redlock {
                 ttl,
                 acquired_at: t1,
                 valid_until: decided_at + v,
-                fence: if fencing { fence } else { None },
+                fence,
             };
             self.engine.finish(id);
             return Ok(lock);
@@ -781,7 +834,6 @@ impl Redlock {
                 |i| may_hold[i],
                 true,
             );
-            self.engine.flush(now);
         }
         if cancelled {
             self.cancel.flag.store(false, Ordering::SeqCst);
@@ -801,10 +853,135 @@ impl Redlock {
         })
     }
 
-    /// Release the lock on every master at once (compare-and-delete: only keys that still
-    /// hold this lock's token are deleted). `Ok` when a quorum confirmed.
-    pub fn release(&mut self, lock: Lock) -> Result<(), Error> {
-        let (id, t1) = self.round(Request::Release, &lock.keys, lock.token, lock.ttl, 0, None)?;
+    /// One attempt on each of many resources at once, pipelined: every master gets all
+    /// `SET NX PX` requests in one write, and the replies are matched in order. Results
+    /// go to `out` (cleared first) in the order of `resources`; failed attempts are
+    /// released like [`Redlock::try_lock`]'s. Reuse `out` and no allocation happens once
+    /// warm. With [`Builder::fencing`] the attempts run one after another.
+    pub fn try_lock_batch<R: AsRef<[u8]>>(
+        &mut self,
+        resources: &[R],
+        ttl: Duration,
+        out: &mut Vec<Result<Lock, Error>>,
+    ) -> Result<(), Error> {
+        out.clear();
+        self.check_ttl(ttl)?;
+        for r in resources {
+            let r = r.as_ref();
+            if r.is_empty() || r.len() > MAX_RESOURCE_LEN {
+                self.scratch_keys.clear();
+                self.scratch_keys.push(r);
+                check_keys(&self.scratch_keys)?;
+            }
+        }
+        self.take_cancel()?;
+        if self.cfg.fencing {
+            for r in resources {
+                let r = self.try_lock(r, ttl);
+                out.push(r);
+            }
+            return Ok(());
+        }
+        let t1 = Instant::now();
+        let timeout = self.round_timeout(ttl);
+        let ttl_ms = ttl.as_millis() as u64;
+        let mut batch = std::mem::take(&mut self.batch);
+        batch.clear();
+        for r in resources {
+            let token = self.tokens.next()?;
+            let id = self.engine.start(
+                Request::Acquire,
+                |a| a.set([r.as_ref()], token, ttl_ms),
+                timeout,
+                t1,
+                |_| true,
+                false,
+            );
+            batch.push((id, token));
+        }
+        self.engine.flush(t1);
+        let flag = self.cancel.flag.clone();
+        let driven = self.engine.drive(
+            None,
+            |e| batch.iter().all(|(id, _)| e.op(*id).is_decided()),
+            || flag.load(Ordering::Relaxed),
+        );
+        let mut keys = std::mem::take(&mut self.scratch_keys);
+        for (k, (id, token)) in batch.iter().enumerate() {
+            let op = self.engine.op(*id);
+            let cancelled = driven.is_err() || !op.is_decided();
+            let verdict = rules::judge_acquire(
+                &op.tally,
+                ttl,
+                op.decided_at.saturating_duration_since(t1),
+                self.cfg.drift_factor,
+                self.cfg.min_validity,
+            );
+            let decided_at = op.decided_at;
+            keys.clear();
+            keys.push(resources[k].as_ref());
+            let r = self.conclude(Concluded {
+                id: *id,
+                failed_op: *id,
+                keys: &keys,
+                token: *token,
+                ttl,
+                t1,
+                decided_at,
+                verdict,
+                cancelled,
+                fence: None,
+                attempts: 1,
+                deadline: None,
+            });
+            out.push(r);
+        }
+        self.scratch_keys = keys;
+        self.batch = batch;
+        self.engine.flush(Instant::now());
+        driven?;
+        Ok(())
+    }
+
+    /// Release many locks at once, pipelined (one write per master for all of them).
+    /// `out` gets one result per lock, in order.
+    pub fn release_batch(
+        &mut self,
+        locks: impl IntoIterator<Item = Lock>,
+        out: &mut Vec<Result<(), Error>>,
+    ) -> Result<(), Error> {
+        out.clear();
+        let t1 = Instant::now();
+        let mut batch = std::mem::take(&mut self.batch);
+        batch.clear();
+        for lock in locks {
+            let timeout = self.round_timeout(lock.ttl);
+            let ttl_ms = lock.ttl.as_millis() as u64;
+            let id = self.engine.start(
+                Request::Release,
+                |a| a.set(lock.keys.iter(), lock.token, ttl_ms),
+                timeout,
+                t1,
+                |_| true,
+                false,
+            );
+            batch.push((id, lock.token));
+        }
+        self.engine.flush(t1);
+        let driven = self.engine.drive(
+            None,
+            |e| batch.iter().all(|(id, _)| e.op(*id).is_decided()),
+            || false,
+        );
+        for (id, _) in batch.iter() {
+            out.push(self.release_result(*id, t1));
+        }
+        self.batch = batch;
+        driven?;
+        Ok(())
+    }
+
+    fn release_result(&mut self, id: OpId, t1: Instant) -> Result<(), Error> {
         let op = self.engine.op(id);
         let result = if op.tally.decision() == Decision::Reached {
             Ok(())
@@ -815,6 +992,13 @@ impl Redlock {
         };
         self.engine.finish(id);
         result
+    }
+
+    /// Release the lock on every master at once (compare-and-delete: only keys that still
+    /// hold this lock's token are deleted). `Ok` when a quorum confirmed.
+    pub fn release(&mut self, lock: Lock) -> Result<(), Error> {
+        let (id, t1) = self.round(Request::Release, &lock.keys, lock.token, lock.ttl, 0, None)?;
+        self.release_result(id, t1)
     }
 
     /// Extend the lock to `ttl` from now (compare-and-pexpire on every master). Succeeds
