@@ -13,128 +13,17 @@
 //! --skip-criterion` style knobs: `LOCK_BENCH_CYCLES` (percentile pass cycles per variant,
 //! default 4000), `LOCK_BENCH_SKIP_CRITERION=1`.
 
-use std::io::{self, Read, Write};
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, Criterion};
+
+#[path = "common/floor.rs"]
+mod floor;
+use floor::Floor;
 use redlock_mux::local::LocalMasters;
-use redlock_mux::resp::{encode_command, Arg};
-use redlock_mux::{scripts, Redlock};
+use redlock_mux::Redlock;
 
 const TTL: Duration = Duration::from_secs(10);
-
-/// The plain-socket pipelined floor.
-struct Floor {
-    socks: Vec<TcpStream>,
-    buf: Vec<u8>,
-    rd: [u8; 256],
-    counter: u64,
-    busy: bool,
-}
-
-impl Floor {
-    fn new(m: &LocalMasters, busy: bool) -> Floor {
-        let socks: Vec<TcpStream> = m
-            .addrs()
-            .into_iter()
-            .map(|a| {
-                let s = TcpStream::connect(a).unwrap();
-                s.set_nodelay(true).unwrap();
-                s
-            })
-            .collect();
-        let mut f = Floor {
-            socks,
-            buf: Vec::with_capacity(512),
-            rd: [0; 256],
-            counter: 0,
-            busy: false,
-        };
-        // Load the release script so EVALSHA works, then switch mode.
-        f.buf.clear();
-        encode_command(
-            &mut f.buf,
-            &[
-                Arg::Bytes(b"SCRIPT"),
-                Arg::Bytes(b"LOAD"),
-                Arg::Bytes(scripts::RELEASE.src.as_bytes()),
-            ],
-        );
-        f.fan_out().unwrap();
-        for s in &f.socks {
-            s.set_nonblocking(busy).unwrap();
-        }
-        f.busy = busy;
-        f
-    }
-
-    /// Write `buf` to every master, then read one reply from each.
-    fn fan_out(&mut self) -> io::Result<()> {
-        for s in &mut self.socks {
-            s.write_all(&self.buf)?;
-        }
-        for s in &mut self.socks {
-            let mut have = 0;
-            // Every reply here is one line (+OK, $-1, :1, $40 sha...): read to its last LF.
-            loop {
-                match s.read(&mut self.rd[have..]) {
-                    Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                    Ok(n) => {
-                        have += n;
-                        let lfs = self.rd[..have].iter().filter(|b| **b == b'\n').count();
-                        let need = if self.rd[0] == b'$' && self.rd[1] != b'-' {
-                            2
-                        } else {
-                            1
-                        };
-                        if lfs >= need {
-                            break;
-                        }
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock && self.busy => {}
-                    Err(e) => return Err(e),
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn cycle(&mut self) -> (Duration, Duration) {
-        self.counter += 1;
-        let mut token = [0u8; 32];
-        let hex = format!("{:032x}", self.counter);
-        token.copy_from_slice(hex.as_bytes());
-        let t0 = Instant::now();
-        self.buf.clear();
-        encode_command(
-            &mut self.buf,
-            &[
-                Arg::Bytes(b"SET"),
-                Arg::Bytes(b"floor"),
-                Arg::Bytes(&token),
-                Arg::Bytes(b"NX"),
-                Arg::Bytes(b"PX"),
-                Arg::Uint(TTL.as_millis() as u64),
-            ],
-        );
-        self.fan_out().unwrap();
-        let t1 = Instant::now();
-        self.buf.clear();
-        encode_command(
-            &mut self.buf,
-            &[
-                Arg::Bytes(b"EVALSHA"),
-                Arg::Bytes(scripts::RELEASE.sha.as_bytes()),
-                Arg::Uint(1),
-                Arg::Bytes(b"floor"),
-                Arg::Bytes(&token),
-            ],
-        );
-        self.fan_out().unwrap();
-        (t1 - t0, t1.elapsed())
-    }
-}
 
 fn ours(m: &LocalMasters, busy: bool) -> Redlock {
     Redlock::builder()
@@ -184,12 +73,12 @@ fn percentile_pass(n_masters: usize) {
         .unwrap_or(4000);
     type Runner = Box<dyn FnMut() -> (Duration, Duration)>;
     let mut variants: Vec<(String, Runner)> = Vec::new();
-    let mut floor = Floor::new(&m, false);
+    let mut floor = Floor::new(&m.addrs(), false);
     variants.push((
         "floor (std sockets)".into(),
         Box::new(move || floor.cycle()),
     ));
-    let mut fb = Floor::new(&m, true);
+    let mut fb = Floor::new(&m.addrs(), true);
     variants.push(("floor busy-poll".into(), Box::new(move || fb.cycle())));
     let mut c = ours(&m, false);
     variants.push((
@@ -275,13 +164,95 @@ fn percentile_pass(n_masters: usize) {
     }
 }
 
+/// Many locks in flight from one thread: `k` independent lock+release cycles per batch,
+/// ours (`try_lock_batch` + `release_batch`) next to the pipelined floor at the same `k`.
+fn throughput_pass(n_masters: usize) {
+    let m = LocalMasters::start(n_masters).expect("local masters");
+    let secs: f64 = std::env::var("LOCK_BENCH_TPUT_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2.0);
+    println!(
+        "\nmany in flight from one thread, {n_masters} local masters, ~{secs} s per variant (interleaved)"
+    );
+    println!(
+        "{:<6} {:>14} {:>14} {:>7} {:>12} {:>12} {:>9} {:>9}",
+        "K",
+        "floor cyc/s",
+        "ours cyc/s",
+        "ratio",
+        "floor cpu µs",
+        "ours cpu µs",
+        "ours usr",
+        "cpu/fl"
+    );
+    for k in [1usize, 8, 64] {
+        let mut floor = Floor::new(&m.addrs(), false);
+        let mut c = ours(&m, false);
+        let names: Vec<String> = (0..k).map(|j| format!("tput:{j}")).collect();
+        let mut out = Vec::with_capacity(k);
+        let mut rel = Vec::with_capacity(k);
+        let mut locks = Vec::with_capacity(k);
+        let mut run_ours = |c: &mut Redlock| {
+            c.try_lock_batch(&names, TTL, &mut out).unwrap();
+            locks.extend(out.drain(..).map(|r| r.unwrap()));
+            c.release_batch(locks.drain(..), &mut rel).unwrap();
+        };
+        for _ in 0..200 {
+            floor.cycle_k(k);
+            run_ours(&mut c);
+        }
+        let slices = 10;
+        let slice = Duration::from_secs_f64(secs / slices as f64);
+        let (mut fb, mut ob) = (0u64, 0u64);
+        let (mut ft, mut ot) = (Duration::ZERO, Duration::ZERO);
+        let (mut fcpu, mut ocpu, mut ousr) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+        for _ in 0..slices {
+            let (u0, s0) = cpu_now();
+            let t = Instant::now();
+            while t.elapsed() < slice {
+                floor.cycle_k(k);
+                fb += 1;
+            }
+            ft += t.elapsed();
+            let (u1, s1) = cpu_now();
+            fcpu += (u1 - u0) + (s1 - s0);
+            let t = Instant::now();
+            while t.elapsed() < slice {
+                run_ours(&mut c);
+                ob += 1;
+            }
+            ot += t.elapsed();
+            let (u2, s2) = cpu_now();
+            ocpu += (u2 - u1) + (s2 - s1);
+            ousr += u2 - u1;
+        }
+        let fr = (fb * k as u64) as f64 / ft.as_secs_f64();
+        let or = (ob * k as u64) as f64 / ot.as_secs_f64();
+        let per = |cpu: Duration, batches: u64| {
+            cpu.as_nanos() as f64 / 1000.0 / (batches * k as u64) as f64
+        };
+        println!(
+            "{:<6} {:>14.0} {:>14.0} {:>7.2} {:>12.2} {:>12.2} {:>9.2} {:>9.2}",
+            k,
+            fr,
+            or,
+            or / fr,
+            per(fcpu, fb),
+            per(ocpu, ob),
+            per(ousr, ob),
+            per(ocpu, ob) / per(fcpu, fb),
+        );
+    }
+}
+
 fn criterion_cycles(c: &mut Criterion) {
     for n in [1usize, 5] {
         let m = LocalMasters::start(n).expect("local masters");
         let mut g = c.benchmark_group(format!("cycle/{n}-masters"));
         g.measurement_time(Duration::from_secs(3));
         g.warm_up_time(Duration::from_millis(500));
-        let mut floor = Floor::new(&m, false);
+        let mut floor = Floor::new(&m.addrs(), false);
         g.bench_function("floor", |b| b.iter(|| floor.cycle()));
         let mut cl = ours(&m, false);
         g.bench_function("redlock-mux", |b| b.iter(|| our_cycle(&mut cl, "crit")));
@@ -299,6 +270,7 @@ fn main() {
     for n in [5usize, 1] {
         percentile_pass(n);
     }
+    throughput_pass(5);
     if std::env::var_os("LOCK_BENCH_SKIP_CRITERION").is_none() {
         benches();
         Criterion::default().configure_from_args().final_summary();
