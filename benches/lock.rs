@@ -67,10 +67,14 @@ fn pct(v: &[u64], p: f64) -> u64 {
 
 fn percentile_pass(n_masters: usize) {
     let m = LocalMasters::start(n_masters).expect("local masters (is redis-server installed?)");
-    let cycles: usize = std::env::var("LOCK_BENCH_CYCLES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(4000);
+    let cycles: usize = if smoke() {
+        20
+    } else {
+        std::env::var("LOCK_BENCH_CYCLES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(4000)
+    };
     type Runner = Box<dyn FnMut() -> (Duration, Duration)>;
     let mut variants: Vec<(String, Runner)> = Vec::new();
     let mut floor = Floor::new(&m.addrs(), false);
@@ -100,8 +104,9 @@ fn percentile_pass(n_masters: usize) {
         })
         .collect();
     // Warm up, then interleave blocks of 200 cycles per variant.
+    let warm = if smoke() { 5 } else { 500 };
     for (_, run) in variants.iter_mut() {
-        for _ in 0..500 {
+        for _ in 0..warm {
             run();
         }
     }
@@ -168,10 +173,14 @@ fn percentile_pass(n_masters: usize) {
 /// ours (`try_lock_batch` + `release_batch`) next to the pipelined floor at the same `k`.
 fn throughput_pass(n_masters: usize) {
     let m = LocalMasters::start(n_masters).expect("local masters");
-    let secs: f64 = std::env::var("LOCK_BENCH_TPUT_SECS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2.0);
+    let secs: f64 = if smoke() {
+        0.05
+    } else {
+        std::env::var("LOCK_BENCH_TPUT_SECS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2.0)
+    };
     println!(
         "\nmany in flight from one thread, {n_masters} local masters, ~{secs} s per variant (interleaved)"
     );
@@ -198,7 +207,7 @@ fn throughput_pass(n_masters: usize) {
             locks.extend(out.drain(..).map(|r| r.unwrap()));
             c.release_batch(locks.drain(..), &mut rel).unwrap();
         };
-        for _ in 0..200 {
+        for _ in 0..if smoke() { 2 } else { 200 } {
             floor.cycle_k(k);
             run_ours(&mut c);
         }
@@ -266,12 +275,18 @@ fn criterion_cycles(c: &mut Criterion) {
 
 criterion_group!(benches, criterion_cycles);
 
+/// `cargo test --all-targets` runs this binary without `--bench`: then only a smoke run
+/// that checks every variant works.
+fn smoke() -> bool {
+    !std::env::args().any(|a| a == "--bench")
+}
+
 fn main() {
     for n in [5usize, 1] {
         percentile_pass(n);
     }
     throughput_pass(5);
-    if std::env::var_os("LOCK_BENCH_SKIP_CRITERION").is_none() {
+    if std::env::var_os("LOCK_BENCH_SKIP_CRITERION").is_none() && !smoke() {
         benches();
         Criterion::default().configure_from_args().final_summary();
     }
