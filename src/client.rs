@@ -62,6 +62,7 @@ pub struct Lock {
     pub(crate) ttl: Duration,
     pub(crate) acquired_at: Instant,
     pub(crate) valid_until: Instant,
+    pub(crate) fence: Option<u64>,
 }
 
 impl Lock {
@@ -102,6 +103,16 @@ impl Lock {
     pub fn is_valid(&self) -> bool {
         Instant::now() < self.valid_until
     }
+    /// `true` when less than `margin` of validity is left: time to [`Redlock::extend`].
+    /// The building block for a hand-written keep-alive loop.
+    pub fn should_extend(&self, margin: Duration) -> bool {
+        self.remaining() < margin
+    }
+    /// The fencing token, when the client was built with [`Builder::fencing`]: strictly
+    /// greater than every earlier holder's, as long as the masters keep their data.
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.fence
+    }
 }
 
 impl fmt::Debug for Lock {
@@ -116,6 +127,7 @@ impl fmt::Debug for Lock {
             .field("token", &self.token)
             .field("ttl", &self.ttl)
             .field("remaining", &self.remaining())
+            .field("fence", &self.fence)
             .finish()
     }
 }
@@ -158,6 +170,9 @@ pub struct Builder {
     min_validity: Duration,
     busy_poll: bool,
     seed: Option<u64>,
+    fencing: bool,
+    fencing_write_back: bool,
+    amnesia_guard: Option<Duration>,
 }
 
 impl Default for Builder {
@@ -174,6 +189,9 @@ impl Default for Builder {
             min_validity: Duration::ZERO,
             busy_poll: false,
             seed: None,
+            fencing: false,
+            fencing_write_back: true,
+            amnesia_guard: None,
         }
     }
 }
@@ -194,6 +212,8 @@ impl fmt::Debug for Builder {
             .field("node_timeout", &self.node_timeout)
             .field("min_validity", &self.min_validity)
             .field("busy_poll", &self.busy_poll)
+            .field("fencing", &self.fencing)
+            .field("amnesia_guard", &self.amnesia_guard)
             .finish()
     }
 }
@@ -258,6 +278,36 @@ impl Builder {
         self.busy_poll = on;
         self
     }
+    /// Fencing tokens (default off). Each master keeps a counter per resource (the key
+    /// `<resource>:fence`) that the acquire script increments when it sets the lock; the
+    /// lock's token is the largest value among the quorum's answers, written back to the
+    /// masters (each raises its counter to at least that) and confirmed by a quorum before
+    /// the lock is returned. Any two quorums intersect, so every later holder's token is
+    /// strictly greater, as long as masters keep their data (a master restarted without
+    /// persistence can break it; see [`Builder::amnesia_guard`]). Cost: one more round
+    /// trip per acquire. For a multi-resource lock the counter is the first resource's.
+    pub fn fencing(mut self, on: bool) -> Self {
+        self.fencing = on;
+        self
+    }
+    /// Skip the fencing write-back. Only for demonstrating why it is needed: without it a
+    /// later holder can get a smaller token.
+    #[doc(hidden)]
+    pub fn fencing_write_back(mut self, on: bool) -> Self {
+        self.fencing_write_back = on;
+        self
+    }
+    /// The amnesia guard (enforced delayed restart), with `max_ttl` the largest TTL in
+    /// use (default off). At every connect the client reads the master's
+    /// `uptime_in_seconds` (`INFO server`); a master up for less than `max_ttl` may have
+    /// restarted without persistence and forgotten locks that are still held, so its yes
+    /// votes do not count toward any quorum until it has been up for `max_ttl`. Cost: a
+    /// freshly started cluster grants no lock for `max_ttl`; TTLs above `max_ttl` are
+    /// refused.
+    pub fn amnesia_guard(mut self, max_ttl: Duration) -> Self {
+        self.amnesia_guard = Some(max_ttl);
+        self
+    }
     /// Seed the retry-jitter generator (tests). Tokens always come from the OS.
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
@@ -299,6 +349,7 @@ impl Builder {
             connect_timeout: self.connect_timeout,
             stall_timeout: self.stall_timeout,
             busy_poll: self.busy_poll,
+            amnesia_guard: self.amnesia_guard,
             ..NetConfig::default()
         };
         let nodes = specs
@@ -331,6 +382,8 @@ impl Builder {
             rng: fastrand::Rng::with_seed(seed),
             cfg: self,
             scratch_keys: KeyList::default(),
+            fence_keys: KeyList::default(),
+            batch: Vec::with_capacity(64),
         })
     }
 }
@@ -362,6 +415,24 @@ pub struct Redlock {
     cfg: Builder,
     cancel: CancelHandle,
     scratch_keys: KeyList,
+    fence_keys: KeyList,
+    batch: Vec<(OpId, Token)>,
+}
+
+/// The state of a decided acquire, handed to `Redlock::conclude`.
+struct Concluded<'k> {
+    id: OpId,
+    failed_op: OpId,
+    keys: &'k KeyList,
+    token: Token,
+    ttl: Duration,
+    t1: Instant,
+    decided_at: Instant,
+    verdict: AcquireVerdict,
+    cancelled: bool,
+    fence: Option<u64>,
+    attempts: u32,
+    deadline: Option<Instant>,
 }
 
 impl fmt::Debug for Redlock {
@@ -419,7 +490,8 @@ impl Redlock {
     pub fn try_lock(&mut self, resource: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
         self.scratch_keys.clear();
         self.scratch_keys.push(resource.as_ref());
-        self.check_args(ttl)?;
+        check_keys(&self.scratch_keys)?;
+        self.check_ttl(ttl)?;
         self.take_cancel()?;
         let keys = std::mem::take(&mut self.scratch_keys);
         let r = self.attempt(&keys, ttl, 1, None);
@@ -486,7 +558,7 @@ impl Redlock {
         deadline: Option<Instant>,
     ) -> Result<Lock, Error> {
         check_keys(keys)?;
-        self.check_args(ttl)?;
+        self.check_ttl(ttl)?;
         self.take_cancel()?;
         let mut attempt = 1u32;
         loop {
@@ -516,8 +588,7 @@ impl Redlock {
         }
     }
 
-    fn check_args(&self, ttl: Duration) -> Result<(), Error> {
-        check_keys(&self.scratch_keys)?;
+    fn check_ttl(&self, ttl: Duration) -> Result<(), Error> {
         if ttl < Duration::from_millis(1) {
             return Err(Error::InvalidArgument(format!(
                 "ttl {ttl:?} is below the 1 ms resolution of PX"
@@ -527,6 +598,13 @@ impl Redlock {
             return Err(Error::InvalidArgument(format!(
                 "ttl {ttl:?} is above the maximum {MAX_TTL:?}"
             )));
+        }
+        if let Some(max) = self.cfg.amnesia_guard {
+            if ttl > max {
+                return Err(Error::InvalidArgument(format!(
+                    "ttl {ttl:?} is above the amnesia guard's max_ttl {max:?}"
+                )));
+            }
         }
         let drift = rules::drift(ttl, self.cfg.drift_factor);
         if ttl <= drift + self.cfg.min_validity {
@@ -566,6 +644,7 @@ impl Redlock {
         keys: &KeyList,
         token: Token,
         ttl: Duration,
+        value: u64,
         deadline: Option<Instant>,
     ) -> Result<(OpId, Instant), Error> {
         let t1 = Instant::now();
@@ -576,7 +655,10 @@ impl Redlock {
         let ttl_ms = ttl.as_millis() as u64;
         let id = self.engine.start(
             req,
-            |a| a.set(keys.iter(), token, ttl_ms),
+            |a| {
+                a.set(keys.iter(), token, ttl_ms);
+                a.value = value;
+            },
             timeout,
             t1,
             |_| true,
@@ -610,16 +692,107 @@ impl Redlock {
             }
         }
         let token = self.tokens.next()?;
-        let (id, t1) = self.round(Request::Acquire, keys, token, ttl, deadline)?;
+        let fencing = self.cfg.fencing;
+        let (id, t1) = if fencing {
+            let mut fk = std::mem::take(&mut self.fence_keys);
+            fk.assign(keys);
+            let mut counter: SmallVec<[u8; 64]> = SmallVec::new();
+            counter.extend_from_slice(keys.iter().next().unwrap_or(&[]));
+            counter.extend_from_slice(b":fence");
+            fk.push(&counter);
+            let r = self.round(Request::AcquireFenced, &fk, token, ttl, 0, deadline);
+            self.fence_keys = fk;
+            r?
+        } else {
+            self.round(Request::Acquire, keys, token, ttl, 0, deadline)?
+        };
         let op = self.engine.op(id);
-        let cancelled = !op.is_decided();
-        let verdict = rules::judge_acquire(
+        let mut cancelled = !op.is_decided();
+        let mut verdict = rules::judge_acquire(
             &op.tally,
             ttl,
             op.decided_at.saturating_duration_since(t1),
             self.cfg.drift_factor,
             self.cfg.min_validity,
         );
+        let mut decided_at = op.decided_at;
+        let fence = (op.max_value > 0).then_some(op.max_value as u64);
+        let mut failed_op = id;
+        if let (false, AcquireVerdict::Acquired(_), true) = (cancelled, verdict, fencing) {
+            // Write the fencing token back to the masters and wait for a quorum, so every
+            // later acquire's quorum meets a counter at least this large.
+            let value = fence.unwrap_or(0);
+            if self.cfg.fencing_write_back {
+                let last = self.fence_keys.len().saturating_sub(1);
+                let mut counter = KeyList::default();
+                if let Some(k) = self.fence_keys.iter().nth(last) {
+                    counter.push(k);
+                }
+                let (wid, _) = self.round(
+                    Request::FenceWriteBack,
+                    &counter,
+                    token,
+                    ttl,
+                    value,
+                    deadline,
+                )?;
+                let w = self.engine.op(wid);
+                cancelled = !w.is_decided();
+                decided_at = w.decided_at;
+                if w.tally.decision() == Decision::Reached {
+                    self.engine.finish(wid);
+                } else {
+                    verdict = AcquireVerdict::NoQuorum;
+                    failed_op = wid;
+                }
+            }
+            if let AcquireVerdict::Acquired(_) = verdict {
+                // Validity counts the write-back round too.
+                verdict = match rules::validity(
+                    ttl,
+                    decided_at.saturating_duration_since(t1),
+                    self.cfg.drift_factor,
+                ) {
+                    Some(v) if v > self.cfg.min_validity => AcquireVerdict::Acquired(v),
+                    _ => AcquireVerdict::ValidityUsedUp,
+                };
+            }
+        }
+        let r = self.conclude(Concluded {
+            id,
+            failed_op,
+            keys,
+            token,
+            ttl,
+            t1,
+            decided_at,
+            verdict,
+            cancelled,
+            fence: if fencing { fence } else { None },
+            attempts,
+            deadline,
+        });
+        self.engine.flush(Instant::now());
+        r
+    }
+
+    /// Turn a decided acquire into a lock, or into an error after queueing the cleanup
+    /// release (the caller flushes).
+    fn conclude(&mut self, c: Concluded<'_>) -> Result<Lock, Error> {
+        let Concluded {
+            id,
+            failed_op,
+            keys,
+            token,
+            ttl,
+            t1,
+            decided_at,
+            verdict,
+            cancelled,
+            fence,
+            attempts,
+            deadline,
+        } = c;
         if let (false, AcquireVerdict::Acquired(v)) = (cancelled, verdict) {
             let mut lock_keys = KeyList::default();
             lock_keys.assign(keys);
@@ -628,12 +801,17 @@ impl Redlock {
                 token,
                 ttl,
                 acquired_at: t1,
-                valid_until: op.decided_at + v,
+                valid_until: decided_at + v,
+                fence,
             };
             self.engine.finish(id);
             return Ok(lock);
         }
-        let report = self.report(Operation::Acquire, id, t1, attempts);
+        let report = self.report(Operation::Acquire, failed_op, t1, attempts);
+        if failed_op != id {
+            self.engine.finish(failed_op);
+        }
+        let op = self.engine.op(id);
         // Release wherever our SET may have landed: masters that said OK, that have not
         // answered, or whose connection broke after the request was sent. Masters that
         // said "taken" or answered an error did not set it, and the key is not ours there.
@@ -656,7 +834,6 @@ impl Redlock {
                 |i| may_hold[i],
                 true,
             );
-            self.engine.flush(now);
         }
         if cancelled {
             self.cancel.flag.store(false, Ordering::SeqCst);
@@ -676,10 +853,135 @@ impl Redlock {
         })
     }
 
-    /// Release the lock on every master at once (compare-and-delete: only keys that still
-    /// hold this lock's token are deleted). `Ok` when a quorum confirmed.
-    pub fn release(&mut self, lock: Lock) -> Result<(), Error> {
-        let (id, t1) = self.round(Request::Release, &lock.keys, lock.token, lock.ttl, None)?;
+    /// One attempt on each of many resources at once, pipelined: every master gets all
+    /// `SET NX PX` requests in one write, and the replies are matched in order. Results
+    /// go to `out` (cleared first) in the order of `resources`; failed attempts are
+    /// released like [`Redlock::try_lock`]'s. Reuse `out` and no allocation happens once
+    /// warm. With [`Builder::fencing`] the attempts run one after another.
+    pub fn try_lock_batch<R: AsRef<[u8]>>(
+        &mut self,
+        resources: &[R],
+        ttl: Duration,
+        out: &mut Vec<Result<Lock, Error>>,
+    ) -> Result<(), Error> {
+        out.clear();
+        self.check_ttl(ttl)?;
+        for r in resources {
+            let r = r.as_ref();
+            if r.is_empty() || r.len() > MAX_RESOURCE_LEN {
+                self.scratch_keys.clear();
+                self.scratch_keys.push(r);
+                check_keys(&self.scratch_keys)?;
+            }
+        }
+        self.take_cancel()?;
+        if self.cfg.fencing {
+            for r in resources {
+                let r = self.try_lock(r, ttl);
+                out.push(r);
+            }
+            return Ok(());
+        }
+        let t1 = Instant::now();
+        let timeout = self.round_timeout(ttl);
+        let ttl_ms = ttl.as_millis() as u64;
+        let mut batch = std::mem::take(&mut self.batch);
+        batch.clear();
+        for r in resources {
+            let token = self.tokens.next()?;
+            let id = self.engine.start(
+                Request::Acquire,
+                |a| a.set([r.as_ref()], token, ttl_ms),
+                timeout,
+                t1,
+                |_| true,
+                false,
+            );
+            batch.push((id, token));
+        }
+        self.engine.flush(t1);
+        let flag = self.cancel.flag.clone();
+        let driven = self.engine.drive(
+            None,
+            |e| batch.iter().all(|(id, _)| e.op(*id).is_decided()),
+            || flag.load(Ordering::Relaxed),
+        );
+        let mut keys = std::mem::take(&mut self.scratch_keys);
+        for (k, (id, token)) in batch.iter().enumerate() {
+            let op = self.engine.op(*id);
+            let cancelled = driven.is_err() || !op.is_decided();
+            let verdict = rules::judge_acquire(
+                &op.tally,
+                ttl,
+                op.decided_at.saturating_duration_since(t1),
+                self.cfg.drift_factor,
+                self.cfg.min_validity,
+            );
+            let decided_at = op.decided_at;
+            keys.clear();
+            keys.push(resources[k].as_ref());
+            let r = self.conclude(Concluded {
+                id: *id,
+                failed_op: *id,
+                keys: &keys,
+                token: *token,
+                ttl,
+                t1,
+                decided_at,
+                verdict,
+                cancelled,
+                fence: None,
+                attempts: 1,
+                deadline: None,
+            });
+            out.push(r);
+        }
+        self.scratch_keys = keys;
+        self.batch = batch;
+        self.engine.flush(Instant::now());
+        driven?;
+        Ok(())
+    }
+
+    /// Release many locks at once, pipelined (one write per master for all of them).
+    /// `out` gets one result per lock, in order.
+    pub fn release_batch(
+        &mut self,
+        locks: impl IntoIterator<Item = Lock>,
+        out: &mut Vec<Result<(), Error>>,
+    ) -> Result<(), Error> {
+        out.clear();
+        let t1 = Instant::now();
+        let mut batch = std::mem::take(&mut self.batch);
+        batch.clear();
+        for lock in locks {
+            let timeout = self.round_timeout(lock.ttl);
+            let ttl_ms = lock.ttl.as_millis() as u64;
+            let id = self.engine.start(
+                Request::Release,
+                |a| a.set(lock.keys.iter(), lock.token, ttl_ms),
+                timeout,
+                t1,
+                |_| true,
+                false,
+            );
+            batch.push((id, lock.token));
+        }
+        self.engine.flush(t1);
+        let driven = self.engine.drive(
+            None,
+            |e| batch.iter().all(|(id, _)| e.op(*id).is_decided()),
+            || false,
+        );
+        for (id, _) in batch.iter() {
+            out.push(self.release_result(*id, t1));
+        }
+        self.batch = batch;
+        driven?;
+        Ok(())
+    }
+
+    fn release_result(&mut self, id: OpId, t1: Instant) -> Result<(), Error> {
         let op = self.engine.op(id);
         let result = if op.tally.decision() == Decision::Reached {
             Ok(())
@@ -692,16 +994,22 @@ impl Redlock {
         result
     }
 
+    /// Release the lock on every master at once (compare-and-delete: only keys that still
+    /// hold this lock's token are deleted). `Ok` when a quorum confirmed.
+    pub fn release(&mut self, lock: Lock) -> Result<(), Error> {
+        let (id, t1) = self.round(Request::Release, &lock.keys, lock.token, lock.ttl, 0, None)?;
+        self.release_result(id, t1)
+    }
+
     /// Extend the lock to `ttl` from now (compare-and-pexpire on every master). Succeeds
     /// when a quorum confirmed and validity is left, computed exactly like acquire; the
     /// lock's deadline is then moved. On failure the lock keeps its old deadline.
     pub fn extend(&mut self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
-        self.scratch_keys.assign(&lock.keys);
-        self.check_args(ttl)?;
+        self.check_ttl(ttl)?;
         if !lock.is_valid() {
             return Err(Error::Expired);
         }
-        let (id, t1) = self.round(Request::Extend, &lock.keys, lock.token, ttl, None)?;
+        let (id, t1) = self.round(Request::Extend, &lock.keys, lock.token, ttl, 0, None)?;
         let op = self.engine.op(id);
         let verdict = rules::judge_acquire(
             &op.tally,

@@ -20,6 +20,8 @@ mod client;
 #[cfg(feature = "client")]
 mod error;
 #[cfg(feature = "client")]
+mod hold;
+#[cfg(feature = "client")]
 mod net;
 #[cfg(feature = "client")]
 pub mod rules;
@@ -34,6 +36,8 @@ mod url;
 pub use client::{Builder, CancelHandle, Lock, Redlock, MAX_RESOURCE_LEN, MAX_TTL};
 #[cfg(feature = "client")]
 pub use error::{Error, Operation, Report};
+#[cfg(feature = "client")]
+pub use hold::{Held, HoldOptions, LockSignal};
 #[cfg(feature = "client")]
 pub use net::NodeStats;
 #[cfg(feature = "client")]

@@ -50,6 +50,8 @@ pub(crate) struct NetConfig {
     pub busy_poll: bool,
     pub max_pending: usize,
     pub limits: resp::Limits,
+    /// The amnesia guard: a master up for less than this does not vote yes.
+    pub amnesia_guard: Option<Duration>,
 }
 
 impl Default for NetConfig {
@@ -68,6 +70,7 @@ impl Default for NetConfig {
                 max_depth: 4,
                 max_line_len: 4096,
             },
+            amnesia_guard: None,
         }
     }
 }
@@ -85,6 +88,7 @@ enum Tag {
     Auth,
     Select,
     ScriptLoad(usize),
+    Info,
     Op { id: OpId, req: Request, eval: bool },
 }
 
@@ -111,6 +115,10 @@ pub(crate) struct Node {
     connect_deadline: Instant,
     last_progress: Instant,
     pub last_fault: Option<Fault>,
+    /// Amnesia guard: yes votes count only from this instant (set from `INFO server`).
+    votes_from: Option<Instant>,
+    /// The master's `run_id` as of the last handshake.
+    pub run_id: Option<[u8; 40]>,
     /// Counters, for tests and benchmarks.
     pub stats: NodeStats,
 }
@@ -158,6 +166,8 @@ impl Node {
             connect_deadline: now,
             last_progress: now,
             last_fault: None,
+            votes_from: None,
+            run_id: None,
             stats: NodeStats::default(),
         }
     }
@@ -180,6 +190,8 @@ pub(crate) struct OpArgs {
     pub keys: KeyList,
     pub token: Option<Token>,
     pub ttl_ms: u64,
+    /// The fencing value to write back.
+    pub value: u64,
 }
 
 impl OpArgs {
@@ -215,6 +227,8 @@ pub(crate) struct Op {
     pub deadline: Instant,
     pub decided_at: Instant,
     pub args: OpArgs,
+    /// The largest integer among the yes answers (the fencing counter).
+    pub max_value: i64,
     /// Replies still owed to this op.
     outstanding: u32,
     /// Nobody collects the result (cleanup releases).
@@ -284,6 +298,7 @@ impl Engine {
             deadline: now,
             decided_at: now,
             args: OpArgs::default(),
+            max_value: 0,
             outstanding: 0,
             detached: false,
             collected: false,
@@ -329,6 +344,7 @@ impl Engine {
         op.deadline = now + timeout;
         op.decided_at = now;
         op.outstanding = 0;
+        op.max_value = 0;
         op.detached = detached;
         op.collected = false;
         fill(&mut op.args);
@@ -438,7 +454,8 @@ impl Engine {
                 node.in_start = 0;
                 node.in_end = 0;
                 node.parser.reset();
-                write_handshake(node);
+                node.votes_from = None;
+                write_handshake(node, self.cfg.amnesia_guard.is_some());
                 Ok(())
             }
             Err(e) => {
@@ -777,12 +794,38 @@ impl Engine {
                     self.fail_node(i, f, now);
                     return false;
                 }
+                Reply::Info { uptime, run_id } => {
+                    // Trust the master's yes votes only once it has been up for max_ttl:
+                    // before that it may have forgotten locks that are still held.
+                    // `uptime` is whole seconds, rounded down: waiting on it is conservative.
+                    let guard = self.cfg.amnesia_guard.unwrap_or_default();
+                    let up = Duration::from_secs(uptime);
+                    node.votes_from = Some(now + guard.saturating_sub(up));
+                    node.run_id = Some(run_id);
+                }
                 Reply::Op {
                     id,
                     req,
                     eval,
-                    outcome,
+                    mut outcome,
+                    value,
                 } => {
+                    let grants = matches!(
+                        req,
+                        Request::Acquire | Request::AcquireFenced | Request::Extend
+                    );
+                    if grants && outcome.is_ok() && self.cfg.amnesia_guard.is_some() {
+                        let trusted = node.votes_from.is_some_and(|t| now >= t);
+                        if !trusted {
+                            outcome = Outcome::Failed(Fault::Amnesiac);
+                        }
+                    }
+                    if outcome.is_ok() {
+                        let op = &mut self.ops[id.slot as usize];
+                        if op.gen == id.gen && value > op.max_value {
+                            op.max_value = value;
+                        }
+                    }
                     if let Outcome::Failed(Fault::Redis(t)) = outcome {
                         if t.starts_with(b"NOSCRIPT")
                             && !eval
@@ -831,6 +874,11 @@ enum Reply {
         req: Request,
         eval: bool,
         outcome: Outcome,
+        value: i64,
+    },
+    Info {
+        uptime: u64,
+        run_id: [u8; 40],
     },
     Poison(Fault),
 }
@@ -854,12 +902,25 @@ fn interpret(tag: Tag, frame: &Frame<'_>) -> Reply {
             )))),
             f => Reply::Handshake(Err(refused(f))),
         },
+        Tag::Info => match frame {
+            Frame::Bulk(text) | Frame::Verbatim { text, .. } => match parse_info(text) {
+                Some((uptime, run_id)) => Reply::Info { uptime, run_id },
+                None => Reply::Handshake(Err(Fault::Handshake(ErrorText::new(
+                    b"INFO server lacks uptime_in_seconds or run_id",
+                )))),
+            },
+            f => Reply::Handshake(Err(refused(f))),
+        },
         Tag::Op { id, req, eval } => match rules::classify(req, frame) {
             Ok(outcome) => Reply::Op {
                 id,
                 req,
                 eval,
                 outcome,
+                value: match frame {
+                    Frame::Integer(v) => *v,
+                    _ => 0,
+                },
             },
             Err(()) => Reply::Poison(Fault::Unexpected),
         },
@@ -888,7 +949,7 @@ fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
 
 /// AUTH, SELECT and SCRIPT LOAD, queued ahead of whatever the first round sends, so a
 /// (re)connect costs no extra round trip.
-fn write_handshake(node: &mut Node) {
+fn write_handshake(node: &mut Node, info: bool) {
     if let Some(pw) = &node.password {
         match &node.user {
             Some(u) => resp::encode_command(
@@ -924,6 +985,10 @@ fn write_handshake(node: &mut Node) {
         );
         node.pending.push_back(Tag::ScriptLoad(k));
     }
+    if info {
+        resp::encode_command(&mut node.out, &[Arg::Bytes(b"INFO"), Arg::Bytes(b"server")]);
+        node.pending.push_back(Tag::Info);
+    }
 }
 
 /// Encode one request of an op. Single-key acquire is `SET key token NX PX ttl`; the rest
@@ -951,6 +1016,8 @@ fn encode_request(out: &mut Vec<u8>, req: Request, args: &OpArgs, eval: bool) {
         Request::Acquire => scripts::ACQUIRE_MANY,
         Request::Release => scripts::RELEASE,
         Request::Extend => scripts::EXTEND,
+        Request::AcquireFenced => scripts::ACQUIRE_FENCED,
+        Request::FenceWriteBack => scripts::FENCE_MAX,
     };
     if eval {
         v.push(Arg::Bytes(b"EVAL"));
@@ -961,9 +1028,69 @@ fn encode_request(out: &mut Vec<u8>, req: Request, args: &OpArgs, eval: bool) {
     }
     v.push(Arg::Uint(nkeys as u64));
     v.extend(args.keys.iter().map(Arg::Bytes));
-    v.push(Arg::Bytes(token));
-    if req != Request::Release {
-        v.push(Arg::Uint(args.ttl_ms));
+    match req {
+        Request::FenceWriteBack => v.push(Arg::Uint(args.value)),
+        Request::Release => v.push(Arg::Bytes(token)),
+        _ => {
+            v.push(Arg::Bytes(token));
+            v.push(Arg::Uint(args.ttl_ms));
+        }
     }
     resp::encode_command(out, &v);
+}
+
+/// `uptime_in_seconds` and `run_id` from an `INFO server` reply.
+fn parse_info(text: &[u8]) -> Option<(u64, [u8; 40])> {
+    let mut uptime = None;
+    let mut run_id = None;
+    for line in text.split(|b| *b == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if let Some(v) = line.strip_prefix(b"uptime_in_seconds:") {
+            uptime = std::str::from_utf8(v).ok().and_then(|v| v.parse().ok());
+        } else if let Some(v) = line.strip_prefix(b"run_id:") {
+            run_id = v.try_into().ok();
+        }
+    }
+    Some((uptime?, run_id?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn info_server_parsing() {
+        let text = b"# Server\r\nredis_version:7.0.15\r\nrun_id:0123456789abcdef0123456789abcdef01234567\r\nuptime_in_seconds:42\r\n";
+        let (up, id) = parse_info(text).unwrap();
+        assert_eq!(up, 42);
+        assert_eq!(&id, b"0123456789abcdef0123456789abcdef01234567");
+        assert_eq!(parse_info(b"# Server\r\nuptime_in_seconds:x\r\n"), None);
+        assert_eq!(parse_info(b"run_id:short\r\nuptime_in_seconds:1\r\n"), None);
+    }
+
+    #[test]
+    fn requests_encode_as_documented() {
+        let mut a = OpArgs::default();
+        let tok = crate::token::TokenSource::new().unwrap().next().unwrap();
+        a.set([&b"k"[..]], tok, 1500);
+        let mut out = Vec::new();
+        encode_request(&mut out, Request::Acquire, &a, false);
+        let want = format!(
+            "*6\r\n$3\r\nSET\r\n$1\r\nk\r\n$32\r\n{}\r\n$2\r\nNX\r\n$2\r\nPX\r\n$4\r\n1500\r\n",
+            tok.as_str()
+        );
+        assert_eq!(String::from_utf8(out.clone()).unwrap(), want);
+        out.clear();
+        encode_request(&mut out, Request::Release, &a, false);
+        let want = format!(
+            "*5\r\n$7\r\nEVALSHA\r\n$40\r\n{}\r\n$1\r\n1\r\n$1\r\nk\r\n$32\r\n{}\r\n",
+            scripts::RELEASE.sha,
+            tok.as_str()
+        );
+        assert_eq!(String::from_utf8(out.clone()).unwrap(), want);
+        out.clear();
+        encode_request(&mut out, Request::Extend, &a, true);
+        assert!(out.starts_with(b"*6\r\n$4\r\nEVAL\r\n"));
+        assert!(out.ends_with(b"$4\r\n1500\r\n"));
+    }
 }

@@ -324,7 +324,9 @@ pub fn may_hold(outcome: Outcome) -> bool {
         Outcome::Ok
             | Outcome::Pending
             | Outcome::TimedOut
-            | Outcome::Failed(Fault::Closed(_) | Fault::Protocol(_) | Fault::Unexpected)
+            | Outcome::Failed(
+                Fault::Closed(_) | Fault::Protocol(_) | Fault::Unexpected | Fault::Amnesiac
+            )
     )
 }
 
@@ -337,6 +339,10 @@ pub enum Request {
     Release,
     /// The compare-and-pexpire script.
     Extend,
+    /// The fenced acquire script (answers the new fencing counter, 0 when taken).
+    AcquireFenced,
+    /// The fencing write-back script (raise the counter to at least a value).
+    FenceWriteBack,
 }
 
 /// What a reply to `request` means. `Err(())` for a frame that can not be an answer to it
@@ -354,6 +360,9 @@ pub fn classify(request: Request, frame: &Frame<'_>) -> Result<Outcome, ()> {
         (Request::Acquire, Frame::Integer(0)) => Ok(Outcome::Taken),
         (Request::Release | Request::Extend, Frame::Integer(n)) if *n > 0 => Ok(Outcome::Ok),
         (Request::Release | Request::Extend, Frame::Integer(0)) => Ok(Outcome::NotHeld),
+        (Request::AcquireFenced, Frame::Integer(n)) if *n > 0 => Ok(Outcome::Ok),
+        (Request::AcquireFenced, Frame::Integer(0)) => Ok(Outcome::Taken),
+        (Request::FenceWriteBack, Frame::Integer(1)) => Ok(Outcome::Ok),
         _ => Err(()),
     }
 }

@@ -49,8 +49,31 @@ pub const ACQUIRE_MANY: Script = Script {
     sha: "9354dcfccee51ca201cd5006613aa659e4837198",
 };
 
+/// Fenced acquire: the last key is the fencing counter; set every other key only when none
+/// exists, then return the incremented counter (0 when taken).
+pub const ACQUIRE_FENCED: Script = Script {
+    src: concat!(
+        "for i = 1, #KEYS - 1 do\n",
+        "  if redis.call('exists', KEYS[i]) == 1 then return 0 end\n",
+        "end\n",
+        "for i = 1, #KEYS - 1 do redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2]) end\n",
+        "return redis.call('incr', KEYS[#KEYS])"
+    ),
+    sha: "c4e0a8b8280d6fb3b172ec006310a5d59db95097",
+};
+
+/// Fencing write-back: raise the counter `KEYS[1]` to at least `ARGV[1]`.
+pub const FENCE_MAX: Script = Script {
+    src: concat!(
+        "local c = tonumber(redis.call('get', KEYS[1]) or '0')\n",
+        "if c < tonumber(ARGV[1]) then redis.call('set', KEYS[1], ARGV[1]) end\n",
+        "return 1"
+    ),
+    sha: "d327ce9e5b56e45f23cd6ef153674428dc198504",
+};
+
 /// Every script, in handshake order.
-pub const ALL: [Script; 3] = [RELEASE, EXTEND, ACQUIRE_MANY];
+pub const ALL: [Script; 5] = [RELEASE, EXTEND, ACQUIRE_MANY, ACQUIRE_FENCED, FENCE_MAX];
 
 #[cfg(test)]
 mod tests {

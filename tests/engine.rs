@@ -458,3 +458,65 @@ fn wrong_password_is_a_handshake_error_naming_the_master() {
     );
     assert!(!format!("{err:?}").contains("b4dpw"));
 }
+
+#[test]
+fn batch_pipelines_many_locks_in_one_write_per_master() {
+    let m = masters(5);
+    let mut a = client(&m);
+    let mut b = client(&m);
+    let names: Vec<String> = (0..64).map(|k| format!("batch:{k}")).collect();
+    // b holds every 8th resource, so the batch mixes grants and refusals.
+    let mut held_by_b = Vec::new();
+    for k in (0..64).step_by(8) {
+        held_by_b.push(b.try_lock(&names[k], Duration::from_secs(10)).unwrap());
+    }
+    let mut out = Vec::new();
+    // Warm once, then count writes for one batch.
+    a.try_lock_batch(&names[..2], Duration::from_secs(10), &mut out)
+        .unwrap();
+    let warm: Vec<_> = out.drain(..).filter_map(Result::ok).collect();
+    let mut rel = Vec::new();
+    a.release_batch(warm, &mut rel).unwrap();
+    let before = a.stats();
+    a.try_lock_batch(&names, Duration::from_secs(10), &mut out)
+        .unwrap();
+    let after = a.stats();
+    for (i, (x, y)) in before.iter().zip(&after).enumerate() {
+        // One write carries all 64 SETs; at most one more carries every cleanup release
+        // for the refused ones (sent to masters that had not answered when the refusal
+        // was decided: their SET may have landed).
+        let w = y.writes - x.writes;
+        assert!(
+            (1..=2).contains(&w),
+            "master {i}: {w} writes for a batch of 64"
+        );
+    }
+    assert_eq!(out.len(), 64);
+    for (k, r) in out.iter().enumerate() {
+        if k % 8 == 0 {
+            assert!(matches!(r, Err(e) if e.is_taken()), "{k}: {r:?}");
+        } else {
+            let lock = r.as_ref().unwrap();
+            assert_eq!(
+                lock.resource(),
+                names[k].as_bytes(),
+                "results keep their order"
+            );
+            assert!(holders(&m, &names[k], lock) >= 3);
+        }
+    }
+    let locks: Vec<_> = out.drain(..).filter_map(Result::ok).collect();
+    assert_eq!(locks.len(), 56);
+    a.release_batch(locks, &mut rel).unwrap();
+    assert_eq!(rel.len(), 56);
+    assert!(rel.iter().all(|r| r.is_ok()), "{rel:?}");
+    for l in held_by_b {
+        b.release(l).unwrap();
+    }
+    // A second batch on the same resources succeeds everywhere: nothing was leaked.
+    a.try_lock_batch(&names, Duration::from_secs(10), &mut out)
+        .unwrap();
+    assert!(out.iter().all(|r| r.is_ok()), "{out:?}");
+    let locks: Vec<_> = out.drain(..).filter_map(Result::ok).collect();
+    a.release_batch(locks, &mut rel).unwrap();
+}

@@ -1,0 +1,293 @@
+//! Lock+release cycle latency: redlock-mux next to the plain-socket floor, in one run.
+//!
+//! Starts its own local `redis-server` masters. First a percentile pass (criterion reports
+//! means and medians, not tails) that interleaves every variant in blocks, so machine noise
+//! hits them alike, and prints p50/p90/p99/p99.9, ratios to the floor, and client CPU per
+//! cycle from `getrusage`. Then the criterion groups.
+//!
+//! The floor: blocking std sockets, one per master; write `SET k v NX PX` to all, read all
+//! replies; write `EVALSHA release` to all, read all. The busy floor does the same on
+//! non-blocking sockets, spinning on `read`.
+//!
+//! `cargo bench --bench lock` (all); `LOCK_BENCH_CYCLES=20000 cargo bench --bench lock --
+//! --skip-criterion` style knobs: `LOCK_BENCH_CYCLES` (percentile pass cycles per variant,
+//! default 4000), `LOCK_BENCH_SKIP_CRITERION=1`.
+
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, Criterion};
+
+#[path = "common/floor.rs"]
+mod floor;
+use floor::Floor;
+use redlock_mux::local::LocalMasters;
+use redlock_mux::Redlock;
+
+const TTL: Duration = Duration::from_secs(10);
+
+fn ours(m: &LocalMasters, busy: bool) -> Redlock {
+    Redlock::builder()
+        .masters(m.urls())
+        .retry_count(0)
+        .busy_poll(busy)
+        .build()
+        .unwrap()
+}
+
+fn our_cycle(c: &mut Redlock, key: &str) -> (Duration, Duration) {
+    let t0 = Instant::now();
+    let lock = c.try_lock(key, TTL).unwrap();
+    let t1 = Instant::now();
+    c.release(lock).unwrap();
+    (t1 - t0, t1.elapsed())
+}
+
+fn cpu_now() -> (Duration, Duration) {
+    // SAFETY: getrusage only writes the struct we pass; zeroed is a valid rusage.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer to a local rusage.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+    assert_eq!(rc, 0);
+    let tv =
+        |t: libc::timeval| Duration::from_micros(t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64);
+    (tv(ru.ru_utime), tv(ru.ru_stime))
+}
+
+struct Stats {
+    name: String,
+    cycle: Vec<u64>,
+    user: Duration,
+    sys: Duration,
+}
+
+fn pct(v: &[u64], p: f64) -> u64 {
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[i]
+}
+
+fn percentile_pass(n_masters: usize) {
+    let m = LocalMasters::start(n_masters).expect("local masters (is redis-server installed?)");
+    let cycles: usize = if smoke() {
+        20
+    } else {
+        std::env::var("LOCK_BENCH_CYCLES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(4000)
+    };
+    type Runner = Box<dyn FnMut() -> (Duration, Duration)>;
+    let mut variants: Vec<(String, Runner)> = Vec::new();
+    let mut floor = Floor::new(&m.addrs(), false);
+    variants.push((
+        "floor (std sockets)".into(),
+        Box::new(move || floor.cycle()),
+    ));
+    let mut fb = Floor::new(&m.addrs(), true);
+    variants.push(("floor busy-poll".into(), Box::new(move || fb.cycle())));
+    let mut c = ours(&m, false);
+    variants.push((
+        "redlock-mux".into(),
+        Box::new(move || our_cycle(&mut c, "mux")),
+    ));
+    let mut cb = ours(&m, true);
+    variants.push((
+        "redlock-mux busy-poll".into(),
+        Box::new(move || our_cycle(&mut cb, "muxbusy")),
+    ));
+    let mut stats: Vec<Stats> = variants
+        .iter()
+        .map(|(n, _)| Stats {
+            name: n.clone(),
+            cycle: Vec::with_capacity(cycles),
+            user: Duration::ZERO,
+            sys: Duration::ZERO,
+        })
+        .collect();
+    // Warm up, then interleave blocks of 200 cycles per variant.
+    let warm = if smoke() { 5 } else { 500 };
+    for (_, run) in variants.iter_mut() {
+        for _ in 0..warm {
+            run();
+        }
+    }
+    let block = 200;
+    let mut done = 0;
+    while done < cycles {
+        let k = block.min(cycles - done);
+        for (vi, (_, run)) in variants.iter_mut().enumerate() {
+            let (u0, s0) = cpu_now();
+            for _ in 0..k {
+                let (a, r) = run();
+                stats[vi].cycle.push((a + r).as_nanos() as u64);
+            }
+            let (u1, s1) = cpu_now();
+            stats[vi].user += u1 - u0;
+            stats[vi].sys += s1 - s0;
+        }
+        done += k;
+    }
+    for s in stats.iter_mut() {
+        s.cycle.sort_unstable();
+    }
+    let f50 = pct(&stats[0].cycle, 0.5) as f64;
+    let f99 = pct(&stats[0].cycle, 0.99) as f64;
+    let fcpu = (stats[0].user + stats[0].sys).as_nanos() as f64 / cycles as f64;
+    println!(
+        "\nlock+release cycle, {n_masters} local masters, {cycles} cycles per variant (interleaved)"
+    );
+    println!(
+        "{:<24} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>8} {:>8} {:>7}",
+        "variant",
+        "p50 µs",
+        "p90",
+        "p99",
+        "p99.9",
+        "max",
+        "p50/fl",
+        "p99/fl",
+        "user µs",
+        "sys µs",
+        "cpu/fl"
+    );
+    for s in &stats {
+        let us = |ns: u64| ns as f64 / 1000.0;
+        let cpu = (s.user + s.sys).as_nanos() as f64 / cycles as f64;
+        println!(
+            "{:<24} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>7.2} {:>7.2} {:>8.2} {:>8.2} {:>7.2}",
+            s.name,
+            us(pct(&s.cycle, 0.5)),
+            us(pct(&s.cycle, 0.9)),
+            us(pct(&s.cycle, 0.99)),
+            us(pct(&s.cycle, 0.999)),
+            us(*s.cycle.last().unwrap()),
+            pct(&s.cycle, 0.5) as f64 / f50,
+            pct(&s.cycle, 0.99) as f64 / f99,
+            s.user.as_nanos() as f64 / 1000.0 / cycles as f64,
+            s.sys.as_nanos() as f64 / 1000.0 / cycles as f64,
+            cpu / fcpu,
+        );
+    }
+}
+
+/// Many locks in flight from one thread: `k` independent lock+release cycles per batch,
+/// ours (`try_lock_batch` + `release_batch`) next to the pipelined floor at the same `k`.
+fn throughput_pass(n_masters: usize) {
+    let m = LocalMasters::start(n_masters).expect("local masters");
+    let secs: f64 = if smoke() {
+        0.05
+    } else {
+        std::env::var("LOCK_BENCH_TPUT_SECS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2.0)
+    };
+    println!(
+        "\nmany in flight from one thread, {n_masters} local masters, ~{secs} s per variant (interleaved)"
+    );
+    println!(
+        "{:<6} {:>14} {:>14} {:>7} {:>12} {:>12} {:>9} {:>9}",
+        "K",
+        "floor cyc/s",
+        "ours cyc/s",
+        "ratio",
+        "floor cpu µs",
+        "ours cpu µs",
+        "ours usr",
+        "cpu/fl"
+    );
+    for k in [1usize, 8, 64] {
+        let mut floor = Floor::new(&m.addrs(), false);
+        let mut c = ours(&m, false);
+        let names: Vec<String> = (0..k).map(|j| format!("tput:{j}")).collect();
+        let mut out = Vec::with_capacity(k);
+        let mut rel = Vec::with_capacity(k);
+        let mut locks = Vec::with_capacity(k);
+        let mut run_ours = |c: &mut Redlock| {
+            c.try_lock_batch(&names, TTL, &mut out).unwrap();
+            locks.extend(out.drain(..).map(|r| r.unwrap()));
+            c.release_batch(locks.drain(..), &mut rel).unwrap();
+        };
+        for _ in 0..if smoke() { 2 } else { 200 } {
+            floor.cycle_k(k);
+            run_ours(&mut c);
+        }
+        let slices = 10;
+        let slice = Duration::from_secs_f64(secs / slices as f64);
+        let (mut fb, mut ob) = (0u64, 0u64);
+        let (mut ft, mut ot) = (Duration::ZERO, Duration::ZERO);
+        let (mut fcpu, mut ocpu, mut ousr) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+        for _ in 0..slices {
+            let (u0, s0) = cpu_now();
+            let t = Instant::now();
+            while t.elapsed() < slice {
+                floor.cycle_k(k);
+                fb += 1;
+            }
+            ft += t.elapsed();
+            let (u1, s1) = cpu_now();
+            fcpu += (u1 - u0) + (s1 - s0);
+            let t = Instant::now();
+            while t.elapsed() < slice {
+                run_ours(&mut c);
+                ob += 1;
+            }
+            ot += t.elapsed();
+            let (u2, s2) = cpu_now();
+            ocpu += (u2 - u1) + (s2 - s1);
+            ousr += u2 - u1;
+        }
+        let fr = (fb * k as u64) as f64 / ft.as_secs_f64();
+        let or = (ob * k as u64) as f64 / ot.as_secs_f64();
+        let per = |cpu: Duration, batches: u64| {
+            cpu.as_nanos() as f64 / 1000.0 / (batches * k as u64) as f64
+        };
+        println!(
+            "{:<6} {:>14.0} {:>14.0} {:>7.2} {:>12.2} {:>12.2} {:>9.2} {:>9.2}",
+            k,
+            fr,
+            or,
+            or / fr,
+            per(fcpu, fb),
+            per(ocpu, ob),
+            per(ousr, ob),
+            per(ocpu, ob) / per(fcpu, fb),
+        );
+    }
+}
+
+fn criterion_cycles(c: &mut Criterion) {
+    for n in [1usize, 5] {
+        let m = LocalMasters::start(n).expect("local masters");
+        let mut g = c.benchmark_group(format!("cycle/{n}-masters"));
+        g.measurement_time(Duration::from_secs(3));
+        g.warm_up_time(Duration::from_millis(500));
+        let mut floor = Floor::new(&m.addrs(), false);
+        g.bench_function("floor", |b| b.iter(|| floor.cycle()));
+        let mut cl = ours(&m, false);
+        g.bench_function("redlock-mux", |b| b.iter(|| our_cycle(&mut cl, "crit")));
+        let mut cb = ours(&m, true);
+        g.bench_function("redlock-mux busy-poll", |b| {
+            b.iter(|| our_cycle(&mut cb, "critbusy"))
+        });
+        g.finish();
+    }
+}
+
+criterion_group!(benches, criterion_cycles);
+
+/// `cargo test --all-targets` runs this binary without `--bench`: then only a smoke run
+/// that checks every variant works.
+fn smoke() -> bool {
+    !std::env::args().any(|a| a == "--bench")
+}
+
+fn main() {
+    for n in [5usize, 1] {
+        percentile_pass(n);
+    }
+    throughput_pass(5);
+    if std::env::var_os("LOCK_BENCH_SKIP_CRITERION").is_none() && !smoke() {
+        benches();
+        Criterion::default().configure_from_args().final_summary();
+    }
+}

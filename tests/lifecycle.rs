@@ -1,0 +1,482 @@
+//! Production lock lifecycle against real masters: auto-extension and the lost-lock
+//! signal, deadlines and cancellation, multi-resource locks, fencing tokens, amnesia guard.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redlock_mux::local::{AdminReply, LocalMasters};
+use redlock_mux::{Error, Fault, HoldOptions, Outcome, Redlock};
+
+fn masters(n: usize) -> LocalMasters {
+    LocalMasters::start(n).unwrap_or_else(|e| panic!("cannot start {n} redis-server masters: {e}"))
+}
+
+fn builder(m: &LocalMasters) -> redlock_mux::Builder {
+    Redlock::builder()
+        .masters(m.urls())
+        .node_timeout(Duration::from_millis(150))
+        .retry_count(0)
+}
+
+fn get(m: &LocalMasters, i: usize, key: &str) -> Option<Vec<u8>> {
+    match m[i].cmd(&[b"GET", key.as_bytes()]).expect("GET") {
+        AdminReply::Bulk(v) => v,
+        other => panic!("GET {key}: {other:?}"),
+    }
+}
+
+/// Poll (bounded) until `cond` holds.
+fn eventually(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn run_locked_keeps_the_lock_alive_past_its_ttl() {
+    let m = masters(3);
+    let mut c = builder(&m).build().unwrap();
+    let ttl = Duration::from_millis(600);
+    let mut other = builder(&m).build().unwrap();
+    let held = c
+        .run_locked("long-job", ttl, |signal| {
+            let start = Instant::now();
+            // Work for 4 TTLs; the lock must stay ours throughout.
+            while start.elapsed() < ttl * 4 {
+                assert!(!signal.is_lost());
+                assert!(other.try_lock("long-job", Duration::from_secs(5)).is_err());
+                signal.wait_lost(Duration::from_millis(100));
+            }
+            42
+        })
+        .unwrap();
+    assert_eq!(held.value, 42);
+    assert!(held.held_throughout, "{:?}", held.lost);
+    assert!(held.extensions >= 4, "extensions: {}", held.extensions);
+    for i in 0..3 {
+        assert_eq!(get(&m, i, "long-job"), None, "released at the end");
+    }
+}
+
+#[test]
+fn lost_signal_fires_within_one_extension_interval_of_losing_quorum() {
+    let mut m = masters(3);
+    let mut c = builder(&m).build().unwrap();
+    let ttl = Duration::from_millis(900);
+    let opts = HoldOptions::default();
+    let interval = ttl.mul_f64(1.0 - opts.extend_at);
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (back_tx, back_rx) = std::sync::mpsc::channel::<Duration>();
+    let controller = {
+        thread::spawn(move || {
+            rx.recv().unwrap();
+            // Freeze a majority while the work runs.
+            m[0].freeze().unwrap();
+            m[1].freeze().unwrap();
+            let t = Instant::now();
+            let waited = back_rx.recv().unwrap();
+            let _ = waited;
+            m[0].thaw().unwrap();
+            m[1].thaw().unwrap();
+            (m, t)
+        })
+    };
+    let held = c
+        .run_locked_with("fragile", ttl, opts, |signal| {
+            tx.send(()).unwrap();
+            let t = Instant::now();
+            let lost = signal.wait_lost(Duration::from_secs(10));
+            let waited = t.elapsed();
+            back_tx.send(waited).unwrap();
+            (lost, waited)
+        })
+        .unwrap();
+    let (_m, _) = controller.join().unwrap();
+    let (lost, waited) = held.value;
+    assert!(lost, "the signal never fired");
+    let bound = interval + Duration::from_millis(150) + Duration::from_millis(200);
+    assert!(waited <= bound, "fired after {waited:?}, bound {bound:?}");
+    assert!(!held.held_throughout);
+    assert!(
+        matches!(held.lost, Some(Error::NoQuorum(_)) | Some(Error::Expired)),
+        "{:?}",
+        held.lost
+    );
+}
+
+#[test]
+fn extensions_are_bounded() {
+    let m = masters(3);
+    let mut c = builder(&m).build().unwrap();
+    let ttl = Duration::from_millis(400);
+    let opts = HoldOptions {
+        max_extensions: Some(2),
+        ..HoldOptions::default()
+    };
+    let t = Instant::now();
+    let held = c
+        .run_locked_with("bounded", ttl, opts, |signal| {
+            signal.wait_lost(Duration::from_secs(10))
+        })
+        .unwrap();
+    assert!(held.value, "validity must run out after the last extension");
+    assert_eq!(held.extensions, 2);
+    assert!(matches!(held.lost, Some(Error::Expired)), "{:?}", held.lost);
+    assert!(t.elapsed() < Duration::from_secs(3));
+}
+
+#[test]
+fn manual_keep_alive_building_block() {
+    let m = masters(3);
+    let mut c = builder(&m).build().unwrap();
+    let ttl = Duration::from_millis(300);
+    let mut lock = c.lock("manual", ttl).unwrap();
+    let mut extended = 0;
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(900) {
+        if lock.should_extend(ttl / 3) {
+            c.extend(&mut lock, ttl).unwrap();
+            extended += 1;
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    assert!(lock.is_valid());
+    assert!(extended >= 3, "{extended}");
+    c.release(lock).unwrap();
+}
+
+#[test]
+fn deadline_bounds_the_retry_loop() {
+    let m = masters(3);
+    let mut a = builder(&m).build().unwrap();
+    let held = a.lock("busy", Duration::from_secs(10)).unwrap();
+    let mut b = builder(&m)
+        .retry_count(1000)
+        .retry_delay(Duration::from_millis(80))
+        .retry_jitter(Duration::from_millis(40))
+        .build()
+        .unwrap();
+    for budget in [0u64, 50, 300] {
+        let t = Instant::now();
+        let deadline = t + Duration::from_millis(budget);
+        let err = b
+            .lock_with_deadline("busy", Duration::from_secs(5), deadline)
+            .unwrap_err();
+        assert!(matches!(err, Error::DeadlineExceeded(_)), "{err}");
+        let late = Instant::now().saturating_duration_since(deadline);
+        assert!(
+            late < Duration::from_millis(60),
+            "returned {late:?} after the deadline"
+        );
+    }
+    a.release(held).unwrap();
+}
+
+#[test]
+fn cancel_ends_a_waiting_lock_promptly() {
+    let m = masters(3);
+    let mut a = builder(&m).build().unwrap();
+    let held = a.lock("wanted", Duration::from_secs(10)).unwrap();
+    let mut b = builder(&m)
+        .retry_count(10_000)
+        .retry_delay(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let handle = b.cancel_handle();
+    let waiter = thread::spawn(move || {
+        let r = b.lock("wanted", Duration::from_secs(5));
+        (r.map(|_| ()), Instant::now())
+    });
+    thread::sleep(Duration::from_millis(150));
+    let cancelled_at = Instant::now();
+    handle.cancel();
+    let (r, returned_at) = waiter.join().unwrap();
+    assert!(matches!(r, Err(Error::Cancelled)), "{r:?}");
+    let lag = returned_at.saturating_duration_since(cancelled_at);
+    assert!(lag < Duration::from_millis(100), "cancel took {lag:?}");
+    a.release(held).unwrap();
+}
+
+#[test]
+fn cancel_mid_round_releases_the_partial_lock() {
+    let mut m = masters(3);
+    let mut c = Redlock::builder()
+        .masters(m.urls())
+        .node_timeout(Duration::from_secs(5))
+        .retry_count(0)
+        .build()
+        .unwrap();
+    let l = c.try_lock("warm", Duration::from_secs(1)).unwrap();
+    c.release(l).unwrap();
+    m[1].freeze().unwrap();
+    m[2].freeze().unwrap();
+    let handle = c.cancel_handle();
+    let canceller = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(200));
+        handle.cancel();
+    });
+    let t = Instant::now();
+    let r = c.try_lock("partial", Duration::from_secs(30));
+    canceller.join().unwrap();
+    assert!(matches!(r, Err(Error::Cancelled)), "{r:?}");
+    assert!(t.elapsed() < Duration::from_secs(2));
+    // Master 0 said OK before the cancel; the cleanup release removes it.
+    eventually(
+        "partial lock released on master 0",
+        Duration::from_secs(3),
+        || get(&m, 0, "partial").is_none(),
+    );
+    m[1].thaw().unwrap();
+    m[2].thaw().unwrap();
+    // The frozen masters run the queued SET then the queued release, in order.
+    for i in [1, 2] {
+        eventually(
+            "no partial lock on a thawed master",
+            Duration::from_secs(3),
+            || get(&m, i, "partial").is_none(),
+        );
+    }
+}
+
+#[test]
+fn multi_resource_overlapping_sets_exclude_disjoint_sets_share() {
+    let m = masters(3);
+    let mut a = builder(&m).build().unwrap();
+    let mut b = builder(&m).build().unwrap();
+    let ttl = Duration::from_secs(10);
+    let mut ab = a.lock_many(["r:a", "r:b"], ttl).unwrap();
+    assert_eq!(ab.resources().count(), 2);
+    let err = b.lock_many(["r:b", "r:c"], ttl).unwrap_err();
+    assert!(err.is_taken(), "{err}");
+    // All-or-nothing: the refused set left no key behind.
+    for i in 0..3 {
+        assert_eq!(get(&m, i, "r:c"), None);
+    }
+    let cd = b.lock_many(["r:c", "r:d"], ttl).unwrap();
+    a.extend(&mut ab, Duration::from_secs(20)).unwrap();
+    a.release(ab).unwrap();
+    b.release(cd).unwrap();
+    let bc = b.lock_many(["r:b", "r:c"], ttl).unwrap();
+    b.release(bc).unwrap();
+    assert!(matches!(
+        b.lock_many(["x", "x"], ttl),
+        Err(Error::InvalidArgument(_))
+    ));
+}
+
+#[test]
+fn multi_resource_contention_never_double_grants() {
+    let m = masters(3);
+    let urls = m.urls();
+    let held: Arc<Vec<AtomicBool>> = Arc::new((0..4).map(|_| AtomicBool::new(false)).collect());
+    let sets: [&[usize]; 4] = [&[0, 1], &[1, 2], &[2, 3], &[3, 0]];
+    let stop = Instant::now() + Duration::from_millis(1500);
+    let threads: Vec<_> = sets
+        .iter()
+        .map(|set| {
+            let urls = urls.clone();
+            let held = held.clone();
+            let set: Vec<usize> = set.to_vec();
+            thread::spawn(move || {
+                let mut c = Redlock::builder()
+                    .masters(urls)
+                    .node_timeout(Duration::from_millis(200))
+                    .retry_count(0)
+                    .build()
+                    .unwrap();
+                let names: Vec<String> = set.iter().map(|k| format!("mr:{k}")).collect();
+                let mut grants = 0u32;
+                while Instant::now() < stop {
+                    let Ok(lock) = c.lock_many(&names, Duration::from_secs(5)) else {
+                        continue;
+                    };
+                    for &k in &set {
+                        assert!(
+                            !held[k].swap(true, Ordering::SeqCst),
+                            "resource {k} double-granted"
+                        );
+                    }
+                    thread::yield_now();
+                    for &k in &set {
+                        held[k].store(false, Ordering::SeqCst);
+                    }
+                    c.release(lock).unwrap();
+                    grants += 1;
+                }
+                grants
+            })
+        })
+        .collect();
+    let grants: Vec<u32> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    assert!(
+        grants.iter().sum::<u32>() > 10,
+        "too little contention exercised: {grants:?}"
+    );
+}
+
+#[test]
+fn fencing_tokens_strictly_increase_while_minorities_freeze() {
+    let mut m = masters(5);
+    let mut c = Redlock::builder()
+        .masters(m.urls())
+        .node_timeout(Duration::from_millis(100))
+        .fencing(true)
+        .retry_count(0)
+        .build()
+        .unwrap();
+    let mut rng = fastrand::Rng::with_seed(0xfe);
+    let mut last = 0u64;
+    let mut tokens = Vec::new();
+    for round in 0..16 {
+        let k = rng.usize(0..=2);
+        let mut frozen = Vec::new();
+        while frozen.len() < k {
+            let i = rng.usize(0..5);
+            if !frozen.contains(&i) {
+                frozen.push(i);
+            }
+        }
+        for &i in &frozen {
+            m[i].freeze().unwrap();
+        }
+        let lock = c.try_lock("fenced", Duration::from_secs(10)).unwrap();
+        let token = lock.fencing_token().expect("fencing on");
+        assert!(
+            token > last,
+            "round {round}: token {token} after {last} (frozen {frozen:?})"
+        );
+        last = token;
+        tokens.push(token);
+        c.release(lock).unwrap();
+        for &i in &frozen {
+            m[i].thaw().unwrap();
+        }
+    }
+    // A second client sees the same order.
+    let mut d = Redlock::builder()
+        .masters(m.urls())
+        .fencing(true)
+        .retry_count(0)
+        .build()
+        .unwrap();
+    let lock = d.try_lock("fenced", Duration::from_secs(10)).unwrap();
+    assert!(lock.fencing_token().unwrap() > last, "{tokens:?}");
+    d.release(lock).unwrap();
+}
+
+#[test]
+fn fencing_write_back_is_what_keeps_tokens_monotonic() {
+    for write_back in [false, true] {
+        let mut m = masters(3);
+        // Master 0's counter is ahead (it took part in quorums the others missed).
+        assert!(m[0].cmd(&[b"SET", b"wb:fence", b"10"]).unwrap().is_ok());
+        let mut c = Redlock::builder()
+            .masters(m.urls())
+            .node_timeout(Duration::from_millis(100))
+            .fencing(true)
+            .fencing_write_back(write_back)
+            .retry_count(0)
+            .build()
+            .unwrap();
+        // The first holder's quorum is masters 0 and 1 (master 2 is frozen).
+        m[2].freeze().unwrap();
+        let first = c.try_lock("wb", Duration::from_secs(10)).unwrap();
+        let t1 = first.fencing_token().unwrap();
+        assert_eq!(t1, 11, "max over the quorum's answers");
+        c.release(first).unwrap();
+        m[2].thaw().unwrap();
+        // The next holder's quorum misses master 0.
+        m[0].freeze().unwrap();
+        let second = c.try_lock("wb", Duration::from_secs(10)).unwrap();
+        let t2 = second.fencing_token().unwrap();
+        c.release(second).unwrap();
+        m[0].thaw().unwrap();
+        if write_back {
+            assert!(t2 > t1, "with write-back: {t2} must exceed {t1}");
+        } else {
+            assert!(
+                t2 < t1,
+                "without write-back the hazard shows: {t2} after {t1}"
+            );
+        }
+    }
+}
+
+/// The amnesia hazard (REDLOCK.md): A locks while master 2 is down, so A holds masters 0
+/// and 1; master 1 restarts empty and master 2 comes back.
+fn amnesia_setup() -> (LocalMasters, Redlock, redlock_mux::Lock) {
+    let mut m = masters(3);
+    m[2].kill().unwrap();
+    let mut a = builder(&m).build().unwrap();
+    let lock = a.try_lock("amnesia", Duration::from_secs(3)).unwrap();
+    m[1].kill().unwrap();
+    m[1].restart().unwrap();
+    m[2].restart().unwrap();
+    assert_eq!(
+        get(&m, 1, "amnesia"),
+        None,
+        "restart without persistence forgets"
+    );
+    (m, a, lock)
+}
+
+#[test]
+fn amnesia_hazard_is_real_without_the_guard() {
+    let (m, _a, lock) = amnesia_setup();
+    let mut b = builder(&m).build().unwrap();
+    let stolen = b.try_lock("amnesia", Duration::from_secs(3));
+    assert!(lock.is_valid(), "A still believes it holds the lock");
+    assert!(
+        stolen.is_ok(),
+        "without the guard B is granted A's lock (the hazard): {:?}",
+        stolen.err()
+    );
+}
+
+#[test]
+fn amnesia_guard_refuses_until_max_ttl_has_passed() {
+    let (m, _a, lock) = amnesia_setup();
+    let max_ttl = Duration::from_secs(3);
+    let mut b = builder(&m).amnesia_guard(max_ttl).build().unwrap();
+    let restarted = Instant::now();
+    let err = b.try_lock("amnesia", Duration::from_secs(3)).unwrap_err();
+    assert!(lock.is_valid());
+    let report = err.report().expect("report");
+    let amnesiac = report
+        .outcomes()
+        .filter(|(_, o)| *o == Outcome::Failed(Fault::Amnesiac))
+        .count();
+    // Decided as soon as a quorum was impossible: master 0 said taken (A's key) and a
+    // restarted master's OK was not counted.
+    assert!(amnesiac >= 1, "{err}");
+    assert_eq!(report.ok(), 0, "{err}");
+    // Refused for as long as the restarted masters are younger than max_ttl; then granted.
+    let granted = loop {
+        match b.try_lock("amnesia", Duration::from_secs(3)) {
+            Ok(l) => break l,
+            Err(e) => {
+                assert!(
+                    restarted.elapsed() < max_ttl + Duration::from_secs(3),
+                    "{e}"
+                );
+                thread::sleep(Duration::from_millis(100));
+            }
+        }
+    };
+    let waited = restarted.elapsed();
+    assert!(
+        waited >= max_ttl - Duration::from_secs(1),
+        "granted after {waited:?}, before max_ttl ({max_ttl:?}) minus uptime rounding"
+    );
+    assert!(!lock.is_valid(), "A's lock had run out by then");
+    b.release(granted).unwrap();
+    // TTLs above max_ttl are refused while the guard is on.
+    assert!(matches!(
+        b.try_lock("x", Duration::from_secs(4)),
+        Err(Error::InvalidArgument(_))
+    ));
+}
