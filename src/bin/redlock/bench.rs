@@ -24,6 +24,8 @@ With no masters (neither --masters nor REDLOCK_MASTERS), starts --local redis-se
 processes on free 127.0.0.1 ports in a temporary directory and stops them on exit, Ctrl-C
 included. Each client is a thread with its own Redlock client (one connection per master)
 that loops: try_lock (retried at once while taken), a tiny critical section, release.
+With --in-flight K above 1, a client takes K locks per round trip (try_lock_batch) and
+releases them together (release_batch).
 
   acquire   from the first attempt to the grant, refused attempts included
   release   one release round
@@ -52,11 +54,11 @@ pub struct BenchArgs {
     /// Client threads, each with its own client and connections.
     #[arg(short, long, value_name = "C", default_value_t = 1)]
     clients: usize,
-    /// Locks in flight per client. This engine runs one operation per client at a time,
-    /// so only 1 is accepted; use --clients for concurrency.
+    /// Locks in flight per client: above 1, each client takes and releases K locks per
+    /// round trip (pipelined try_lock_batch / release_batch).
     #[arg(long, value_name = "K", default_value_t = 1)]
     in_flight: usize,
-    /// Distinct resources (default: one per client, no contention; fewer: contention).
+    /// Distinct resources (default: clients x in-flight, no contention; fewer: contention).
     #[arg(short, long, value_name = "R")]
     resources: Option<usize>,
     /// How long to run.
@@ -163,21 +165,16 @@ struct Shared {
     names: Vec<String>,
     ttl: Duration,
     clients: usize,
+    in_flight: usize,
 }
 
 pub fn main(args: BenchArgs) -> u8 {
     let clients = args.clients;
-    let resources = args.resources.unwrap_or(clients);
-    if clients == 0 || resources == 0 {
-        say!("--clients and --resources must be at least 1");
-        return exit::USAGE;
-    }
-    if args.in_flight != 1 {
-        say!(
-            "--in-flight {} is not supported: this engine runs one lock operation per client \
-             at a time; use --clients for concurrency",
-            args.in_flight
-        );
+    let resources = args
+        .resources
+        .unwrap_or(clients.saturating_mul(args.in_flight));
+    if clients == 0 || resources == 0 || args.in_flight == 0 {
+        say!("--clients, --in-flight and --resources must be at least 1");
         return exit::USAGE;
     }
     if args.duration.is_zero() {
@@ -275,6 +272,7 @@ fn bench(
             .collect(),
         ttl: args.ttl,
         clients: args.clients,
+        in_flight: args.in_flight,
     });
     let barrier = Arc::new(Barrier::new(args.clients + 1));
     let mut handles = Vec::with_capacity(args.clients);
@@ -349,7 +347,12 @@ fn bench(
         )),
         _ => None,
     };
-    let check = check_exclusion(&shared, &total);
+    let counted: Vec<u64> = shared
+        .counters
+        .iter()
+        .map(|c| c.load(Ordering::SeqCst))
+        .collect();
+    let check = check_exclusion(&shared.names, &counted, &total.grants, &total.holds);
     let report = Report {
         args,
         masters: &master_names,
@@ -450,11 +453,55 @@ fn client_thread(
         return Err(e);
     }
 
-    let epoch = shared.epoch;
-    let ns = |t: Instant| t.saturating_duration_since(epoch).as_nanos() as u64;
+    if shared.in_flight == 1 {
+        run_single(id, &mut client, shared, &mut out);
+    } else {
+        run_batched(id, &mut client, shared, &mut out);
+    }
+    Ok(out)
+}
+
+/// The resource of client `id`'s slot `slot` in its `k`-th cycle: with one resource per
+/// slot (the default) every slot keeps its own; with fewer, slots share (contention).
+fn resource_for(shared: &Shared, id: usize, slot: usize, k: usize) -> usize {
+    let slots = shared.clients * shared.in_flight;
+    (id * shared.in_flight + slot + k.wrapping_mul(slots)) % shared.names.len()
+}
+
+/// The critical section: a read-modify-write that loses updates unless it is exclusive.
+fn critical_section(counter: &AtomicU64) {
+    let v = counter.load(Ordering::Relaxed);
+    std::hint::black_box(v);
+    thread::yield_now();
+    counter.store(v + 1, Ordering::Relaxed);
+}
+
+/// Record a grant: the critical section, then the hold interval
+/// `[grant, min(release start, validity end)]`.
+fn record_hold(
+    shared: &Shared,
+    out: &mut ClientResult,
+    r: usize,
+    granted: Instant,
+    release_start: Instant,
+    valid_until: Instant,
+) {
+    if release_start > valid_until {
+        out.overran += 1;
+    }
+    let ns = |t: Instant| t.saturating_duration_since(shared.epoch).as_nanos() as u64;
+    out.holds.push(Hold {
+        resource: r as u32,
+        start: ns(granted),
+        end: ns(release_start.min(valid_until)),
+    });
+}
+
+/// One lock at a time: `try_lock`, critical section, `release`.
+fn run_single(id: usize, client: &mut Redlock, shared: &Shared, out: &mut ClientResult) {
     let mut k = 0usize;
     'run: while !shared.stop.load(Ordering::Relaxed) {
-        let r = (id + k * shared.clients) % resources;
+        let r = resource_for(shared, id, 0, k);
         k = k.wrapping_add(1);
         let name = &shared.names[r];
         let t0 = Instant::now();
@@ -478,19 +525,10 @@ fn client_thread(
         out.acquired += 1;
         out.grants[r] += 1;
         out.acquire.saturating_record(micros(granted - t0).max(1));
-
-        // The critical section: a read-modify-write that loses updates unless exclusive.
-        let counter = &shared.counters[r];
-        let v = counter.load(Ordering::Relaxed);
-        std::hint::black_box(v);
-        thread::yield_now();
-        counter.store(v + 1, Ordering::Relaxed);
+        critical_section(&shared.counters[r]);
 
         let release_start = Instant::now();
-        let valid_until = lock.valid_until();
-        if release_start > valid_until {
-            out.overran += 1;
-        }
+        record_hold(shared, out, r, granted, release_start, lock.valid_until());
         let released = client.release(lock);
         let done = Instant::now();
         if let Err(e) = released {
@@ -499,15 +537,91 @@ fn client_thread(
         out.release
             .saturating_record(micros(done - release_start).max(1));
         out.cycle.saturating_record(micros(done - t0).max(1));
-        out.holds.push(Hold {
-            resource: r as u32,
-            start: ns(granted),
-            end: ns(release_start.min(valid_until)),
-        });
         out.cycles += 1;
         shared.cycles.fetch_add(1, Ordering::Relaxed);
     }
-    Ok(out)
+}
+
+/// `--in-flight K`: K locks per round trip with `try_lock_batch` / `release_batch`. A slot
+/// whose attempt was refused tries again in the next batch; its acquire latency runs from
+/// its first attempt.
+fn run_batched(id: usize, client: &mut Redlock, shared: &Shared, out: &mut ClientResult) {
+    let k_slots = shared.in_flight;
+    // Per slot: its resource and when its current cycle started (None: not started).
+    let mut slots: Vec<(usize, Option<Instant>, u64)> = (0..k_slots)
+        .map(|slot| (resource_for(shared, id, slot, 0), None, 0))
+        .collect();
+    let mut names: Vec<&str> = Vec::with_capacity(k_slots);
+    let mut results = Vec::with_capacity(k_slots);
+    let mut released = Vec::with_capacity(k_slots);
+    let mut held = Vec::with_capacity(k_slots);
+    while !shared.stop.load(Ordering::Relaxed) {
+        let t0 = Instant::now();
+        names.clear();
+        for (r, since, _) in slots.iter_mut() {
+            since.get_or_insert(t0);
+            names.push(&shared.names[*r]);
+        }
+        if let Err(e) = client.try_lock_batch(&names, shared.ttl, &mut results) {
+            out.error(&e);
+            thread::sleep(Duration::from_millis(1));
+            continue;
+        }
+        let granted = Instant::now();
+        held.clear();
+        for (slot, result) in results.drain(..).enumerate() {
+            match result {
+                Ok(lock) => {
+                    let (r, since, _) = slots[slot];
+                    out.acquired += 1;
+                    out.grants[r] += 1;
+                    let since = since.unwrap_or(t0);
+                    out.acquire
+                        .saturating_record(micros(granted - since).max(1));
+                    critical_section(&shared.counters[r]);
+                    held.push((slot, lock));
+                }
+                Err(Error::Taken(_)) => {
+                    out.refused += 1;
+                    out.retried += 1;
+                }
+                Err(e) => {
+                    out.error(&e);
+                    out.retried += 1;
+                }
+            }
+        }
+        if held.is_empty() {
+            thread::yield_now();
+            continue;
+        }
+        let release_start = Instant::now();
+        for (slot, lock) in &held {
+            let r = slots[*slot].0;
+            record_hold(shared, out, r, granted, release_start, lock.valid_until());
+        }
+        let done_slots: Vec<usize> = held.iter().map(|(slot, _)| *slot).collect();
+        let batch = client.release_batch(held.drain(..).map(|(_, lock)| lock), &mut released);
+        let done = Instant::now();
+        if let Err(e) = batch {
+            out.error(&e);
+        }
+        for e in released.drain(..).filter_map(Result::err) {
+            out.error(&e);
+        }
+        for slot in done_slots {
+            let (r, since, k) = &mut slots[slot];
+            out.release
+                .saturating_record(micros(done - release_start).max(1));
+            out.cycle
+                .saturating_record(micros(done - since.unwrap_or(t0)).max(1));
+            out.cycles += 1;
+            shared.cycles.fetch_add(1, Ordering::Relaxed);
+            *k += 1;
+            *r = resource_for(shared, id, slot, *k as usize);
+            *since = None;
+        }
+    }
 }
 
 /// The mutual-exclusion verdict.
@@ -523,13 +637,15 @@ impl Check {
     }
 }
 
-fn check_exclusion(shared: &Shared, total: &ClientResult) -> Check {
+/// Check that no two holds of one resource overlap, and that every resource's counter
+/// equals its grants.
+fn check_exclusion(names: &[String], counted: &[u64], grants: &[u64], holds: &[Hold]) -> Check {
     let mut check = Check {
         overlaps: 0,
         lost_updates: 0,
         details: Vec::new(),
     };
-    let mut holds = total.holds.clone();
+    let mut holds = holds.to_vec();
     holds.sort_unstable_by_key(|h| (h.resource, h.start));
     let mut prev: Option<Hold> = None;
     for h in holds {
@@ -540,7 +656,7 @@ fn check_exclusion(shared: &Shared, total: &ClientResult) -> Check {
                     check.details.push(format!(
                         "{}: a hold began {} ns after the previous one began and {} ns before \
                          it ended",
-                        shared.names[h.resource as usize],
+                        names[h.resource as usize],
                         h.start - p.start,
                         p.end - h.start
                     ));
@@ -553,15 +669,13 @@ fn check_exclusion(shared: &Shared, total: &ClientResult) -> Check {
             _ => prev = Some(h),
         }
     }
-    for (r, counter) in shared.counters.iter().enumerate() {
-        let counted = counter.load(Ordering::SeqCst);
-        let grants = total.grants[r];
+    for (r, (&counted, &grants)) in counted.iter().zip(grants).enumerate() {
         if counted != grants {
             check.lost_updates += grants.abs_diff(counted);
             if check.details.len() < 20 {
                 check.details.push(format!(
                     "{}: counter {counted} != grants {grants}",
-                    shared.names[r]
+                    names[r]
                 ));
             }
         }
@@ -727,5 +841,65 @@ impl Report<'_> {
                 t.overran
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hold(resource: u32, start: u64, end: u64) -> Hold {
+        Hold {
+            resource,
+            start,
+            end,
+        }
+    }
+
+    #[test]
+    fn the_checker_finds_overlaps_and_lost_updates() {
+        let names = vec!["a".to_string(), "b".to_string()];
+        // Back to back (end == next start) is not an overlap; resources are independent.
+        let ok = check_exclusion(
+            &names,
+            &[2, 1],
+            &[2, 1],
+            &[hold(0, 10, 20), hold(0, 20, 30), hold(1, 15, 25)],
+        );
+        assert!(ok.ok(), "{:?}", ok.details);
+        // One hold inside a long one, then one overlapping the long one's tail only.
+        let bad = check_exclusion(
+            &names,
+            &[3, 1],
+            &[3, 1],
+            &[
+                hold(0, 10, 100),
+                hold(0, 20, 30),
+                hold(0, 90, 120),
+                hold(1, 0, 5),
+            ],
+        );
+        assert_eq!(bad.overlaps, 2, "{:?}", bad.details);
+        let lost = check_exclusion(&names, &[2, 1], &[3, 1], &[]);
+        assert_eq!((lost.overlaps, lost.lost_updates), (0, 1));
+        assert!(!lost.ok());
+    }
+
+    #[test]
+    fn the_critical_section_loses_updates_without_a_lock() {
+        // Shows the counter check can fail: unsynchronised holders lose increments.
+        let counter = AtomicU64::new(0);
+        let per_thread = 20_000u64;
+        let threads = 4u64;
+        thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| {
+                    for _ in 0..per_thread {
+                        critical_section(&counter);
+                    }
+                });
+            }
+        });
+        assert!(counter.load(Ordering::SeqCst) < threads * per_thread);
     }
 }

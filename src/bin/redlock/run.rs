@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
-use redlock_mux::{Error, Lock, Outcome, Redlock};
+use redlock_mux::{Error, HoldOptions, Lock, LockSignal, Outcome, Redlock};
 use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGQUIT, SIGTERM};
 use signal_hook::iterator::Signals;
 
@@ -23,14 +24,13 @@ use crate::{duration, MasterArgs};
 pub const AFTER_HELP: &str = "\
 How it works:
   Takes the lock (waiting up to --wait), runs COMMAND in its own process group, extends the
-  lock whenever a third of its validity is left, and releases it when COMMAND exits. An
-  extension that reaches no quorum is retried until a sixth of the validity is left; an
-  extension refused because the lock is no longer held ends the hold at once. When the
-  lock is lost, COMMAND's process group gets SIGTERM, then SIGKILL after --kill-grace.
+  lock whenever a third of its validity is left, and releases it when COMMAND exits. The
+  lock is lost when an extension fails (no quorum, or no longer held) or its validity runs
+  out; then COMMAND's process group gets SIGTERM, and SIGKILL after --kill-grace.
   SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to redlock are forwarded to COMMAND's process
   group; the lock is released once COMMAND has exited. Because COMMAND has its own process
   group it cannot read from a terminal; run it from cron, scripts or with stdin redirected.
-  Keep --ttl well above 3 x --kill-grace, so that COMMAND is gone before the lock expires.
+  Keep --ttl above 3 x --kill-grace, so that COMMAND is gone before the lock expires.
 
 Exit status:
   COMMAND's exit status   COMMAND ran and exited (128+N if it was killed by signal N)
@@ -114,9 +114,9 @@ pub fn main(args: RunArgs) -> u8 {
         }
     };
 
-    // Signals are read on a thread and handed to the main loop over a channel. While the
-    // lock is being acquired, a terminating signal also cancels the attempt, so that a
-    // Ctrl-C does not wait out `--wait`.
+    // Signals are read on a thread and handed over a channel to whoever watches the
+    // command. While the lock is being acquired, a terminating signal also cancels the
+    // attempt, so that a Ctrl-C does not wait out `--wait`.
     let mut signals = match Signals::new([SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD]) {
         Ok(s) => s,
         Err(e) => {
@@ -132,7 +132,10 @@ pub fn main(args: RunArgs) -> u8 {
         let cancel = client.cancel_handle();
         thread::spawn(move || {
             for sig in signals.forever() {
-                if is_terminating(sig) && *acquiring.lock().unwrap_or_else(|p| p.into_inner()) {
+                // Cancel and send under the lock: once the main thread has cleared
+                // `acquiring`, every signal that cancelled is already in the channel.
+                let acquiring = acquiring.lock().unwrap_or_else(|p| p.into_inner());
+                if is_terminating(sig) && *acquiring {
                     cancel.cancel();
                 }
                 if tx.send(sig).is_err() {
@@ -142,7 +145,7 @@ pub fn main(args: RunArgs) -> u8 {
         });
     }
 
-    let code = hold_and_run(&args, &mut client, &acquiring, &rx);
+    let code = hold_and_run(&args, &mut client, &acquiring, rx);
     signals_handle.close();
     code
 }
@@ -151,12 +154,24 @@ fn hold_and_run(
     args: &RunArgs,
     client: &mut Redlock,
     acquiring: &Mutex<bool>,
-    rx: &Receiver<i32>,
+    rx: Receiver<i32>,
 ) -> u8 {
     let resource = args.resource.as_str();
     let ttl = args.ttl;
     let started = Instant::now();
-    let result = if args.no_wait || args.wait.is_zero() {
+    let no_wait = args.no_wait || args.wait.is_zero();
+    if args.verbose {
+        say!(
+            "locking {resource} (ttl {}, {})",
+            humantime::format_duration(ttl),
+            if no_wait {
+                "no wait".to_string()
+            } else {
+                format!("waiting up to {}", humantime::format_duration(args.wait))
+            }
+        );
+    }
+    let result = if no_wait {
         client.try_lock(resource, ttl)
     } else {
         client.lock_with_deadline(resource, ttl, started + args.wait)
@@ -177,11 +192,9 @@ fn hold_and_run(
     };
     if args.verbose {
         say!(
-            "acquired {resource} (token {}…, validity {}) on {} of {} masters after {}",
+            "acquired {resource} (token {}…, validity {}) after {}",
             lock.token().short(),
             human_duration(lock.remaining()),
-            client.quorum(),
-            client.masters().count(),
             human_duration(started.elapsed())
         );
     }
@@ -195,6 +208,10 @@ fn hold_and_run(
         return exit::signal(sig);
     }
 
+    // Processes of the command orphaned by its exit come to us, so that a lost lock can
+    // wait for (reap) every one of them, even where PID 1 reaps lazily.
+    #[cfg(target_os = "linux")]
+    let _ = nix::sys::prctl::set_child_subreaper(true);
     let mut child = match spawn(&args.command) {
         Ok(c) => c,
         Err(e) => {
@@ -209,26 +226,88 @@ fn hold_and_run(
             };
         }
     };
+
+    // This thread keeps the lock extended (extend when a third of the validity is left);
+    // the scoped worker watches the command, forwards signals, and terminates the command
+    // the moment the lock is lost. The lock is released when the worker returns.
+    let held = client.hold(lock, ttl, HoldOptions::default(), move |signal| {
+        supervise(args, &mut child, signal, &rx)
+    });
+    let status = match held.value {
+        Ok(status) => status,
+        Err(e) => {
+            say!("cannot wait for the command: {e}");
+            return exit::OSERR;
+        }
+    };
+    if let Some(why) = held.lost {
+        say!(
+            "the lock on {resource} was lost before the command finished ({why}); the command \
+             exited with status {}",
+            status_code(status)
+        );
+        return args.lost_exit_code;
+    }
+    if args.verbose {
+        say!(
+            "released {resource} after {} extension{}",
+            held.extensions,
+            if held.extensions == 1 { "" } else { "s" }
+        );
+    }
+    status_code(status)
+}
+
+/// Runs on the worker thread while the lock is held: wait for the command to exit,
+/// forward signals to its process group, and terminate it when the lock is lost (SIGTERM,
+/// then SIGKILL after the grace period).
+fn supervise(
+    args: &RunArgs,
+    child: &mut Child,
+    signal: &LockSignal,
+    rx: &Receiver<i32>,
+) -> io::Result<ExitStatus> {
     let group = Pid::from_raw(-(child.id() as i32));
-    let mut watch = Watch::new(args, lock);
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) => {}
+    let mut lost_at: Option<Instant> = None;
+    let mut killed = false;
+    loop {
+        let status = match child.try_wait() {
+            Ok(s) => s,
             Err(e) => {
-                say!("cannot wait for the command: {e}");
                 let _ = kill(group, Signal::SIGKILL);
-                let status = child.wait();
-                release(args, client, watch.lock);
-                return status.map(status_code).unwrap_or(exit::OSERR);
+                let _ = child.wait();
+                return Err(e);
+            }
+        };
+        let now = Instant::now();
+        if let Some(status) = status {
+            if let Some(at) = lost_at {
+                // The leader exited; no member of its group may outlive the grace.
+                drain_group(group, at + args.kill_grace);
+            }
+            return Ok(status);
+        }
+        if lost_at.is_none() && signal.is_lost() {
+            say!(
+                "LOST THE LOCK on {}: terminating the command (SIGTERM, SIGKILL after {})",
+                args.resource,
+                humantime::format_duration(args.kill_grace)
+            );
+            let _ = kill(group, Signal::SIGTERM);
+            lost_at = Some(now);
+        }
+        if let Some(at) = lost_at {
+            if !killed && now >= at + args.kill_grace {
+                say!(
+                    "the command is still running {} after SIGTERM: SIGKILL",
+                    humantime::format_duration(args.kill_grace)
+                );
+                let _ = kill(group, Signal::SIGKILL);
+                killed = true;
             }
         }
-        let wake = watch.step(client, group);
-        let timeout = wake
-            .saturating_duration_since(Instant::now())
-            .min(POLL)
-            .max(Duration::from_millis(1));
-        match rx.recv_timeout(timeout) {
+        // SIGCHLD arrives through the channel too, so a command's exit wakes this at once.
+        match rx.recv_timeout(POLL) {
             Ok(sig) if is_terminating(sig) => {
                 if args.verbose {
                     say!("forwarding {} to the command", signal_name(sig));
@@ -236,128 +315,26 @@ fn hold_and_run(
                 let _ = kill(group, Signal::try_from(sig).ok());
             }
             Ok(_) | Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => thread::sleep(timeout),
+            Err(RecvTimeoutError::Disconnected) => thread::sleep(POLL),
         }
-    };
-
-    if let Some(lost_at) = watch.lost_at {
-        // The command's leader exited; make sure no member of its group outlives the grace.
-        let kill_at = lost_at + args.kill_grace;
-        while kill(group, None).is_ok() {
-            if Instant::now() >= kill_at {
-                let _ = kill(group, Signal::SIGKILL);
-                break;
-            }
-            thread::sleep(Duration::from_millis(10));
-        }
-        // Compare-and-delete: harmless where the key is someone else's by now.
-        let _ = client.release(watch.lock);
-        say!(
-            "the command was terminated because the lock on {resource} was lost (it exited \
-             with status {})",
-            status_code(status)
-        );
-        return args.lost_exit_code;
     }
-    release(args, client, watch.lock);
-    status_code(status)
 }
 
-/// Keeps the lock extended while the command runs, and terminates the command when the
-/// lock is lost.
-struct Watch {
-    lock: Lock,
-    ttl: Duration,
-    grace: Duration,
-    verbose: bool,
-    /// Extend when less validity than this is left.
-    extend_below: Duration,
-    /// Retry failed extensions (no quorum) while more validity than this is left.
-    give_up_below: Duration,
-    retry_every: Duration,
-    next_try: Instant,
-    lost_at: Option<Instant>,
-    killed: bool,
-}
-
-impl Watch {
-    fn new(args: &RunArgs, lock: Lock) -> Self {
-        let ttl = args.ttl;
-        Watch {
-            lock,
-            ttl,
-            grace: args.kill_grace,
-            verbose: args.verbose,
-            extend_below: ttl / 3,
-            give_up_below: ttl / 6,
-            retry_every: (ttl / 60).clamp(Duration::from_millis(10), Duration::from_secs(1)),
-            next_try: Instant::now(),
-            lost_at: None,
-            killed: false,
+/// Wait until no process of the command's group is left, reaping the ones orphaned to us;
+/// SIGKILL whatever is left at `deadline`. Call only after the leader was reaped.
+fn drain_group(group: Pid, deadline: Instant) {
+    loop {
+        while let Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) =
+            waitpid(group, Some(WaitPidFlag::WNOHANG))
+        {}
+        if kill(group, None).is_err() {
+            return;
         }
-    }
-
-    /// Extend if due, notice a lost lock, escalate to SIGKILL. Returns when to look again.
-    fn step(&mut self, client: &mut Redlock, group: Pid) -> Instant {
-        let now = Instant::now();
-        if let Some(lost_at) = self.lost_at {
-            let kill_at = lost_at + self.grace;
-            if !self.killed && now >= kill_at {
-                say!(
-                    "the command is still running after {:?}: SIGKILL",
-                    self.grace
-                );
-                let _ = kill(group, Signal::SIGKILL);
-                self.killed = true;
-            }
-            return if self.killed { now + POLL } else { kill_at };
-        }
-        let remaining = self.lock.remaining();
-        if remaining.is_zero() {
-            self.lose(group, "its validity ran out before an extension succeeded");
-            return now;
-        }
-        if remaining < self.extend_below && now >= self.next_try {
-            match client.extend(&mut self.lock, self.ttl) {
-                Ok(()) => {
-                    if self.verbose {
-                        say!(
-                            "extended the lock (validity {})",
-                            human_duration(self.lock.remaining())
-                        );
-                    }
-                }
-                Err(e @ (Error::NoQuorum(_) | Error::ValidityUsedUp(_) | Error::Io(_)))
-                    if self.lock.remaining() > self.give_up_below =>
-                {
-                    say!("extension failed, retrying: {e}");
-                    self.next_try = Instant::now() + self.retry_every;
-                }
-                Err(e) => {
-                    self.lose(group, &format!("extension failed: {e}"));
-                    return Instant::now();
-                }
-            }
-        }
-        let due = self
-            .lock
-            .valid_until()
-            .checked_sub(self.extend_below)
-            .unwrap_or(now);
-        due.max(self.next_try)
-    }
-
-    fn lose(&mut self, group: Pid, why: &str) {
-        say!(
-            "LOST THE LOCK ({why}); terminating the command (SIGTERM, SIGKILL after {})",
-            humantime::format_duration(self.grace)
-        );
-        let _ = kill(group, Signal::SIGTERM);
-        self.lost_at = Some(Instant::now());
-        if self.grace.is_zero() {
+        if Instant::now() >= deadline {
             let _ = kill(group, Signal::SIGKILL);
-            self.killed = true;
+            return;
         }
+        thread::sleep(Duration::from_millis(10));
     }
 }
 

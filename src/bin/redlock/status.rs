@@ -100,7 +100,7 @@ fn verdict(states: &[State], quorum: usize) -> (Option<Vec<u8>>, usize, String) 
                 .iter()
                 .filter(|x| matches!(x, State::Held(u, _) if u == t))
                 .count();
-            if best.map_or(true, |(_, m)| n > m) {
+            if best.is_none_or(|(_, m)| n > m) {
                 best = Some((t, n));
             }
         }
@@ -171,7 +171,7 @@ fn print_table(
                 short_token(t),
                 pttl.map_or_else(
                     || "no expiry".to_string(),
-                    |ms| human_duration(Duration::from_millis(ms))
+                    |ms| humantime::format_duration(Duration::from_millis(ms)).to_string()
                 )
             ),
             State::Free => println!("  {name:<width$}  {:<11}  {:<10}  -", "free", "-"),

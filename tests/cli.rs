@@ -1,0 +1,599 @@
+//! The `redlock` binary against real local masters: `run` (hold, release, exit codes,
+//! lost lock, signal forwarding), `status`, and `bench` (mutual-exclusion check, cleanup).
+//!
+//! Every wait is a bounded poll; commands that must wait for the test are gated on files
+//! the test creates, never on sleeps that happen to be long enough.
+#![cfg(feature = "cli")]
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use redlock_mux::local::{AdminReply, LocalMasters};
+use redlock_mux::Redlock;
+
+const BIN: &str = env!("CARGO_BIN_EXE_redlock");
+
+fn masters(n: usize) -> LocalMasters {
+    LocalMasters::start(n).unwrap_or_else(|e| panic!("cannot start {n} redis-server masters: {e}"))
+}
+
+/// `redlock ARGS` with `REDLOCK_MASTERS` naming `m` (or unset for `None`).
+fn redlock(m: Option<&LocalMasters>, args: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args);
+    match m {
+        Some(m) => cmd.env("REDLOCK_MASTERS", m.urls().join(",")),
+        None => cmd.env_remove("REDLOCK_MASTERS"),
+    };
+    cmd
+}
+
+/// Run to completion (bounded) and return the output.
+fn output(mut cmd: Command, within: Duration) -> Output {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = cmd.spawn().expect("spawn redlock");
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    rx.recv_timeout(within)
+        .unwrap_or_else(|_| panic!("redlock did not finish within {within:?}"))
+        .expect("wait for redlock")
+}
+
+fn code(out: &Output) -> i32 {
+    out.status.code().unwrap_or_else(|| {
+        panic!(
+            "redlock was killed by a signal: {:?}; stderr: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Wait (bounded) for a child to exit; kill it and panic if it does not.
+fn wait_exit(child: &mut Child, within: Duration) -> ExitStatus {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("process {} did not exit within {within:?}", child.id());
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Poll (bounded) until `cond` holds.
+fn eventually(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A scratch directory for marker files, removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new() -> Self {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "redlock-cli-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).expect("create scratch dir");
+        Scratch(dir)
+    }
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+    fn file(&self, name: &str) -> String {
+        self.path(name).to_string_lossy().into_owned()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A shell command that creates `started`, then waits (at most ~20 s) for `go` to exist.
+fn gated(s: &Scratch, then: &str) -> String {
+    format!(
+        "touch '{started}'; i=0; while [ ! -e '{go}' ] && [ $i -lt 400 ]; do sleep 0.05; \
+         i=$((i+1)); done; {then}",
+        started = s.file("started"),
+        go = s.file("go"),
+    )
+}
+
+fn get(m: &LocalMasters, i: usize, key: &str) -> Option<Vec<u8>> {
+    match m[i].cmd(&[b"GET", key.as_bytes()]).expect("GET") {
+        AdminReply::Bulk(v) => v,
+        other => panic!("GET {key}: {other:?}"),
+    }
+}
+
+fn holders(m: &LocalMasters, key: &str) -> Vec<Option<Vec<u8>>> {
+    (0..m.len()).map(|i| get(m, i, key)).collect()
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not JSON ({e}): {}\nstderr: {}",
+            String::from_utf8_lossy(&out.stdout),
+            stderr(out)
+        )
+    })
+}
+
+/// Whether `pid` is a live process (zombies count as gone).
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .map(|(_, rest)| !rest.trim_start().starts_with('Z'))
+            .unwrap_or(true),
+        Err(_) => false,
+    }
+}
+
+fn read_pid(path: &Path) -> Option<u32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+#[test]
+fn run_holds_the_lock_while_the_command_runs_and_releases_it_after() {
+    let m = masters(3);
+    let s = Scratch::new();
+    let key = "cli:hold";
+    let mut holder = redlock(Some(&m), &["run", "--ttl", "5s", key, "--", "sh", "-c"])
+        .arg(gated(&s, "exit 0"))
+        .spawn()
+        .expect("spawn redlock run");
+    eventually("the command to start", Duration::from_secs(10), || {
+        s.path("started").exists()
+    });
+
+    // Held on every master, with one token.
+    let held = holders(&m, key);
+    let token = held[0].clone().expect("master 0 holds the key");
+    assert!(held.iter().all(|h| h.as_ref() == Some(&token)), "{held:?}");
+
+    // A second run is refused at once and does not run its command.
+    let second = output(
+        {
+            let mut c = redlock(Some(&m), &["run", "--no-wait", key, "--", "touch"]);
+            c.arg(s.file("second"));
+            c
+        },
+        Duration::from_secs(10),
+    );
+    assert_eq!(code(&second), 1, "stderr: {}", stderr(&second));
+    assert!(
+        stderr(&second).starts_with("redlock: "),
+        "{}",
+        stderr(&second)
+    );
+    assert!(
+        !s.path("second").exists(),
+        "the refused run ran its command"
+    );
+
+    // status shows the holder (shortened token) on all masters.
+    let status = output(redlock(Some(&m), &["status", key]), Duration::from_secs(10));
+    assert_eq!(code(&status), 0, "stderr: {}", stderr(&status));
+    let table = String::from_utf8_lossy(&status.stdout);
+    let short = format!("{}…", String::from_utf8_lossy(&token[..8]));
+    assert_eq!(table.matches(&short).count(), 4, "{table}"); // 3 rows + the verdict
+    assert!(table.contains("locked: held by"), "{table}");
+    assert!(
+        !table.contains(std::str::from_utf8(&token).unwrap()),
+        "whole token shown"
+    );
+    let st = json(&output(
+        redlock(Some(&m), &["status", "--json", key]),
+        Duration::from_secs(10),
+    ));
+    assert_eq!(st["locked"], true, "{st}");
+    assert_eq!(st["holder"], short.as_str(), "{st}");
+    assert_eq!(st["holder_masters"], 3, "{st}");
+    assert!(
+        st["masters"][0]["pttl_ms"].as_u64().unwrap() <= 5000,
+        "{st}"
+    );
+
+    // Let the command finish: exit 0, keys gone.
+    std::fs::write(s.path("go"), b"").unwrap();
+    let status = wait_exit(&mut holder, Duration::from_secs(10));
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(holders(&m, key), vec![None, None, None]);
+    let st = json(&output(
+        redlock(Some(&m), &["status", "--json", key]),
+        Duration::from_secs(10),
+    ));
+    assert_eq!(st["locked"], false, "{st}");
+
+    // And now a --no-wait run gets it.
+    let third = output(
+        {
+            let mut c = redlock(Some(&m), &["run", "-n", key, "--", "touch"]);
+            c.arg(s.file("third"));
+            c
+        },
+        Duration::from_secs(10),
+    );
+    assert_eq!(code(&third), 0, "stderr: {}", stderr(&third));
+    assert!(s.path("third").exists());
+}
+
+#[test]
+fn run_exits_with_the_command_status() {
+    let m = masters(3);
+    let out = output(
+        redlock(Some(&m), &["run", "cli:status", "--", "sh", "-c", "exit 7"]),
+        Duration::from_secs(15),
+    );
+    assert_eq!(code(&out), 7, "stderr: {}", stderr(&out));
+    let out = output(
+        redlock(
+            Some(&m),
+            &["run", "cli:status", "--", "sh", "-c", "kill -KILL $$"],
+        ),
+        Duration::from_secs(15),
+    );
+    assert_eq!(code(&out), 128 + 9, "stderr: {}", stderr(&out));
+    assert_eq!(holders(&m, "cli:status"), vec![None, None, None]);
+
+    // Not found / not executable, like shells; the lock is released.
+    let out = output(
+        redlock(
+            Some(&m),
+            &["run", "cli:status", "--", "/nonexistent/redlock-test-cmd"],
+        ),
+        Duration::from_secs(15),
+    );
+    assert_eq!(code(&out), 127, "stderr: {}", stderr(&out));
+    assert_eq!(holders(&m, "cli:status"), vec![None, None, None]);
+}
+
+#[test]
+fn run_returns_the_conflict_code_when_the_lock_is_taken() {
+    let m = masters(3);
+    let s = Scratch::new();
+    let key = "cli:conflict";
+    let mut other = Redlock::new(m.urls()).expect("client");
+    let lock = other.try_lock(key, Duration::from_secs(30)).expect("lock");
+
+    let attempt = |args: &[&str]| {
+        let mut c = redlock(Some(&m), &["run"]);
+        c.args(args).args([key, "--", "touch"]).arg(s.file("ran"));
+        output(c, Duration::from_secs(15))
+    };
+    let out = attempt(&["--no-wait"]);
+    assert_eq!(code(&out), 1, "stderr: {}", stderr(&out));
+    assert!(stderr(&out).contains("is locked"), "{}", stderr(&out));
+    let out = attempt(&["-n", "-E", "9"]);
+    assert_eq!(code(&out), 9, "stderr: {}", stderr(&out));
+    let out = attempt(&["--wait", "300ms", "--conflict-exit-code", "3"]);
+    assert_eq!(code(&out), 3, "stderr: {}", stderr(&out));
+    assert!(!s.path("ran").exists(), "a refused run ran its command");
+
+    other.release(lock).expect("release");
+    let out = attempt(&["-n"]);
+    assert_eq!(code(&out), 0, "stderr: {}", stderr(&out));
+    assert!(s.path("ran").exists());
+}
+
+#[test]
+fn run_exit_codes_for_usage_errors_and_unavailable_masters() {
+    let mut m = masters(3);
+    // No masters at all.
+    let out = output(
+        redlock(None, &["run", "r", "--", "true"]),
+        Duration::from_secs(10),
+    );
+    assert_eq!(code(&out), 64, "stderr: {}", stderr(&out));
+    // Bad duration, missing command, bad URL.
+    for args in [
+        &["run", "--ttl", "soon", "r", "--", "true"][..],
+        &["run", "r"][..],
+        &["run", "--masters", "http://x:1", "r", "--", "true"][..],
+    ] {
+        let out = output(redlock(Some(&m), args), Duration::from_secs(10));
+        assert_eq!(code(&out), 64, "{args:?}: {}", stderr(&out));
+    }
+    // Two of three masters down: no quorum, the command does not run.
+    m[0].kill().unwrap();
+    m[1].kill().unwrap();
+    let out = output(
+        redlock(Some(&m), &["run", "-n", "r", "--", "true"]),
+        Duration::from_secs(15),
+    );
+    assert_eq!(code(&out), 69, "stderr: {}", stderr(&out));
+    // status: exit 1 and the dead masters marked unreachable.
+    let out = output(redlock(Some(&m), &["status", "r"]), Duration::from_secs(10));
+    assert_eq!(code(&out), 1, "stderr: {}", stderr(&out));
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(table.matches("unreachable").count(), 2, "{table}");
+}
+
+/// Kills a process group (a command started by `run` leads its own) when dropped during a
+/// panic, so that a failing test leaves nothing running.
+struct KillGroupOnDrop(u32);
+
+impl Drop for KillGroupOnDrop {
+    fn drop(&mut self) {
+        if thread::panicking() {
+            let _ = kill(Pid::from_raw(-(self.0 as i32)), Signal::SIGKILL);
+        }
+    }
+}
+
+/// Start a long command under `run --ttl 1s`, wait until the lock is held, then break
+/// `n_break` masters with `fault`; `run` must terminate the command and exit with the
+/// lost code within a bounded time.
+/// `{term}` in `command` names a file the command may write.
+fn lost_lock_case(command: &str, extra: &[&str], fault: fn(&mut LocalMasters, usize)) -> Scratch {
+    let mut m = masters(3);
+    let s = Scratch::new();
+    let key = "cli:lost";
+    let command = command.replace("{term}", &s.file("term"));
+    let script = format!("echo $$ > '{}'; {command}", s.file("pid"));
+    let mut run = redlock(Some(&m), &["run", "--ttl", "1s", "--kill-grace", "1s"])
+        .args(extra)
+        .args([key, "--", "sh", "-c", &script])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn redlock run");
+    eventually("the command to start", Duration::from_secs(10), || {
+        read_pid(&s.path("pid")).is_some()
+    });
+    let pid = read_pid(&s.path("pid")).unwrap();
+    // Should this test fail, do not leave the command running.
+    let _group = KillGroupOnDrop(pid);
+    let started = Instant::now();
+    // First the lock is kept past its 1 s TTL by extensions.
+    eventually(
+        "the lock extended past its TTL",
+        Duration::from_secs(5),
+        || {
+            started.elapsed() > Duration::from_millis(1500)
+                && holders(&m, key).iter().all(Option::is_some)
+        },
+    );
+    let broke = Instant::now();
+    fault(&mut m, 0);
+    fault(&mut m, 1);
+    // Lost at the next extension (within a third of the TTL), then SIGTERM, then SIGKILL
+    // after the 1 s grace: 5 s is ample.
+    let status = wait_exit(&mut run, Duration::from_secs(10));
+    let took = broke.elapsed();
+    let mut err = String::new();
+    let _ = std::io::Read::read_to_string(&mut run.stderr.take().unwrap(), &mut err);
+    let want = if extra.contains(&"--lost-exit-code") {
+        42
+    } else {
+        75
+    };
+    assert_eq!(status.code(), Some(want), "stderr: {err}");
+    assert!(err.contains("LOST THE LOCK"), "{err}");
+    assert!(took < Duration::from_secs(5), "took {took:?}: {err}");
+    assert!(!alive(pid), "the command (pid {pid}) outlived redlock");
+    s
+}
+
+#[test]
+fn lost_lock_terminates_the_command_when_masters_freeze() {
+    // The command gets SIGTERM and exits.
+    let s = lost_lock_case(
+        "trap 'echo got > \"{term}\"; exit 0' TERM; while :; do sleep 0.05; done",
+        &[],
+        |m, i| m[i].freeze().unwrap(),
+    );
+    let got = std::fs::read_to_string(s.path("term")).unwrap_or_default();
+    assert_eq!(got.trim(), "got", "the command did not get SIGTERM");
+}
+
+#[test]
+fn lost_lock_kills_a_command_that_ignores_sigterm_when_masters_die() {
+    // SIGTERM is ignored (and inherited as ignored by the sleeps): SIGKILL after the grace.
+    let _ = lost_lock_case(
+        "trap '' TERM; while :; do sleep 0.05; done",
+        &["--lost-exit-code", "42"],
+        |m, i| m[i].kill().unwrap(),
+    );
+}
+
+#[test]
+fn sigterm_is_forwarded_to_the_command_and_the_lock_released_after() {
+    let m = masters(3);
+    let s = Scratch::new();
+    let key = "cli:signal";
+    let script = format!(
+        "trap 'echo got > \"{term}\"; exit 3' TERM; {gate}",
+        term = s.file("term"),
+        gate = gated(&s, "exit 0")
+    );
+    let mut run = redlock(Some(&m), &["run", key, "--", "sh", "-c", &script])
+        .spawn()
+        .expect("spawn redlock run");
+    eventually("the command to start", Duration::from_secs(10), || {
+        s.path("started").exists()
+    });
+    assert!(holders(&m, key).iter().all(Option::is_some));
+    kill(Pid::from_raw(run.id() as i32), Signal::SIGTERM).unwrap();
+    let status = wait_exit(&mut run, Duration::from_secs(10));
+    assert_eq!(status.code(), Some(3), "the command's trap status");
+    let got = std::fs::read_to_string(s.path("term")).unwrap_or_default();
+    assert_eq!(got.trim(), "got", "the command did not get SIGTERM");
+    assert_eq!(holders(&m, key), vec![None, None, None]);
+}
+
+#[test]
+fn sigint_while_waiting_gives_up_at_once_without_running_the_command() {
+    let m = masters(3);
+    let s = Scratch::new();
+    let key = "cli:wait-signal";
+    let mut other = Redlock::new(m.urls()).expect("client");
+    let lock = other.try_lock(key, Duration::from_secs(30)).expect("lock");
+    let mut run = redlock(
+        Some(&m),
+        &["run", "-v", "--wait", "60s", key, "--", "touch"],
+    )
+    .arg(s.file("ran"))
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("spawn redlock run");
+    // The "locking" line comes after the signal handlers are installed.
+    let (tx, rx) = mpsc::channel();
+    let err = run.stderr.take().unwrap();
+    thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("a first stderr line");
+    assert!(line.contains("locking"), "{line}");
+    let sent = Instant::now();
+    kill(Pid::from_raw(run.id() as i32), Signal::SIGINT).unwrap();
+    let status = wait_exit(&mut run, Duration::from_secs(10));
+    assert_eq!(status.code(), Some(130));
+    assert!(
+        sent.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        sent.elapsed()
+    );
+    assert!(!s.path("ran").exists());
+    // Still ours.
+    assert!(holders(&m, key)
+        .iter()
+        .all(|h| h.as_deref() == Some(lock.token().as_bytes())));
+    other.release(lock).expect("release");
+}
+
+fn bench(args: &[&str]) -> (Output, serde_json::Value) {
+    let mut all = vec!["bench", "--json", "--local", "3", "--duration", "1s"];
+    all.extend_from_slice(args);
+    let out = output(redlock(None, &all), Duration::from_secs(60));
+    assert_eq!(code(&out), 0, "stderr: {}", stderr(&out));
+    let j = json(&out);
+    // Local masters are stopped on exit.
+    for m in j["masters"].as_array().expect("masters") {
+        let addr = m.as_str().unwrap();
+        assert!(
+            TcpStream::connect(addr).is_err(),
+            "local master {addr} still accepts connections after bench exited"
+        );
+    }
+    (out, j)
+}
+
+fn assert_sane(j: &serde_json::Value) {
+    let me = &j["mutual_exclusion"];
+    assert_eq!(me["ok"], true, "{j}");
+    assert_eq!(me["violations"], 0, "{j}");
+    let acquired = j["acquired"].as_u64().unwrap();
+    let cycles = j["cycles"].as_u64().unwrap();
+    assert!(acquired > 0, "{j}");
+    assert_eq!(cycles, acquired, "every grant completes its cycle: {j}");
+    assert_eq!(me["grants"], acquired, "{j}");
+    assert_eq!(me["holds_checked"], acquired, "{j}");
+    for op in ["acquire", "release", "cycle"] {
+        let l = &j["latency_us"][op];
+        assert_eq!(l["count"], cycles, "{op}: {j}");
+        let p50 = l["p50"].as_u64().unwrap();
+        let p99 = l["p99"].as_u64().unwrap();
+        let max = l["max"].as_u64().unwrap();
+        assert!(0 < p50 && p50 <= p99 && p99 <= max, "{op}: {j}");
+    }
+    assert!(j["throughput_per_s"].as_f64().unwrap() > 0.0, "{j}");
+    assert!(
+        j["cpu_us_per_cycle"]["total"].as_f64().unwrap() > 0.0,
+        "{j}"
+    );
+    assert_eq!(j["errors"], 0, "{j}");
+}
+
+#[test]
+fn bench_json_reports_no_violations_and_sane_counts() {
+    let (_, j) = bench(&[]);
+    assert_sane(&j);
+    assert_eq!(j["masters"].as_array().unwrap().len(), 3);
+    assert_eq!(j["quorum"], 2);
+    assert_eq!(
+        j["refused"], 0,
+        "one client, one resource: no contention: {j}"
+    );
+}
+
+#[test]
+fn bench_with_contention_reports_no_violations() {
+    let (_, j) = bench(&["--clients", "3", "--resources", "1"]);
+    assert_sane(&j);
+    assert_eq!(j["resources"], 1);
+    assert!(
+        j["refused"].as_u64().unwrap() > 0,
+        "no contention seen: {j}"
+    );
+}
+
+#[test]
+fn bench_with_locks_in_flight_reports_no_violations() {
+    let (_, j) = bench(&["--clients", "2", "--in-flight", "4", "--resources", "3"]);
+    assert_sane(&j);
+    assert_eq!(j["in_flight"], 4);
+}
+
+#[test]
+fn bench_ctrl_c_stops_the_local_masters_and_exits_130() {
+    let mut run = redlock(None, &["bench", "--local", "3", "--duration", "60s"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn redlock bench");
+    let children = |pid: u32| -> Vec<u32> {
+        let mut out = Vec::new();
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+            for t in tasks.flatten() {
+                if let Ok(c) = std::fs::read_to_string(t.path().join("children")) {
+                    out.extend(c.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+                }
+            }
+        }
+        out
+    };
+    let mut servers = Vec::new();
+    eventually("3 redis-server children", Duration::from_secs(20), || {
+        servers = children(run.id());
+        servers.len() == 3
+    });
+    kill(Pid::from_raw(run.id() as i32), Signal::SIGINT).unwrap();
+    let status = wait_exit(&mut run, Duration::from_secs(20));
+    assert_eq!(status.code(), Some(130));
+    for pid in servers {
+        assert!(!alive(pid), "redis-server {pid} outlived the bench");
+    }
+}
