@@ -28,9 +28,11 @@ How it works:
   lock is lost when an extension fails (no quorum, or no longer held) or its validity runs
   out; then COMMAND's process group gets SIGTERM, and SIGKILL after --kill-grace.
   SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to redlock are forwarded to COMMAND's process
-  group; the lock is released once COMMAND has exited. Because COMMAND has its own process
-  group it cannot read from a terminal; run it from cron, scripts or with stdin redirected.
-  Keep --ttl above 3 x --kill-grace, so that COMMAND is gone before the lock expires.
+  group (followed by SIGCONT); the lock is released once COMMAND has exited. Because
+  COMMAND has its own process group it cannot use the terminal interactively (reading from
+  it stops it): run non-interactive commands, as from cron or scripts.
+  A loss is noticed when at most a third of the TTL is left: keep --kill-grace below
+  --ttl / 3 (the defaults, 5s and 30s, do) so that COMMAND is gone before the lock expires.
 
 Exit status:
   COMMAND's exit status   COMMAND ran and exited (128+N if it was killed by signal N)
@@ -77,6 +79,11 @@ pub struct RunArgs {
     /// After the lock is lost: time between SIGTERM and SIGKILL to COMMAND.
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration)]
     kill_grace: Duration,
+    /// How long one round (acquire, extend or release on all masters at once) waits for
+    /// the masters' answers [default: TTL / 100, within 50ms..500ms]. A round that gets no
+    /// quorum in time fails; an extension that fails loses the lock.
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    round_timeout: Option<Duration>,
     /// Report acquire, extend and release on stderr.
     #[arg(short, long)]
     verbose: bool,
@@ -101,8 +108,22 @@ pub fn main(args: RunArgs) -> u8 {
         say!("no masters: pass --masters URLS or set REDLOCK_MASTERS");
         return exit::USAGE;
     }
+    if args.kill_grace > args.ttl / 3 {
+        say!(
+            "warning: --kill-grace {} is above a third of --ttl {}: after a lost lock the \
+             command may outlive the lock's validity",
+            humantime::format_duration(args.kill_grace),
+            humantime::format_duration(args.ttl)
+        );
+    }
+    // More patient than the library's default (TTL / 100 within 10..50 ms): a command
+    // is killed when one extension fails, and a few hundred ms cost a cron job nothing.
+    let round_timeout = args.round_timeout.unwrap_or_else(|| {
+        (args.ttl / 100).clamp(Duration::from_millis(50), Duration::from_millis(500))
+    });
     let mut client = match Redlock::builder()
         .masters(&urls)
+        .node_timeout(round_timeout)
         // `--wait` bounds the retries, not a count.
         .retry_count(u32::MAX)
         .build()
@@ -293,7 +314,7 @@ fn supervise(
                 args.resource,
                 humantime::format_duration(args.kill_grace)
             );
-            let _ = kill(group, Signal::SIGTERM);
+            signal_group(group, Signal::SIGTERM);
             lost_at = Some(now);
         }
         if let Some(at) = lost_at {
@@ -312,12 +333,21 @@ fn supervise(
                 if args.verbose {
                     say!("forwarding {} to the command", signal_name(sig));
                 }
-                let _ = kill(group, Signal::try_from(sig).ok());
+                if let Ok(sig) = Signal::try_from(sig) {
+                    signal_group(group, sig);
+                }
             }
             Ok(_) | Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => thread::sleep(POLL),
         }
     }
+}
+
+/// Send `sig` to the command's process group, then SIGCONT, so that a stopped command
+/// (one that tried to read from the terminal, say) gets it too, as shells do for jobs.
+fn signal_group(group: Pid, sig: Signal) {
+    let _ = kill(group, sig);
+    let _ = kill(group, Signal::SIGCONT);
 }
 
 /// Wait until no process of the command's group is left, reaping the ones orphaned to us;
