@@ -943,6 +943,18 @@ impl Parser {
             self.reset();
         }
         if !self.active {
+            if self.hint == 0 && matches!(buf.first(), Some(b'+' | b'-' | b':' | b'$' | b'_')) {
+                // A fresh leaf: the fast paths of `parse`. Only a text line has progress
+                // worth keeping (how far it was scanned); other leaves re-check in O(1).
+                let r = parse(buf, &self.limits)?;
+                if r.is_partial() {
+                    self.hint = buf.len().saturating_sub(1);
+                }
+                return Ok(match r {
+                    Status::Complete((f, n)) => Status::Complete((None, f, n)),
+                    Status::Partial(n) => Status::Partial(n),
+                });
+            }
             if self.hint > buf.len() {
                 self.hint = 0;
             }
