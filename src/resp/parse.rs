@@ -838,10 +838,11 @@ fn parse_bulk<'a>(buf: &'a [u8], limits: &Limits) -> Parsed1<'a> {
             }
         } else if let Some((n, p)) = short_number(buf, 1) {
             if n <= limits.max_bulk_len as u64 {
-                // n < 10^18 and p is small: no overflow.
-                let e = p + n as usize;
-                if buf.get(e) == Some(&CR) && buf.get(e + 1) == Some(&LF) {
-                    return Ok(Status::Complete((Frame::Bulk(&buf[p..e]), e + 2)));
+                // `n <= max_bulk_len` fits in usize; the sum may not on 32-bit targets.
+                if let Some(e) = p.checked_add(n as usize) {
+                    if e + 1 < buf.len() && buf[e] == CR && buf[e + 1] == LF {
+                        return Ok(Status::Complete((Frame::Bulk(&buf[p..e]), e + 2)));
+                    }
                 }
             }
         }
