@@ -665,12 +665,15 @@ impl Redlock {
             false,
         );
         self.engine.flush(t1);
+        // Only lock attempts are cancellable: a release or an extend always runs to its
+        // decision (or its timeout), whatever the cancel flag says.
+        let cancellable = matches!(req, Request::Acquire | Request::AcquireFenced);
         let flag = self.cancel.flag.clone();
         let engine = &mut self.engine;
         let decided = engine.drive(
             None,
             |e| e.op(id).is_decided(),
-            || flag.load(Ordering::Relaxed),
+            || cancellable && flag.load(Ordering::Relaxed),
         );
         if let Err(e) = decided {
             self.engine.finish(id);
