@@ -1,6 +1,7 @@
 //! RESP parsing: `redlock_mux::resp` beside the `redis-protocol` crate's zero-copy
-//! `decode_range` (RESP2 module where the input is RESP2, RESP3 module always) and redis-rs's
-//! parser (`redis::Parser`, reused across iterations), on the replies a lock client gets.
+//! `decode_range` (its RESP2 and RESP3 modules, each where it reads the input: the RESP3 one
+//! takes `$-1` for a streamed string, the RESP2 one does not know `_`) and redis-rs's parser
+//! (`redis::Parser`, reused across iterations), on the replies a lock client gets.
 //!
 //! Each input is a criterion group (`Throughput::Bytes`) with one function per
 //! implementation, so they print side by side. Aggregates are walked fully by every
@@ -38,11 +39,23 @@ const SINGLE_NAMES: [&str; 7] = [
     "err_args",
 ];
 
-/// 64 replies cycling through the seven lock replies.
-fn pipeline64() -> Vec<u8> {
-    (0..64)
-        .flat_map(|i| LOCK_REPLIES[i % 7].iter().copied())
-        .collect()
+/// 64 replies cycling through the six replies of one protocol version: a RESP2 connection
+/// gets `$-1` for "no value", a RESP3 one `_` (`redis-protocol`'s RESP3 module reads `$-1`
+/// as a streamed string, its RESP2 module does not know `_`, so neither reads a mix).
+fn pipeline64(resp3: bool) -> Vec<u8> {
+    let six: Vec<&[u8]> = LOCK_REPLIES
+        .iter()
+        .copied()
+        .filter(|r| {
+            *r != if resp3 {
+                &b"$-1\r\n"[..]
+            } else {
+                &b"_\r\n"[..]
+            }
+        })
+        .collect();
+    assert_eq!(six.len(), 6);
+    (0..64).flat_map(|i| six[i % 6].iter().copied()).collect()
 }
 
 fn bulk4k() -> Vec<u8> {
@@ -62,11 +75,23 @@ fn nested() -> Vec<u8> {
     v
 }
 
-/// Inputs that are RESP2 all through also go through `redis_protocol::resp2`.
+/// Whether `redis_protocol::resp2` reads all of `input` (else it is left out of the group).
 fn is_resp2(input: &[u8]) -> bool {
     let mut pos = 0;
     while pos < input.len() {
         match redis_protocol::resp2::decode::decode_range(&input[pos..]) {
+            Ok(Some((_, used))) => pos += used,
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// Whether `redis_protocol::resp3` reads all of `input` as complete frames.
+fn is_resp3(input: &[u8]) -> bool {
+    let mut pos = 0;
+    while pos < input.len() {
+        match redis_protocol::resp3::decode::complete::decode_range(&input[pos..]) {
             Ok(Some((_, used))) => pos += used,
             _ => return false,
         }
@@ -201,7 +226,6 @@ fn compare(c: &mut Criterion, name: &str, input: &[u8]) {
     let frames = count_frames(input);
     // Every implementation reads the whole input before it is timed.
     ours_all(input, &limits);
-    r3_all(input);
     let mut rs = redis::Parser::new();
     rs_all(&mut rs, input, frames);
     assert!(
@@ -219,9 +243,11 @@ fn compare(c: &mut Criterion, name: &str, input: &[u8]) {
             b.iter(|| r2_all(black_box(input)))
         });
     }
-    g.bench_function("redis-protocol-resp3", |b| {
-        b.iter(|| r3_all(black_box(input)))
-    });
+    if is_resp3(input) {
+        g.bench_function("redis-protocol-resp3", |b| {
+            b.iter(|| r3_all(black_box(input)))
+        });
+    }
     g.bench_function("redis-rs", |b| {
         b.iter(|| rs_all(&mut rs, black_box(input), frames))
     });
@@ -235,8 +261,12 @@ fn singles(c: &mut Criterion) {
 }
 
 /// The seven lock replies in sequence, each parsed on its own (as separate reads would).
+/// `redis-protocol` reads each with the module that accepts it: RESP2 (its faster one) for
+/// all but `_`, RESP3 for `_`.
 fn lock_mix(c: &mut Criterion) {
     let limits = Limits::default();
+    let use_resp2: Vec<bool> = LOCK_REPLIES.iter().map(|r| is_resp2(r)).collect();
+    assert_eq!(use_resp2.iter().filter(|x| **x).count(), 6);
     let bytes: usize = LOCK_REPLIES.iter().map(|r| r.len()).sum();
     let mut rs = redis::Parser::new();
     let mut g = c.benchmark_group("lock_reply_mix");
@@ -250,11 +280,15 @@ fn lock_mix(c: &mut Criterion) {
             sum
         })
     });
-    g.bench_function("redis-protocol-resp3", |b| {
+    g.bench_function("redis-protocol", |b| {
         b.iter(|| {
             let mut sum = 0;
-            for r in LOCK_REPLIES {
-                sum += r3_all(black_box(r));
+            for (r, resp2) in LOCK_REPLIES.iter().zip(&use_resp2) {
+                sum += if *resp2 {
+                    r2_all(black_box(r))
+                } else {
+                    r3_all(black_box(r))
+                };
             }
             sum
         })
@@ -272,7 +306,8 @@ fn lock_mix(c: &mut Criterion) {
 }
 
 fn larger(c: &mut Criterion) {
-    compare(c, "pipeline64", &pipeline64());
+    compare(c, "pipeline64_resp2", &pipeline64(false));
+    compare(c, "pipeline64_resp3", &pipeline64(true));
     compare(c, "bulk4k", &bulk4k());
     compare(c, "nested", &nested());
 }

@@ -21,6 +21,15 @@ pub const TIGHT: Limits = Limits {
     max_line_len: 32,
 };
 
+/// No limits at all (depth is still capped at `HARD_MAX_DEPTH`): length arithmetic on
+/// `$18446744073709551615` and the like must be checked, not overflow.
+pub const HUGE: Limits = Limits {
+    max_bulk_len: usize::MAX,
+    max_elements: usize::MAX,
+    max_depth: usize::MAX,
+    max_line_len: usize::MAX,
+};
+
 /// Fuzzer-found inputs beyond this are not interesting and make the quadratic checks slow.
 const MAX_INPUT: usize = 64 * 1024;
 
@@ -110,6 +119,10 @@ fn check_aggregate(
     input: &[u8],
 ) -> usize {
     let want = walk_len(agg);
+    assert!(
+        depth <= Limits::HARD_MAX_DEPTH,
+        "nesting over HARD_MAX_DEPTH"
+    );
     if let Some(l) = limits {
         assert!(depth <= l.max_depth, "nesting over max_depth");
         assert!(want <= l.max_elements, "aggregate over max_elements");
@@ -165,15 +178,14 @@ fn same_outcome(a: &Parsed<'_>, b: &Parsed<'_>) -> bool {
 
 /// Arbitrary bytes: `parse` never panics; on `Complete`, `0 < consumed <= len`, the frame is
 /// within the limits and borrows from `data[..consumed]`, every aggregate walks cleanly;
-/// `Parser` and `parse_with_attribute` agree with `parse`; tight limits never accept
-/// something the default limits do not.
+/// `Parser` and `parse_with_attribute` agree with `parse`; stricter limits never accept
+/// something looser ones do not (limits: none, default, tight).
 pub fn parse_body(data: &[u8]) {
     if data.len() > MAX_INPUT {
         return;
     }
-    let default = Limits::default();
-    let mut results: Vec<Parsed<'_>> = Vec::with_capacity(2);
-    for limits in [default, TIGHT] {
+    let mut results: Vec<Parsed<'_>> = Vec::with_capacity(3);
+    for limits in [HUGE, Limits::default(), TIGHT] {
         let r = parse(data, &limits);
         match r {
             Ok(Status::Complete((frame, consumed))) => {
@@ -233,16 +245,18 @@ pub fn parse_body(data: &[u8]) {
         results.push(r);
     }
 
-    // Tight limits are stricter in every dimension: they may only turn a result into an
-    // error (or a Partial into an error), never accept differently.
-    let (d, t) = (&results[0], &results[1]);
-    match (d, t) {
-        (_, Err(_)) => {}
-        (Ok(Status::Complete(_)), Ok(Status::Complete(_))) => {
-            assert_eq!(d, t, "tight limits accepted a different frame")
+    // Each limit set is stricter than the one before in every dimension: a stricter one may
+    // turn a result into an error (or a Partial into an error), never accept differently.
+    for pair in results.windows(2) {
+        let (loose, strict) = (&pair[0], &pair[1]);
+        match (loose, strict) {
+            (_, Err(_)) => {}
+            (Ok(Status::Complete(_)), Ok(Status::Complete(_))) => {
+                assert_eq!(loose, strict, "stricter limits accepted a different frame")
+            }
+            (Ok(Status::Partial(_)), Ok(Status::Partial(_))) => {}
+            _ => panic!("looser limits gave {loose:?}, stricter limits gave {strict:?}"),
         }
-        (Ok(Status::Partial(_)), Ok(Status::Partial(_))) => {}
-        _ => panic!("default limits gave {d:?}, tight limits gave {t:?}"),
     }
 }
 

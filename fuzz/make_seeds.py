@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Writes the checked-in seed corpus: fuzz/seeds/{parse,fragment,roundtrip}/.
 
-Run from anywhere: `python3 fuzz/make_seeds.py`. It rewrites only the files it names
-(crash reproducers added by hand, `crash-*`, are left alone). Each seed is small and named
+Run from anywhere: `python3 fuzz/make_seeds.py`. It rewrites the seed directories; crash
+reproducers added by hand (`crash-*`) are left alone. Each seed is small and named
 after what it exercises.
 """
 import os
@@ -62,9 +62,19 @@ CASES = {
     "huge_array_header": b"*9223372036854775807\r\n",
     "huge_map_header": b"%4611686018427387904\r\n",
     "huge_verbatim_header": b"=9223372036854775807\r\n",
+    "bulk_usize_max": b"$18446744073709551615\r\n",
+    "bulk_usize_max_minus1": b"$18446744073709551614\r\nab",
+    "array_usize_max": b"*18446744073709551615\r\n:1\r\n",
+    "map_pairs_overflow": b"%9223372036854775808\r\n+a\r\n",
+    "attribute_pairs_overflow": b"|9223372036854775808\r\n+a\r\n",
+    "verbatim_usize_max": b"=18446744073709551615\r\ntxt:",
+    "bulk_error_usize_max": b"!18446744073709551615\r\n",
     "too_deep_40": b"*1\r\n" * 40 + b":1\r\n",
     "too_deep_200": b"*1\r\n" * 200 + b":1\r\n",
     "deep_32": b"*1\r\n" * 32 + b":1\r\n",
+    "deep_33": b"*1\r\n" * 33 + b":1\r\n",
+    "deep_128": b"*1\r\n" * 128 + b":1\r\n",
+    "deep_129": b"*1\r\n" * 129 + b":1\r\n",
     "deep_mixed": b"%1\r\n+k\r\n~1\r\n>1\r\n*1\r\n" * 6 + b"_\r\n",
     "deep_attributes": b"|1\r\n+a\r\n" * 40 + b":1\r\n",
     "long_line": b"+" + b"a" * 300 + b"\r\n",
@@ -119,7 +129,7 @@ FRAGMENT_SELECTORS = [0x00, 0x02, 0x06, 0x40, 0x83, 0xC0]
 FRAGMENT_CASES = [
     "ok", "null_bulk", "lock_pipeline", "lock_pipeline_x3", "array", "nested", "map",
     "push", "attribute", "attribute_in_array", "hello3_reply", "doubles", "verbatim",
-    "bulk_binary", "huge_bulk_header", "too_deep_40", "deep_32", "long_line",
+    "bulk_binary", "huge_bulk_header", "bulk_usize_max", "deep_128", "too_deep_40", "deep_32", "long_line",
     "long_line_unterminated", "cr_in_simple", "bulk_no_terminator", "int_overflow",
     "streamed_bulk", "pipeline_then_partial", "pipeline_then_error", "pipeline_resp3",
     "length_trailing_space", "big_number",
@@ -140,7 +150,11 @@ COMMANDS = {
 }
 
 
+WRITTEN = set()
+
+
 def write(target, name, data):
+    WRITTEN.add((target, name))
     d = os.path.join(HERE, "seeds", target)
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, name), "wb") as f:
@@ -159,6 +173,12 @@ def main():
     # Every selector on the lock pipeline.
     for sel in FRAGMENT_SELECTORS:
         write("fragment", "lock_pipeline_x3_sel%02x" % sel, bytes([sel]) + CASES["lock_pipeline_x3"])
+    # Drop generated seeds that are no longer generated.
+    for target in ("parse", "fragment", "roundtrip"):
+        d = os.path.join(HERE, "seeds", target)
+        for name in os.listdir(d):
+            if not name.startswith("crash-") and (target, name) not in WRITTEN:
+                os.remove(os.path.join(d, name))
 
 
 if __name__ == "__main__":
