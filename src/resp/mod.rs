@@ -1,16 +1,68 @@
 //! A strict, bounded, zero-allocation RESP2/RESP3 codec.
 //!
-//! API CONTRACT (skeleton): the types and signatures in this file are the contract the rest
-//! of the crate, the fuzz targets and the benches code against. Bodies live in `parse.rs`
-//! and `encode.rs`.
-//!
-//! * [`parse`] is stateless: it parses one frame from the start of `buf`.
-//! * [`Parser`] is the resumable form: after `Partial` it keeps the state needed to resume,
-//!   so a large reply that arrives in small pieces is scanned once (no O(n^2)).
-//! * Frames borrow from the input. Aggregates are validated once, then walked lazily
-//!   through [`Aggregate::iter`] without allocating.
+//! * [`parse`] is stateless and `httparse`-like: it parses one frame from the start of a
+//!   buffer and returns `Ok(Status::Complete((frame, consumed)))`, `Ok(Status::Partial(n))`
+//!   (a strict prefix of a valid frame; at least `n` more bytes are needed) or a small
+//!   `Copy` [`Error`]. Frames borrow from the buffer; nothing is ever allocated.
+//! * [`Parser`] is the resumable form: after `Partial` it keeps the position, the nesting
+//!   stack and the attribute state, so a large reply arriving in small pieces is validated
+//!   once (no O(n^2)). It returns exactly what [`parse`] returns on the same bytes.
+//! * Aggregates are validated once, iteratively (an explicit stack of at most
+//!   [`Limits::HARD_MAX_DEPTH`] levels, never recursion), then walked lazily through
+//!   [`Aggregate::iter`].
 //! * [`encode_command`] writes a command (array of bulk strings) into a caller-owned,
-//!   reused `Vec<u8>`; [`encode_frame`] writes any frame back (used by round-trip tests).
+//!   reused `Vec<u8>`; [`encode_frame`] writes any frame back in canonical form.
+//!
+//! ```
+//! use redlock_mux::resp::{encode_command, parse, Arg, Frame, Limits, Status};
+//!
+//! let limits = Limits::default();
+//! let mut out = Vec::with_capacity(64);
+//! encode_command(&mut out, &["SET".into(), "lock".into(), "token".into(), "NX".into(),
+//!     "PX".into(), Arg::Uint(30_000)]);
+//! assert!(out.starts_with(b"*6\r\n$3\r\nSET\r\n"));
+//!
+//! let reply = b"+OK\r\n$-1\r\n";
+//! assert_eq!(parse(reply, &limits), Ok(Status::Complete((Frame::Simple(b"OK"), 5))));
+//! assert_eq!(parse(&reply[5..], &limits), Ok(Status::Complete((Frame::NullBulk, 5))));
+//! assert_eq!(parse(b"$100\r\nab", &limits), Ok(Status::Partial(100)));
+//!
+//! let Ok(Status::Complete((Frame::Aggregate(a), _))) = parse(b"*2\r\n:1\r\n:-1\r\n", &limits)
+//! else { unreachable!() };
+//! let items: Vec<Frame> = a.iter().collect();
+//! assert_eq!(items, [Frame::Integer(1), Frame::Integer(-1)]);
+//! ```
+//!
+//! # What it accepts and rejects
+//!
+//! Each decision is a row of `tests/resp_conformance.rs`. Every error is decided at the
+//! first byte that makes the input invalid, so a prefix of a bad input is either `Partial`
+//! or fails with the same error.
+//!
+//! | Input | Result |
+//! |---|---|
+//! | `+OK`, `-ERR x` (any bytes but CR/LF) | `Simple`, `Error`; a CR or LF inside: `BadLineEnding` |
+//! | `:0`, `:42`, `:-1` | `Integer`; `:+1`, `:007`, `:-0`, `:`, `: 1`: `BadInteger`; past i64: `IntegerOverflow` |
+//! | lengths (`$ * % ~ > \| ! =`) | only `-1` or canonical digits; `$03`, `$+3`, `$ 3`, `$-0`: `BadInteger`; `$-2`: `BadLength` |
+//! | `$3\r\nfoo\r\n` | `Bulk`; anything but CRLF after the data: `MissingBulkTerminator` |
+//! | `$-1`, `*-1`, `_` | `NullBulk`, `NullArray`, `Null`; `_x`: `BadNull` |
+//! | `%-1`, `~-1`, `>-1`, `\|-1`, `!-1`, `=-1` | `BadLength` |
+//! | `$?`, `*?` (any `?` length), `;`, `.` | streamed RESP3: `Unsupported` |
+//! | `#t`, `#f` | `Boolean`; anything else: `BadBoolean` |
+//! | `,1.5`, `,-3`, `,1e10`, `,inf`, `,-inf`, `,nan` | `Double`; empty, `.5`, `1.`, `+1`, `Inf`: `BadDouble` |
+//! | `(-123` | `BigNumber` (`-?[0-9]+`, leading zeros kept as sent); else `BadBigNumber` |
+//! | `!<len>`, `=<len>` | `BulkError`; `Verbatim` needs len >= 4 and `:` as 4th byte, else `BadVerbatim` |
+//! | `\|<n>` attribute | validated, attached to the next value, never an element or a reply; two in a row: `DanglingAttribute` |
+//! | an over-limit header | `BulkTooLong`, `TooManyElements`, `TooDeep`, `LineTooLong`, at once |
+//! | any other type byte | `UnknownType` |
+//!
+//! # Limits
+//!
+//! [`Limits`] are checked as soon as a header (or the digit that passes the limit) is
+//! read: `$9223372036854775807` fails at once, never waits for data. The defaults:
+//! bulk 512 MiB (Redis' `proto-max-bulk-len`), 1 Mi elements per aggregate (maps count
+//! pairs x 2), depth 32 (real replies nest a few levels), line 64 KiB (Redis' inline
+//! buffer). An attribute is one nesting level for its own keys and values.
 
 mod encode;
 mod parse;

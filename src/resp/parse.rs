@@ -1,6 +1,21 @@
-//! RESP parser (skeleton: bodies to be written).
+//! RESP parser: one scanner for a single item (a leaf value or an aggregate header), an
+//! iterative validator for aggregates, and a lazy walker over validated aggregates.
+//!
+//! Every decision is taken at the first byte that makes it: a prefix of the input is
+//! either `Partial` or fails with the very error the whole input fails with. That is what
+//! lets [`Parser`] resume and still agree with [`parse`] on any split.
 use super::{AggregateKind, Error, Frame, Limits, Status};
 
+const CR: u8 = b'\r';
+const LF: u8 = b'\n';
+
+/// Smallest encoding of one value (`_\r\n`): the lower bound used for elements not yet seen.
+const MIN_ITEM: usize = 3;
+
+/// Defaults, chosen to bound what a hostile or broken server can make us buffer:
+/// bulk 512 MiB (Redis' own `proto-max-bulk-len` default), 1 Mi elements per aggregate,
+/// depth 32 (Redis replies nest a few levels; `HELLO`/`XINFO` stay far below) and 64 KiB
+/// for a header or simple line (Redis' inline-protocol buffer is the same size).
 pub(super) const DEFAULT_LIMITS: Limits = Limits {
     max_bulk_len: 512 * 1024 * 1024,
     max_elements: 1024 * 1024,
@@ -8,9 +23,34 @@ pub(super) const DEFAULT_LIMITS: Limits = Limits {
     max_line_len: 64 * 1024,
 };
 
+/// Limits used to re-walk bytes that were already validated: nothing can be over them.
+const TRUSTED: Limits = Limits {
+    max_bulk_len: usize::MAX,
+    max_elements: usize::MAX,
+    max_depth: Limits::HARD_MAX_DEPTH,
+    max_line_len: usize::MAX,
+};
+
 pub(super) fn describe(e: &Error) -> &'static str {
-    let _ = e;
-    "resp error"
+    match e {
+        Error::UnknownType(_) => "unknown RESP type byte",
+        Error::BadLineEnding => "line not terminated by CRLF, or bare CR/LF inside a line",
+        Error::BadInteger => "malformed decimal integer or length",
+        Error::IntegerOverflow => "integer does not fit in i64",
+        Error::BadLength => "length below -1, or a null length where null is not allowed",
+        Error::MissingBulkTerminator => "missing CRLF after bulk data",
+        Error::BadBoolean => "boolean is not #t or #f",
+        Error::BadDouble => "malformed double",
+        Error::BadBigNumber => "malformed big number",
+        Error::BadNull => "null is not exactly _ followed by CRLF",
+        Error::BadVerbatim => "verbatim string without a 3-byte format and ':'",
+        Error::BulkTooLong => "bulk length over the limit",
+        Error::TooManyElements => "aggregate element count over the limit",
+        Error::TooDeep => "aggregates nested deeper than the limit",
+        Error::LineTooLong => "line longer than the limit",
+        Error::Unsupported => "RESP3 streamed strings and aggregates are not supported",
+        Error::DanglingAttribute => "attribute not followed by a value",
+    }
 }
 
 /// A validated aggregate: walk it with [`Aggregate::iter`].
@@ -34,13 +74,27 @@ impl<'a> Aggregate<'a> {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
-    /// The encoded elements, exactly as received.
+    /// The encoded elements, exactly as received (attributes inside included).
     pub fn raw(&self) -> &'a [u8] {
         self.body
     }
-    /// Walk the elements (maps: key, value, key, value...). Attributes inside are skipped.
+    /// Walk the elements (maps and attributes: key, value, key, value...). Attributes
+    /// attached to elements are skipped. The walk re-reads the validated bytes; it never
+    /// allocates and never recurses (a nested aggregate is yielded as one
+    /// [`Frame::Aggregate`], to be walked in turn).
     pub fn iter(&self) -> Elements<'a> {
-        todo!()
+        Elements {
+            rest: self.body,
+            left: items(self.kind, self.len),
+        }
+    }
+}
+
+impl<'a> IntoIterator for &Aggregate<'a> {
+    type Item = Frame<'a>;
+    type IntoIter = Elements<'a>;
+    fn into_iter(self) -> Elements<'a> {
+        self.iter()
     }
 }
 
@@ -54,15 +108,626 @@ pub struct Elements<'a> {
 impl<'a> Iterator for Elements<'a> {
     type Item = Frame<'a>;
     fn next(&mut self) -> Option<Frame<'a>> {
-        todo!()
+        while self.left > 0 {
+            match item(self.rest, 0, &TRUSTED, 0) {
+                Ok(Scan::Done(Item::Leaf(f), end)) => {
+                    self.rest = self.rest.get(end..).unwrap_or_default();
+                    self.left -= 1;
+                    return Some(f);
+                }
+                Ok(Scan::Done(Item::Agg(kind, len), end)) => {
+                    let Some(body_end) = skip(self.rest, end, items(kind, len)) else {
+                        break;
+                    };
+                    let body = self.rest.get(end..body_end).unwrap_or_default();
+                    self.rest = self.rest.get(body_end..).unwrap_or_default();
+                    if kind != AggregateKind::Attribute {
+                        self.left -= 1;
+                        return Some(Frame::Aggregate(Aggregate { kind, len, body }));
+                    }
+                }
+                // Only reachable when a `Parser` was fed a buffer that changed under it.
+                _ => break,
+            }
+        }
+        self.left = 0;
+        None
     }
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (0, Some(self.left))
+    }
+}
+
+/// Elements that follow an aggregate header: maps and attributes hold pairs.
+#[inline]
+fn items(kind: AggregateKind, len: usize) -> usize {
+    match kind {
+        AggregateKind::Map | AggregateKind::Attribute => len.saturating_mul(2),
+        _ => len,
+    }
+}
+
+/// Skip `pending` validated values starting at `pos`; returns the end position. A counter
+/// is enough (no stack): a header adds its elements, a value takes one slot, an attribute
+/// takes none.
+fn skip(buf: &[u8], mut pos: usize, mut pending: usize) -> Option<usize> {
+    while pending > 0 {
+        match item(buf, pos, &TRUSTED, 0) {
+            Ok(Scan::Done(Item::Leaf(_), end)) => {
+                pending -= 1;
+                pos = end;
+            }
+            Ok(Scan::Done(Item::Agg(kind, len), end)) => {
+                if kind != AggregateKind::Attribute {
+                    pending -= 1;
+                }
+                pending = pending.saturating_add(items(kind, len));
+                pos = end;
+            }
+            _ => return None,
+        }
+    }
+    Some(pos)
+}
+
+// ---------------------------------------------------------------------------------------
+// Single-item scanner.
+
+/// Progress of a scan. `Need` holds the smallest total buffer length that can complete it
+/// (always greater than the current length).
+enum Scan<T> {
+    Done(T, usize),
+    Need(usize),
+}
+
+type Res<T> = Result<Scan<T>, Error>;
+
+/// One thing read at a position: a complete leaf value, or an aggregate header.
+enum Item<'a> {
+    Leaf(Frame<'a>),
+    /// Kind and declared length (pairs for maps and attributes).
+    Agg(AggregateKind, usize),
+}
+
+enum Len {
+    Null,
+    N(usize),
+}
+
+/// Read the byte at `p` of a line whose content bytes must lie below `cap`.
+#[inline(always)]
+fn byte_at(buf: &[u8], p: usize, cap: usize) -> Result<Option<u8>, Error> {
+    match buf.get(p) {
+        None => Ok(None),
+        Some(&b) if p >= cap && b != CR && b != LF => Err(Error::LineTooLong),
+        Some(&b) => Ok(Some(b)),
+    }
+}
+
+/// `buf[p]` is CR: the line ends there if LF follows.
+#[inline(always)]
+fn crlf<T>(buf: &[u8], p: usize, v: T) -> Res<T> {
+    match buf.get(p + 1) {
+        Some(&LF) => Ok(Scan::Done(v, p + 2)),
+        Some(_) => Err(Error::BadLineEnding),
+        None => Ok(Scan::Need(p + 2)),
+    }
+}
+
+/// A text line whose content starts at `start`, scanning from `from` (bytes in
+/// `start..from` are already known to be content). Returns the index of the ending CR.
+#[inline]
+fn line(buf: &[u8], start: usize, from: usize, max_len: usize) -> Res<usize> {
+    let cap = start.saturating_add(max_len);
+    let mut p = from.max(start);
+    while let Some(&b) = buf.get(p) {
+        if b == CR {
+            return crlf(buf, p, p);
+        }
+        if b == LF {
+            return Err(Error::BadLineEnding);
+        }
+        if p >= cap {
+            return Err(Error::LineTooLong);
+        }
+        p += 1;
+    }
+    Ok(Scan::Need(p + 2))
+}
+
+/// A length line starting at `i`: `-1`, `0` or `[1-9][0-9]*`, then CRLF. A value over
+/// `max` fails with `too_big` at the digit that passes it.
+#[inline]
+fn length(buf: &[u8], i: usize, cap: usize, max: usize, too_big: Error) -> Res<Len> {
+    let Some(first) = byte_at(buf, i, cap)? else {
+        return Ok(Scan::Need(i + 3));
+    };
+    match first {
+        b'1'..=b'9' => {
+            let mut n = (first - b'0') as usize;
+            if n > max {
+                return Err(too_big);
+            }
+            let mut p = i + 1;
+            loop {
+                match byte_at(buf, p, cap)? {
+                    None => return Ok(Scan::Need(p + 2)),
+                    Some(d @ b'0'..=b'9') => {
+                        n = n
+                            .checked_mul(10)
+                            .and_then(|n| n.checked_add((d - b'0') as usize))
+                            .filter(|&n| n <= max)
+                            .ok_or(too_big)?;
+                        p += 1;
+                    }
+                    Some(CR) => return crlf(buf, p, Len::N(n)),
+                    Some(LF) => return Err(Error::BadLineEnding),
+                    Some(_) => return Err(Error::BadInteger),
+                }
+            }
+        }
+        b'0' => match byte_at(buf, i + 1, cap)? {
+            None => Ok(Scan::Need(i + 3)),
+            Some(CR) => crlf(buf, i + 1, Len::N(0)),
+            Some(LF) => Err(Error::BadLineEnding),
+            Some(_) => Err(Error::BadInteger),
+        },
+        b'-' => match byte_at(buf, i + 1, cap)? {
+            None => Ok(Scan::Need(i + 4)),
+            Some(b'1') => match byte_at(buf, i + 2, cap)? {
+                None => Ok(Scan::Need(i + 4)),
+                Some(CR) => crlf(buf, i + 2, Len::Null),
+                Some(b'0'..=b'9') => Err(Error::BadLength),
+                Some(LF) => Err(Error::BadLineEnding),
+                Some(_) => Err(Error::BadInteger),
+            },
+            Some(b'2'..=b'9') => Err(Error::BadLength),
+            Some(LF) => Err(Error::BadLineEnding),
+            Some(_) => Err(Error::BadInteger),
+        },
+        b'?' => Err(Error::Unsupported),
+        LF => Err(Error::BadLineEnding),
+        _ => Err(Error::BadInteger),
+    }
+}
+
+/// A `:` integer line starting at `i`: optional `-`, then `0` or `[1-9][0-9]*` (no `+`,
+/// no leading zeros, no `-0`), within i64.
+#[inline]
+fn integer(buf: &[u8], i: usize, cap: usize) -> Res<i64> {
+    let mut p = i;
+    let neg = match byte_at(buf, p, cap)? {
+        None => return Ok(Scan::Need(p + 3)),
+        Some(b'-') => {
+            p += 1;
+            true
+        }
+        Some(_) => false,
+    };
+    let Some(first) = byte_at(buf, p, cap)? else {
+        return Ok(Scan::Need(p + 3));
+    };
+    match first {
+        b'0' if !neg => match byte_at(buf, p + 1, cap)? {
+            None => Ok(Scan::Need(p + 3)),
+            Some(CR) => crlf(buf, p + 1, 0),
+            Some(LF) => Err(Error::BadLineEnding),
+            Some(_) => Err(Error::BadInteger),
+        },
+        b'1'..=b'9' => {
+            let limit = if neg {
+                i64::MIN.unsigned_abs()
+            } else {
+                i64::MAX as u64
+            };
+            let mut n = (first - b'0') as u64;
+            p += 1;
+            loop {
+                match byte_at(buf, p, cap)? {
+                    None => return Ok(Scan::Need(p + 2)),
+                    Some(d @ b'0'..=b'9') => {
+                        n = n
+                            .checked_mul(10)
+                            .and_then(|n| n.checked_add((d - b'0') as u64))
+                            .filter(|&n| n <= limit)
+                            .ok_or(Error::IntegerOverflow)?;
+                        p += 1;
+                    }
+                    Some(CR) => {
+                        // n <= 2^63; for 2^63 the cast gives i64::MIN and negation keeps it.
+                        let v = if neg {
+                            (n as i64).wrapping_neg()
+                        } else {
+                            n as i64
+                        };
+                        return crlf(buf, p, v);
+                    }
+                    Some(LF) => return Err(Error::BadLineEnding),
+                    Some(_) => return Err(Error::BadInteger),
+                }
+            }
+        }
+        LF => Err(Error::BadLineEnding),
+        _ => Err(Error::BadInteger),
+    }
+}
+
+/// A length-prefixed payload (`$`, `!`, `=`) whose header starts at `i`. Returns the
+/// payload range, or `None` for `-1`.
+#[inline]
+fn blob(buf: &[u8], i: usize, cap: usize, max: usize) -> Res<Option<(usize, usize)>> {
+    let (n, p) = match length(buf, i, cap, max, Error::BulkTooLong)? {
+        Scan::Need(k) => return Ok(Scan::Need(k)),
+        Scan::Done(Len::Null, p) => return Ok(Scan::Done(None, p)),
+        Scan::Done(Len::N(n), p) => (n, p),
+    };
+    let e = p.checked_add(n).ok_or(Error::BulkTooLong)?;
+    let end = e.checked_add(2).ok_or(Error::BulkTooLong)?;
+    match (buf.get(e), buf.get(e + 1)) {
+        (Some(&CR), Some(&LF)) => Ok(Scan::Done(Some((p, e)), end)),
+        (Some(&CR), None) | (None, _) => Ok(Scan::Need(end)),
+        _ => Err(Error::MissingBulkTerminator),
+    }
+}
+
+/// `-?inf`, `nan`, or `-?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?`.
+fn valid_double(s: &[u8]) -> bool {
+    if matches!(s, b"inf" | b"-inf" | b"nan") {
+        return true;
+    }
+    let digits = |s: &[u8], mut i: usize| {
+        let from = i;
+        while s.get(i).is_some_and(u8::is_ascii_digit) {
+            i += 1;
+        }
+        (i > from).then_some(i)
+    };
+    let i = usize::from(s.first() == Some(&b'-'));
+    let Some(mut i) = digits(s, i) else {
+        return false;
+    };
+    if s.get(i) == Some(&b'.') {
+        match digits(s, i + 1) {
+            Some(j) => i = j,
+            None => return false,
+        }
+    }
+    if matches!(s.get(i), Some(b'e' | b'E')) {
+        i += 1;
+        if matches!(s.get(i), Some(b'+' | b'-')) {
+            i += 1;
+        }
+        match digits(s, i) {
+            Some(j) => i = j,
+            None => return false,
+        }
+    }
+    i == s.len()
+}
+
+/// `-?[0-9]+`.
+fn valid_big_number(s: &[u8]) -> bool {
+    let digits = s.strip_prefix(b"-").unwrap_or(s);
+    !digits.is_empty() && digits.iter().all(u8::is_ascii_digit)
+}
+
+/// Read one item at `pos`. `hint` (>= the line start, or 0) is how far a text line at
+/// `pos` was already scanned by an earlier call on a prefix of the same bytes.
+#[inline]
+fn item<'a>(buf: &'a [u8], pos: usize, lim: &Limits, hint: usize) -> Res<Item<'a>> {
+    let Some(&t) = buf.get(pos) else {
+        return Ok(Scan::Need(pos + MIN_ITEM));
+    };
+    let i = pos + 1;
+    let cap = i.saturating_add(lim.max_line_len);
+    let leaf = |r: Res<Frame<'a>>| -> Res<Item<'a>> {
+        Ok(match r? {
+            Scan::Done(f, e) => Scan::Done(Item::Leaf(f), e),
+            Scan::Need(k) => Scan::Need(k),
+        })
+    };
+    let text = |mk: fn(&'a [u8]) -> Result<Frame<'a>, Error>| -> Res<Item<'a>> {
+        Ok(match line(buf, i, hint, lim.max_line_len)? {
+            Scan::Done(e, end) => Scan::Done(Item::Leaf(mk(&buf[i..e])?), end),
+            Scan::Need(k) => Scan::Need(k),
+        })
+    };
+    let aggregate = |kind: AggregateKind| -> Res<Item<'a>> {
+        let max = match kind {
+            AggregateKind::Map | AggregateKind::Attribute => lim.max_elements / 2,
+            _ => lim.max_elements,
+        };
+        Ok(match length(buf, i, cap, max, Error::TooManyElements)? {
+            Scan::Done(Len::N(n), e) => Scan::Done(Item::Agg(kind, n), e),
+            Scan::Done(Len::Null, e) if kind == AggregateKind::Array => {
+                Scan::Done(Item::Leaf(Frame::NullArray), e)
+            }
+            Scan::Done(Len::Null, _) => return Err(Error::BadLength),
+            Scan::Need(k) => Scan::Need(k),
+        })
+    };
+    match t {
+        b'+' => text(|s| Ok(Frame::Simple(s))),
+        b'-' => text(|s| Ok(Frame::Error(s))),
+        b':' => leaf(integer(buf, i, cap).map(|r| match r {
+            Scan::Done(v, e) => Scan::Done(Frame::Integer(v), e),
+            Scan::Need(k) => Scan::Need(k),
+        })),
+        b'$' => leaf(blob(buf, i, cap, lim.max_bulk_len).map(|r| match r {
+            Scan::Done(Some((s, e)), end) => Scan::Done(Frame::Bulk(&buf[s..e]), end),
+            Scan::Done(None, end) => Scan::Done(Frame::NullBulk, end),
+            Scan::Need(k) => Scan::Need(k),
+        })),
+        b'*' => aggregate(AggregateKind::Array),
+        b'%' => aggregate(AggregateKind::Map),
+        b'~' => aggregate(AggregateKind::Set),
+        b'>' => aggregate(AggregateKind::Push),
+        b'|' => aggregate(AggregateKind::Attribute),
+        b'_' => match (buf.get(i), buf.get(i + 1)) {
+            (Some(&CR), Some(&LF)) => Ok(Scan::Done(Item::Leaf(Frame::Null), i + 2)),
+            (Some(&CR), None) | (None, _) => Ok(Scan::Need(i + 2)),
+            _ => Err(Error::BadNull),
+        },
+        b'#' => {
+            let v = match buf.get(i) {
+                None => return Ok(Scan::Need(i + 3)),
+                Some(b't') => true,
+                Some(b'f') => false,
+                Some(_) => return Err(Error::BadBoolean),
+            };
+            match (buf.get(i + 1), buf.get(i + 2)) {
+                (Some(&CR), Some(&LF)) => Ok(Scan::Done(Item::Leaf(Frame::Boolean(v)), i + 3)),
+                (Some(&CR), None) | (None, _) => Ok(Scan::Need(i + 3)),
+                _ => Err(Error::BadBoolean),
+            }
+        }
+        b',' => text(|s| {
+            if valid_double(s) {
+                Ok(Frame::Double(s))
+            } else {
+                Err(Error::BadDouble)
+            }
+        }),
+        b'(' => text(|s| {
+            if valid_big_number(s) {
+                Ok(Frame::BigNumber(s))
+            } else {
+                Err(Error::BadBigNumber)
+            }
+        }),
+        b'!' => match blob(buf, i, cap, lim.max_bulk_len)? {
+            Scan::Done(Some((s, e)), end) => {
+                Ok(Scan::Done(Item::Leaf(Frame::BulkError(&buf[s..e])), end))
+            }
+            Scan::Done(None, _) => Err(Error::BadLength),
+            Scan::Need(k) => Ok(Scan::Need(k)),
+        },
+        b'=' => {
+            // The length must leave room for `fmt:`; decided as soon as the header is read.
+            let r = match length(buf, i, cap, lim.max_bulk_len, Error::BulkTooLong)? {
+                Scan::Done(Len::Null, _) => return Err(Error::BadLength),
+                Scan::Done(Len::N(n), _) if n < 4 => return Err(Error::BadVerbatim),
+                Scan::Done(..) => blob(buf, i, cap, lim.max_bulk_len)?,
+                Scan::Need(k) => return Ok(Scan::Need(k)),
+            };
+            match r {
+                Scan::Done(Some((s, e)), end) => {
+                    let payload = &buf[s..e];
+                    if payload[3] != b':' {
+                        return Err(Error::BadVerbatim);
+                    }
+                    Ok(Scan::Done(
+                        Item::Leaf(Frame::Verbatim {
+                            format: &payload[..3],
+                            text: &payload[4..],
+                        }),
+                        end,
+                    ))
+                }
+                Scan::Done(None, _) => Err(Error::BadLength),
+                Scan::Need(k) => Ok(Scan::Need(k)),
+            }
+        }
+        b';' | b'.' => Err(Error::Unsupported),
+        _ => Err(Error::UnknownType(t)),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Aggregate validation: an explicit stack of per-level remaining counts, no recursion.
+
+/// Everything needed to resume validating after `Partial`. Positions are absolute offsets
+/// into the buffer; the per-level counts live in a separate slice (`stack`).
+#[derive(Debug, Clone, Copy)]
+struct Walk {
+    /// Start of the next item to read (everything before it is validated).
+    pos: usize,
+    /// Open aggregate levels; level `d` has `stack[d]` elements left.
+    depth: usize,
+    /// Bit `d` set: level `d` is an attribute.
+    attrs: u128,
+    /// The last thing completed was an attribute: the next item must be a value.
+    after_attr: bool,
+    /// How far the text line at `pos` was scanned (0: not at all).
+    hint: usize,
+    /// The top-level aggregate has started: its kind, length and body start.
+    has_top: bool,
+    top_kind: AggregateKind,
+    top_len: usize,
+    top_start: usize,
+    /// A top-level attribute: its length, body start and body end (set when it closes).
+    has_attr: bool,
+    attr_len: usize,
+    attr_start: usize,
+    attr_end: usize,
+}
+
+enum Run<'a> {
+    Done(Option<Aggregate<'a>>, Frame<'a>, usize),
+    Partial(usize),
+    /// The stack slice is full: continue with a larger one.
+    Grow,
+}
+
+impl Walk {
+    const NEW: Walk = Walk {
+        pos: 0,
+        depth: 0,
+        attrs: 0,
+        after_attr: false,
+        hint: 0,
+        has_top: false,
+        top_kind: AggregateKind::Array,
+        top_len: 0,
+        top_start: 0,
+        has_attr: false,
+        attr_len: 0,
+        attr_start: 0,
+        attr_end: 0,
+    };
+
+    fn attribute<'a>(&self, buf: &'a [u8]) -> Option<Aggregate<'a>> {
+        self.has_attr.then(|| Aggregate {
+            kind: AggregateKind::Attribute,
+            len: self.attr_len,
+            body: &buf[self.attr_start..self.attr_end],
+        })
+    }
+
+    /// Validate from `self.pos` until the top-level value is complete.
+    fn run<'a>(
+        &mut self,
+        buf: &'a [u8],
+        stack: &mut [usize],
+        lim: &Limits,
+    ) -> Result<Run<'a>, Error> {
+        let max_depth = lim.max_depth.min(Limits::HARD_MAX_DEPTH);
+        loop {
+            while self.depth > 0 && stack[self.depth - 1] == 0 {
+                self.depth -= 1;
+                let bit = 1u128 << self.depth;
+                if self.attrs & bit != 0 {
+                    self.attrs &= !bit;
+                    self.after_attr = true;
+                    if self.depth == 0 {
+                        self.attr_end = self.pos;
+                    }
+                } else if self.depth == 0 {
+                    let agg = Aggregate {
+                        kind: self.top_kind,
+                        len: self.top_len,
+                        body: &buf[self.top_start..self.pos],
+                    };
+                    return Ok(Run::Done(
+                        self.attribute(buf),
+                        Frame::Aggregate(agg),
+                        self.pos,
+                    ));
+                }
+            }
+            match item(buf, self.pos, lim, self.hint)? {
+                Scan::Need(k) => {
+                    self.hint = buf.len().saturating_sub(1);
+                    // Elements still owed after the one being read, each at least 3 bytes.
+                    let owed = stack[..self.depth]
+                        .iter()
+                        .fold(usize::from(!self.has_top), |a, &n| a.saturating_add(n))
+                        .saturating_sub(1);
+                    let more = k.saturating_sub(buf.len()).max(1);
+                    return Ok(Run::Partial(
+                        more.saturating_add(owed.saturating_mul(MIN_ITEM)),
+                    ));
+                }
+                Scan::Done(Item::Leaf(f), end) => {
+                    self.after_attr = false;
+                    self.pos = end;
+                    self.hint = 0;
+                    if self.depth == 0 {
+                        return Ok(Run::Done(self.attribute(buf), f, end));
+                    }
+                    stack[self.depth - 1] -= 1;
+                }
+                Scan::Done(Item::Agg(kind, len), end) => {
+                    let is_attr = kind == AggregateKind::Attribute;
+                    if is_attr && self.after_attr {
+                        return Err(Error::DanglingAttribute);
+                    }
+                    if self.depth >= max_depth {
+                        return Err(Error::TooDeep);
+                    }
+                    if self.depth >= stack.len() {
+                        return Ok(Run::Grow);
+                    }
+                    if self.depth == 0 {
+                        if is_attr {
+                            self.has_attr = true;
+                            self.attr_len = len;
+                            self.attr_start = end;
+                        } else {
+                            self.has_top = true;
+                            self.top_kind = kind;
+                            self.top_len = len;
+                            self.top_start = end;
+                        }
+                    } else if !is_attr {
+                        stack[self.depth - 1] -= 1;
+                    }
+                    if is_attr {
+                        self.attrs |= 1u128 << self.depth;
+                    } else {
+                        self.after_attr = false;
+                    }
+                    stack[self.depth] = items(kind, len);
+                    self.depth += 1;
+                    self.pos = end;
+                    self.hint = 0;
+                }
+            }
+        }
+    }
+}
+
+type Parsed<'a> = Result<Status<(Option<Aggregate<'a>>, Frame<'a>, usize)>, Error>;
+
+/// Stack entries tried first by the stateless parser: most replies nest far less, and a
+/// small array is cheaper to set up. Deeper input moves to a full-size stack mid-way.
+const SMALL_STACK: usize = 8;
+
+#[inline(never)]
+fn parse_aggregate<'a>(buf: &'a [u8], lim: &Limits) -> Parsed<'a> {
+    let mut walk = Walk::NEW;
+    let mut small = [0usize; SMALL_STACK];
+    let run = match walk.run(buf, &mut small, lim)? {
+        Run::Grow => {
+            let mut big = [0usize; Limits::HARD_MAX_DEPTH];
+            big[..SMALL_STACK].copy_from_slice(&small);
+            walk.run(buf, &mut big, lim)?
+        }
+        run => run,
+    };
+    Ok(match run {
+        Run::Done(a, f, n) => Status::Complete((a, f, n)),
+        Run::Partial(n) => Status::Partial(n),
+        Run::Grow => unreachable!("a full-size stack never grows"),
+    })
 }
 
 /// Parse one frame from the start of `buf`. Attributes before the value are validated and
 /// skipped (they are part of `consumed`).
+///
+/// `Ok(Status::Partial(n))` means `buf` is a strict prefix of a valid frame and at least
+/// `n` more bytes are needed; calling again with more bytes re-reads the whole frame (use
+/// [`Parser`] to resume instead when replies can be large).
+#[inline]
 pub fn parse<'a>(buf: &'a [u8], limits: &Limits) -> Result<Status<(Frame<'a>, usize)>, Error> {
-    let _ = (buf, limits);
-    todo!()
+    match item(buf, 0, limits, 0)? {
+        Scan::Done(Item::Leaf(f), n) => Ok(Status::Complete((f, n))),
+        Scan::Need(k) => Ok(Status::Partial(k - buf.len())),
+        Scan::Done(Item::Agg(..), _) => Ok(match parse_aggregate(buf, limits)? {
+            Status::Complete((_, f, n)) => Status::Complete((f, n)),
+            Status::Partial(n) => Status::Partial(n),
+        }),
+    }
 }
 
 /// Like [`parse`], also returning the attribute that preceded the value, if any.
@@ -71,32 +736,109 @@ pub fn parse_with_attribute<'a>(
     buf: &'a [u8],
     limits: &Limits,
 ) -> Result<Status<(Option<Aggregate<'a>>, Frame<'a>, usize)>, Error> {
-    let _ = (buf, limits);
-    todo!()
+    match item(buf, 0, limits, 0)? {
+        Scan::Done(Item::Leaf(f), n) => Ok(Status::Complete((None, f, n))),
+        Scan::Need(k) => Ok(Status::Partial(k - buf.len())),
+        Scan::Done(Item::Agg(..), _) => parse_aggregate(buf, limits),
+    }
 }
 
-/// Resumable parser: call [`Parser::parse`] with a buffer that starts with the same bytes as
-/// the last call (more may be appended). After `Partial` it resumes where it stopped; after
-/// `Complete` or an error it starts afresh on the next call.
+/// Resumable parser, for replies that arrive in pieces.
+///
+/// Contract: call [`Parser::parse`] with a buffer that starts with the same bytes as the
+/// buffer of the previous call (more may have been appended). After `Partial` the parser
+/// keeps the position it reached, the nesting stack (remaining elements per level) and the
+/// pending attribute state, so it continues from there: every byte of a large reply is
+/// validated once, however it is split. After `Complete` or an error it starts afresh on
+/// the next call (so the caller drops the consumed bytes, or the connection, in between).
+/// Call [`Parser::reset`] whenever the buffer is replaced by something else.
+///
+/// For any input and any sequence of growing prefixes, the results are exactly those of
+/// the stateless [`parse`] on the same prefixes (`Partial` sizes included). If the
+/// contract is broken the results are unspecified, but it never panics.
 #[derive(Debug, Clone)]
 pub struct Parser {
     limits: Limits,
+    /// `true` while an aggregate (or top-level attribute) is half validated.
+    active: bool,
+    walk: Walk,
+    /// How far a top-level text line was scanned (when not `active`).
+    hint: usize,
+    stack: [usize; Limits::HARD_MAX_DEPTH],
 }
 
 impl Parser {
     /// A parser with these limits.
     pub fn new(limits: Limits) -> Self {
-        Parser { limits }
+        Parser {
+            limits,
+            active: false,
+            walk: Walk::NEW,
+            hint: 0,
+            stack: [0; Limits::HARD_MAX_DEPTH],
+        }
     }
     /// The limits in force.
     pub fn limits(&self) -> &Limits {
         &self.limits
     }
     /// Forget any saved progress (call when the buffer is replaced).
-    pub fn reset(&mut self) {}
+    pub fn reset(&mut self) {
+        self.active = false;
+        self.hint = 0;
+    }
     /// Parse one frame from the start of `buf`, resuming saved progress.
+    #[inline]
     pub fn parse<'a>(&mut self, buf: &'a [u8]) -> Result<Status<(Frame<'a>, usize)>, Error> {
-        parse(buf, &self.limits)
+        Ok(match self.parse_with_attribute(buf)? {
+            Status::Complete((_, f, n)) => Status::Complete((f, n)),
+            Status::Partial(n) => Status::Partial(n),
+        })
+    }
+    /// Like [`Parser::parse`], also returning the top-level attribute, if any.
+    #[allow(clippy::type_complexity)]
+    pub fn parse_with_attribute<'a>(
+        &mut self,
+        buf: &'a [u8],
+    ) -> Result<Status<(Option<Aggregate<'a>>, Frame<'a>, usize)>, Error> {
+        if self.active && buf.len() < self.walk.pos {
+            self.reset();
+        }
+        if !self.active {
+            if self.hint > buf.len() {
+                self.hint = 0;
+            }
+            match item(buf, 0, &self.limits, self.hint) {
+                Ok(Scan::Done(Item::Leaf(f), n)) => {
+                    self.hint = 0;
+                    return Ok(Status::Complete((None, f, n)));
+                }
+                Ok(Scan::Need(k)) => {
+                    self.hint = buf.len().saturating_sub(1);
+                    return Ok(Status::Partial(k - buf.len()));
+                }
+                Ok(Scan::Done(Item::Agg(..), _)) => {
+                    self.walk = Walk::NEW;
+                    self.active = true;
+                }
+                Err(e) => {
+                    self.hint = 0;
+                    return Err(e);
+                }
+            }
+        }
+        match self.walk.run(buf, &mut self.stack, &self.limits) {
+            Ok(Run::Partial(n)) => Ok(Status::Partial(n)),
+            Ok(Run::Done(a, f, n)) => {
+                self.reset();
+                Ok(Status::Complete((a, f, n)))
+            }
+            Ok(Run::Grow) => unreachable!("a full-size stack never grows"),
+            Err(e) => {
+                self.reset();
+                Err(e)
+            }
+        }
     }
 }
 
