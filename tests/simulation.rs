@@ -36,7 +36,13 @@ fn env_u64(name: &str) -> Option<u64> {
 fn base(seed: u64) -> Config {
     let mut r = fastrand::Rng::with_seed(seed ^ 0x9e37_79b9_7f4a_7c15);
     let masters = [1, 2, 3, 3, 3, 4, 5, 5, 5, 7][r.usize(..10)];
-    let ttl = r.u64(20..=200) * MS;
+    // Short TTLs, where the fixed 2 ms of the drift allowance dominates, and long ones,
+    // where the clock-rate part (ttl * drift_factor) must do the work.
+    let ttl = if r.bool() {
+        r.u64(20..=200)
+    } else {
+        r.u64(200..=3000)
+    } * MS;
     let round_timeout = (ttl * r.u64(2..=20) / 100).max(MS);
     let slow = r.u8(..3) == 0;
     Config {
@@ -60,7 +66,8 @@ fn base(seed: u64) -> Config {
         slow_max: round_timeout * 2,
         drop_prob: if r.bool() { r.f64() * 0.1 } else { 0.0 },
         resp3: r.bool(),
-        skew_bound: 0.5 * DRIFT,
+        // Within the drift bound, close to it: a master may run 0.9 % fast or slow.
+        skew_bound: 0.9 * DRIFT,
         fast_masters: 0,
         fast_rate: 1.0,
         faults: r.usize(0..=16),
@@ -74,6 +81,7 @@ fn base(seed: u64) -> Config {
         partition_len: (MS, ttl),
         pause_len: (MS, ttl * 2),
         pause_after_acquire: r.f64() * 0.3,
+        pause_in_round: r.f64() * 0.02,
         downtime: (0, ttl),
         persistence: true,
         amnesia_guard: false,
@@ -127,6 +135,15 @@ fn amnesia_unguarded(seed: u64) -> Config {
     c.amnesia_guard = false;
     c.mix.restart = 6;
     c.downtime = (0, 2 * MS);
+    c
+}
+
+/// (b) The guard is there but too short: a restarted master votes again after a quarter
+/// of the TTL, while locks it forgot are still held.
+fn amnesia_guard_too_short(seed: u64) -> Config {
+    let mut c = amnesia_unguarded(seed);
+    c.amnesia_guard = true;
+    c.max_ttl = c.ttl / 4;
     c
 }
 
@@ -304,6 +321,15 @@ fn hazard_restart_without_persistence_breaks_mutual_exclusion() {
     expect_hazard(
         "hazard_restart_without_persistence_breaks_mutual_exclusion",
         amnesia_unguarded,
+        2000,
+    );
+}
+
+#[test]
+fn hazard_amnesia_guard_shorter_than_ttl_breaks_mutual_exclusion() {
+    expect_hazard(
+        "hazard_amnesia_guard_shorter_than_ttl_breaks_mutual_exclusion",
+        amnesia_guard_too_short,
         2000,
     );
 }

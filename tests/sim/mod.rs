@@ -83,6 +83,9 @@ pub struct Config {
     pub pause_len: (Us, Us),
     /// Probability that a client pauses right after it acquired (a GC pause).
     pub pause_after_acquire: f64,
+    /// Probability that a client pauses right after writing an acquire round, before it
+    /// reads the replies (the round's elapsed time then includes the pause).
+    pub pause_in_round: f64,
     pub downtime: (Us, Us),
     pub persistence: bool,
     pub amnesia_guard: bool,
@@ -859,6 +862,10 @@ impl Sim {
         self.tr(Some(c), false, || {
             format!("c{c} acquire r{res} token {token} op{op}")
         });
+        if self.rng.f64() < self.cfg.pause_in_round {
+            let len = self.rng.u64(self.cfg.pause_len.0..=self.cfg.pause_len.1);
+            self.pause(c, len);
+        }
     }
 
     fn votes(&self, c: usize) -> String {
