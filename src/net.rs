@@ -640,7 +640,7 @@ impl Engine {
         }
         let now = Instant::now();
         // Collect first: handling an event needs `&mut self`.
-        let mut ready: SmallVec<[(usize, bool, bool); 16]> = SmallVec::new();
+        let mut ready: SmallVec<[(usize, bool, bool, bool); 16]> = SmallVec::new();
         for ev in self.events.iter() {
             if ev.token() == WAKER {
                 continue;
@@ -649,9 +649,10 @@ impl Engine {
                 ev.token().0,
                 ev.is_readable() || ev.is_read_closed() || ev.is_error(),
                 ev.is_writable() || ev.is_write_closed() || ev.is_error(),
+                ev.is_read_closed() || ev.is_error(),
             ));
         }
-        for (i, readable, writable) in ready {
+        for (i, readable, writable, closed) in ready {
             if i >= self.nodes.len() {
                 continue; // spurious
             }
@@ -675,7 +676,7 @@ impl Engine {
                 self.flush_node(i, now);
             }
             if readable && self.nodes[i].is_up() {
-                self.read_node(i, now);
+                self.read_node(i, closed, now);
             }
         }
         Ok(())
@@ -704,7 +705,10 @@ impl Engine {
         }
     }
 
-    fn read_node(&mut self, i: usize, now: Instant) {
+    /// Read until the socket is drained. `closed`: the peer's FIN (or an error) came with
+    /// this event; read on to the end of stream rather than trusting a short read, since no
+    /// further edge will announce it.
+    fn read_node(&mut self, i: usize, closed: bool, now: Instant) {
         loop {
             let node = &mut self.nodes[i];
             // Make room: compact, or grow up to the largest frame the limits allow.
@@ -740,7 +744,7 @@ impl Engine {
                         return;
                     }
                     // A short read drained the socket: the next edge will tell us more.
-                    if n < space {
+                    if n < space && !closed {
                         return;
                     }
                 }
@@ -786,7 +790,16 @@ impl Engine {
                     node.failures = 0;
                     node.retry_at = None;
                 }
-                Reply::Handshake(Err(f)) | Reply::Poison(f) => {
+                Reply::Poison(f, owed) => {
+                    if let Some(id) = owed {
+                        self.owed_reply_arrived(id);
+                        self.record(id, i, Outcome::Failed(f), now);
+                        self.maybe_free(id.slot);
+                    }
+                    self.fail_node(i, f, now);
+                    return false;
+                }
+                Reply::Handshake(Err(f)) => {
                     if matches!(f, Fault::Handshake(_)) {
                         // A refused handshake is a configuration problem: back off.
                         node.answered = false;
@@ -812,7 +825,10 @@ impl Engine {
                 } => {
                     let grants = matches!(
                         req,
-                        Request::Acquire | Request::AcquireFenced | Request::Extend
+                        Request::Acquire
+                            | Request::AcquireMany
+                            | Request::AcquireFenced
+                            | Request::Extend
                     );
                     if grants && outcome.is_ok() && self.cfg.amnesia_guard.is_some() {
                         let trusted = node.votes_from.is_some_and(|t| now >= t);
@@ -880,7 +896,9 @@ enum Reply {
         uptime: u64,
         run_id: [u8; 40],
     },
-    Poison(Fault),
+    /// The connection can not be trusted; the op that was owed this reply (if any) gets
+    /// the fault too.
+    Poison(Fault, Option<OpId>),
 }
 
 fn interpret(tag: Tag, frame: &Frame<'_>) -> Reply {
@@ -912,6 +930,7 @@ fn interpret(tag: Tag, frame: &Frame<'_>) -> Reply {
             f => Reply::Handshake(Err(refused(f))),
         },
         Tag::Op { id, req, eval } => match rules::classify(req, frame) {
+            Err(()) => Reply::Poison(Fault::Unexpected, Some(id)),
             Ok(outcome) => Reply::Op {
                 id,
                 req,
@@ -922,7 +941,6 @@ fn interpret(tag: Tag, frame: &Frame<'_>) -> Reply {
                     _ => 0,
                 },
             },
-            Err(()) => Reply::Poison(Fault::Unexpected),
         },
     }
 }
@@ -1013,7 +1031,7 @@ fn encode_request(out: &mut Vec<u8>, req: Request, args: &OpArgs, eval: bool) {
             );
             return;
         }
-        Request::Acquire => scripts::ACQUIRE_MANY,
+        Request::Acquire | Request::AcquireMany => scripts::ACQUIRE_MANY,
         Request::Release => scripts::RELEASE,
         Request::Extend => scripts::EXTEND,
         Request::AcquireFenced => scripts::ACQUIRE_FENCED,

@@ -333,8 +333,10 @@ pub fn may_hold(outcome: Outcome) -> bool {
 /// What a request was, for reading its reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Request {
-    /// `SET key token NX PX ttl`, or the multi-key acquire script.
+    /// `SET key token NX PX ttl` (one resource).
     Acquire,
+    /// The all-or-nothing multi-key acquire script (answers 1 or 0).
+    AcquireMany,
     /// The compare-and-delete script.
     Release,
     /// The compare-and-pexpire script.
@@ -356,8 +358,8 @@ pub fn classify(request: Request, frame: &Frame<'_>) -> Result<Outcome, ()> {
         }
         (Request::Acquire, Frame::Simple(b"OK")) => Ok(Outcome::Ok),
         (Request::Acquire, f) if f.is_null() => Ok(Outcome::Taken),
-        (Request::Acquire, Frame::Integer(1)) => Ok(Outcome::Ok),
-        (Request::Acquire, Frame::Integer(0)) => Ok(Outcome::Taken),
+        (Request::AcquireMany, Frame::Integer(1)) => Ok(Outcome::Ok),
+        (Request::AcquireMany, Frame::Integer(0)) => Ok(Outcome::Taken),
         (Request::Release | Request::Extend, Frame::Integer(n)) if *n > 0 => Ok(Outcome::Ok),
         (Request::Release | Request::Extend, Frame::Integer(0)) => Ok(Outcome::NotHeld),
         (Request::AcquireFenced, Frame::Integer(n)) if *n > 0 => Ok(Outcome::Ok),
@@ -489,6 +491,17 @@ mod tests {
         assert_eq!(classify(Extend, &Frame::Integer(0)), Ok(Outcome::NotHeld));
         assert_eq!(classify(Release, &Frame::Simple(b"OK")), Err(()));
         assert_eq!(classify(Acquire, &Frame::Simple(b"QUEUED")), Err(()));
+        assert_eq!(
+            classify(Acquire, &Frame::Integer(1)),
+            Err(()),
+            "SET never answers an integer"
+        );
+        assert_eq!(classify(AcquireMany, &Frame::Integer(1)), Ok(Outcome::Ok));
+        assert_eq!(
+            classify(AcquireMany, &Frame::Integer(0)),
+            Ok(Outcome::Taken)
+        );
+        assert_eq!(classify(AcquireMany, &Frame::Simple(b"OK")), Err(()));
         assert!(matches!(
             classify(Release, &Frame::Error(b"NOSCRIPT No matching script")),
             Ok(Outcome::Failed(Fault::Redis(t))) if t.starts_with(b"NOSCRIPT")

@@ -128,7 +128,6 @@ fn duplicate_masters_are_refused() {
 /// two votes at once. Expected: `Error::Config` like any duplicate ("each master must be
 /// independent").
 #[test]
-#[ignore = "engine bug: two databases of one server count as two independent masters (reported)"]
 fn two_databases_of_one_server_are_one_master() {
     let urls = [
         "redis://127.0.0.1:7001/0".to_string(),
@@ -204,10 +203,9 @@ fn zero_timeouts() {
     assert_names(&m, &["timeout", "zero"]);
 }
 
-/// Minor finding (reported): for a zero connect or stall timeout the message is "timeouts
+/// Was a minor finding (fixed): for a zero connect or stall timeout the message is "timeouts
 /// must be above zero", which does not say which of the two is zero.
 #[test]
-#[ignore = "minor: the message does not say which timeout is zero (reported)"]
 fn zero_timeout_message_names_the_timeout() {
     let urls = ["127.0.0.1:7001".to_string()];
     let m = config_error(builder(&urls).connect_timeout(Duration::ZERO));
@@ -255,8 +253,17 @@ fn even_number_of_masters_uses_a_strict_majority() {
     assert!(matches!(e, Error::NoQuorum(_)), "{e}");
     let r = e.report().unwrap();
     assert_eq!(r.quorum(), 3, "{e}");
-    assert_eq!(r.ok(), 2, "{e}");
+    // Decided as soon as the two dead masters failed: the live ones are ok or had not
+    // answered yet, never blamed.
+    assert!(r.ok() <= 2, "{e}");
     assert_eq!(r.unavailable().count(), 2, "{e}");
+    assert_eq!(
+        r.outcomes()
+            .filter(|(_, o)| matches!(o, redlock_mux::Outcome::Ok | redlock_mux::Outcome::Pending))
+            .count(),
+        2,
+        "{e}"
+    );
     for i in 0..2 {
         let got = m[i].cmd(&[b"GET", b"even-2-down"]).unwrap();
         let released = support::poll_until(Duration::from_secs(2), || {

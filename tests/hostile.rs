@@ -24,8 +24,7 @@
 //! connections are never touched (`stats()[i].connects` stays 1); and no key of ours is
 //! left behind on the real masters.
 //!
-//! One case documents an engine bug and is `#[ignore]`d so the suite stays green; run it
-//! with `cargo test --test hostile -- --ignored` to see it fail.
+//! The last section holds regression tests for engine bugs these cases found (all fixed).
 
 mod support;
 
@@ -62,7 +61,7 @@ enum Expect {
     /// Not a vote: the master's outcome in the report is exactly this.
     Refused(Outcome),
     /// Not a vote, with any typed outcome. Only for the safety-only twins of the cases
-    /// whose exact outcome is an open engine bug (see the end of this file).
+    /// whose exact outcome is checked by the regression tests at the end of this file.
     NotCounted,
 }
 
@@ -527,14 +526,14 @@ fn wrong_type_case(expect: Expect) -> Case {
     }
 }
 
-/// Safety-only twin of [`resp3_push_frame_is_unexpected`] (an open engine bug): no vote,
+/// Safety-only twin of [`resp3_push_frame_is_unexpected`] (see the regression tests at the end): no vote,
 /// connection closed, bounded time, nothing left behind.
 #[test]
 fn resp3_push_frame() {
     run("push", push_case(Expect::NotCounted));
 }
 
-/// Safety-only twin of [`wrong_reply_type_is_unexpected`] (an open engine bug).
+/// Safety-only twin of [`wrong_reply_type_is_unexpected`] (see the regression tests at the end).
 #[test]
 fn wrong_reply_type() {
     run("wrong-type", wrong_type_case(Expect::NotCounted));
@@ -598,7 +597,7 @@ fn garbage_after_a_valid_reply() {
 }
 
 /// Half an answer, then the server closes. Decided: `Fault::Closed(UnexpectedEof)` at
-/// once. Safety-only here, because an open engine bug makes the exact outcome depend on
+/// once. Safety-only here; the regression tests at the end pin the exact outcome, which used to depend on
 /// timing (see [`close_arriving_with_the_data_is_noticed`]): when the FIN is already
 /// queued behind the half answer, the close is only noticed later (`TimedOut`).
 #[test]
@@ -653,10 +652,10 @@ fn valid_reply_dripped_past_the_timeout() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Engine findings (failing tests, ignored so the suite stays green; reported to the lead).
+// Regression tests for engine bugs found by this file (fixed in src/net.rs, src/rules.rs).
 // ---------------------------------------------------------------------------------------
 
-/// ENGINE BUG: a valid frame that is no possible answer (`Reply::Poison`) is never
+/// Was an engine bug (fixed): a valid frame that is no possible answer (`Reply::Poison`) is never
 /// recorded for the request it answered. `Engine::process_replies` pops the request's tag
 /// from the FIFO, `interpret` returns `Reply::Poison(Fault::Unexpected)` without the op id,
 /// and `fail_node` then fails only the requests still queued. So the round waits for its
@@ -664,14 +663,12 @@ fn valid_reply_dripped_past_the_timeout() {
 /// `Failed(Fault::Unexpected)`, and that op's `outstanding` count is never decremented, so
 /// its slot is never freed (one leaked op slot per poisoned reply).
 #[test]
-#[ignore = "engine bug: a wrong-type reply is reported as TimedOut after the full round (reported)"]
 fn resp3_push_frame_is_unexpected() {
     run("push-strict", push_case(refused(Fault::Unexpected)));
 }
 
-/// ENGINE BUG: same as [`resp3_push_frame_is_unexpected`], for a wrong-type reply.
+/// Was an engine bug (fixed): same as [`resp3_push_frame_is_unexpected`], for a wrong-type reply.
 #[test]
-#[ignore = "engine bug: a wrong-type reply is reported as TimedOut after the full round (reported)"]
 fn wrong_reply_type_is_unexpected() {
     run(
         "wrong-type-strict",
@@ -679,7 +676,7 @@ fn wrong_reply_type_is_unexpected() {
     );
 }
 
-/// ENGINE BUG: `:1` is not a possible answer to `SET key token NX PX ttl` (Redis answers
+/// Was an engine bug (fixed): `:1` is not a possible answer to `SET key token NX PX ttl` (Redis answers
 /// `+OK` or a null), but `rules::classify` maps `Integer(1)` to `Ok` for every
 /// `Request::Acquire`, because the multi-key acquire script (which does answer integers)
 /// shares that request kind with the plain `SET`. A master answering `:1` to a `SET` gets
@@ -687,7 +684,6 @@ fn wrong_reply_type_is_unexpected() {
 /// `Outcome::Failed(Fault::Unexpected)` and the connection closed, as `Fault::Unexpected`
 /// documents ("a valid frame, but not a possible answer to the request").
 #[test]
-#[ignore = "engine bug: an integer answer to a plain SET is counted as a vote (reported)"]
 fn integer_answer_to_set() {
     run(
         "integer-to-set",
@@ -778,7 +774,7 @@ impl Drop for CutServer {
     }
 }
 
-/// ENGINE BUG: a close that arrives together with the last data is not noticed.
+/// Was an engine bug (fixed): a close that arrives together with the last data is not noticed.
 /// `Engine::read_node` stops reading after a short read ("a short read drained the
 /// socket: the next edge will tell us more"), but with edge-triggered polling the FIN that
 /// was queued behind the data gives no further edge: the read that would return 0 never
@@ -787,7 +783,6 @@ impl Drop for CutServer {
 /// later write draws an RST (or by the stall timeout). DESIGN.md asks to drain reads until
 /// `WouldBlock`; alternatively honour `is_read_closed()` of the event.
 #[test]
-#[ignore = "engine bug: a FIN queued behind data is not noticed until the round times out (reported)"]
 fn close_arriving_with_the_data_is_noticed() {
     let server = CutServer::start();
     let mut c = Redlock::builder()
