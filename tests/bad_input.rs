@@ -121,7 +121,7 @@ fn duplicate_masters_are_refused() {
     assert_eq!(c.quorum(), 2);
 }
 
-/// ENGINE BUG (reported): two databases of one `redis-server` are accepted as two masters
+/// Was an engine bug (fixed): two databases of one `redis-server` are accepted as two masters
 /// (`build` compares the address *and* the database number). They share one process, one
 /// failure domain and one restart: with `host:P/0`, `host:P/1` and one other master, the
 /// single server P is a quorum on its own, and its restart without persistence forgets
