@@ -326,6 +326,11 @@ impl Builder {
                 self.drift_factor
             )));
         }
+        if self.amnesia_guard == Some(Duration::ZERO) {
+            return Err(Error::Config(
+                "amnesia guard max_ttl must be above zero (it is the largest TTL in use)".into(),
+            ));
+        }
         for (name, t) in [
             (
                 "node timeout (node_timeout)",

@@ -439,14 +439,10 @@ fn zero_retries_means_exactly_one_attempt() {
 /// `amnesia_guard(0)` is accepted by `build` but then refuses every TTL; the error says
 /// why. (A `Config` error at build time would be clearer; noted in the report.)
 #[test]
-fn zero_amnesia_guard_refuses_every_ttl_with_a_reason() {
-    let fake = granting_fake();
-    let mut c = builder(&[fake.url()])
-        .amnesia_guard(Duration::ZERO)
-        .build()
-        .unwrap();
-    let m = invalid(c.try_lock("r", Duration::from_millis(10)));
-    assert_names(&m, &["amnesia guard", "max_ttl"]);
+fn zero_amnesia_guard_is_refused_at_build() {
+    let urls = ["127.0.0.1:7001".to_string()];
+    let m = config_error(builder(&urls).amnesia_guard(Duration::ZERO));
+    assert_names(&m, &["amnesia guard", "max_ttl", "zero"]);
 }
 
 /// Against a master nobody listens on: `run_locked_with` still refuses a bad TTL first, and
