@@ -9,7 +9,9 @@
 //! one, so a late reply is credited to the op that asked for it, never to a newer one.
 //! An op's slot stays alive until every reply it is owed has arrived (or its connection
 //! died), even after the op was decided: a late `-NOSCRIPT` is then still retried with
-//! `EVAL`, so a release never silently misses a master.
+//! `EVAL`, so a release never silently misses a master. (The client has no background
+//! thread: replies that arrive after an operation returned are read, and such retries sent,
+//! by the client's next operation. Until then the key's TTL bounds it, as always.)
 //!
 //! Reconnect policy: a connection that worked and then broke is reconnected on the next
 //! request. A connect that fails, or a connection that breaks before answering anything,
