@@ -66,4 +66,12 @@ fn main() {
         writes as f64 / cycles as f64,
         reads as f64 / cycles as f64
     );
+    for (i, s) in after.iter().enumerate() {
+        if s.disconnects > 0 {
+            println!(
+                "master {i}: {} disconnects, last: {:?}",
+                s.disconnects, s.last_fault
+            );
+        }
+    }
 }

@@ -326,6 +326,13 @@ impl Builder {
                 self.drift_factor
             )));
         }
+        let hour = Duration::from_secs(3600);
+        if self.retry_delay > hour || self.retry_jitter > hour {
+            return Err(Error::Config(format!(
+                "retry delay {:?} and jitter {:?} must each be at most an hour",
+                self.retry_delay, self.retry_jitter
+            )));
+        }
         if self.amnesia_guard == Some(Duration::ZERO) {
             return Err(Error::Config(
                 "amnesia guard max_ttl must be above zero (it is the largest TTL in use)".into(),

@@ -50,6 +50,10 @@ pub(crate) struct NetConfig {
     pub backoff_min: Duration,
     pub backoff_max: Duration,
     pub busy_poll: bool,
+    /// A master with this many requests in flight is not asked to grant (acquire or
+    /// extend) until it catches up: back-pressure, so a slow master's queue stays bounded.
+    pub backlog_limit: usize,
+    /// Hard limit: past it the connection is closed (only reachable by releases alone).
     pub max_pending: usize,
     pub limits: resp::Limits,
     /// The amnesia guard: a master up for less than this does not vote yes.
@@ -64,6 +68,7 @@ impl Default for NetConfig {
             backoff_min: Duration::from_millis(25),
             backoff_max: Duration::from_secs(1),
             busy_poll: false,
+            backlog_limit: 1024,
             max_pending: 4096,
             // Our replies are tiny; INFO is a few KiB. Anything larger is hostile.
             limits: resp::Limits {
@@ -136,6 +141,10 @@ pub struct NodeStats {
     pub reads: u64,
     /// Requests retried with `EVAL` after `-NOSCRIPT`.
     pub noscript: u64,
+    /// Connections closed (by us or the peer) or connects that failed.
+    pub disconnects: u64,
+    /// Why the last connection closed (or the last connect failed).
+    pub last_fault: Option<Fault>,
 }
 
 impl Node {
@@ -255,6 +264,8 @@ pub(crate) struct Engine {
     pub cfg: NetConfig,
     quorum: usize,
     waker: Arc<Waker>,
+    /// When `drive` last returned: the client's idle time starts there.
+    left_loop: Instant,
 }
 
 impl Engine {
@@ -272,6 +283,7 @@ impl Engine {
             cfg,
             quorum,
             waker,
+            left_loop: Instant::now(),
         };
         // Pre-build a few slots so the first cycles do not allocate either.
         for _ in 0..4 {
@@ -358,6 +370,12 @@ impl Engine {
             if !target(i) {
                 // Not asked: counts as a no, so the tally still decides.
                 self.record(id, i, Outcome::NotHeld, now);
+                continue;
+            }
+            // Releases always go out (the master may run an earlier SET of this lock
+            // that is still queued); grants wait until a backlogged master catches up.
+            if req != Request::Release && self.nodes[i].pending.len() >= self.cfg.backlog_limit {
+                self.record(id, i, Outcome::Failed(Fault::Backlogged), now);
                 continue;
             }
             match self.ensure_connection(i, now) {
@@ -485,6 +503,8 @@ impl Engine {
     /// `fault`.
     pub(crate) fn fail_node(&mut self, i: usize, fault: Fault, now: Instant) {
         let node = &mut self.nodes[i];
+        node.stats.disconnects += 1;
+        node.stats.last_fault = Some(fault);
         let conn = std::mem::replace(&mut node.conn, Conn::Down);
         match conn {
             Conn::Up(mut s) | Conn::Connecting(mut s) => {
@@ -566,6 +586,26 @@ impl Engine {
         until: Option<Instant>,
         mut done: impl FnMut(&Engine) -> bool,
         mut interrupted: impl FnMut() -> bool,
+    ) -> io::Result<bool> {
+        // Time the client spent outside the loop (idle between calls) is no sign of a hung
+        // master: replies may be waiting unread. Shift every stall clock by it.
+        let entered = Instant::now();
+        let idle = entered.saturating_duration_since(self.left_loop);
+        if !idle.is_zero() {
+            for node in self.nodes.iter_mut() {
+                node.last_progress = (node.last_progress + idle).min(entered);
+            }
+        }
+        let r = self.drive_inner(until, &mut done, &mut interrupted);
+        self.left_loop = Instant::now();
+        r
+    }
+
+    fn drive_inner(
+        &mut self,
+        until: Option<Instant>,
+        done: &mut impl FnMut(&Engine) -> bool,
+        interrupted: &mut impl FnMut() -> bool,
     ) -> io::Result<bool> {
         loop {
             let now = Instant::now();

@@ -56,8 +56,9 @@ pub fn validity(ttl: Duration, elapsed: Duration, drift_factor: f64) -> Option<D
 
 /// A uniformly random delay in `[base - jitter, base + jitter]` (saturating at zero).
 pub fn retry_delay(base: Duration, jitter: Duration, rng: &mut fastrand::Rng) -> Duration {
-    let lo = base.saturating_sub(jitter).as_micros() as u64;
-    let hi = base.saturating_add(jitter).as_micros() as u64;
+    let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+    let lo = us(base.saturating_sub(jitter));
+    let hi = us(base.saturating_add(jitter));
     Duration::from_micros(rng.u64(lo..=hi))
 }
 
@@ -121,6 +122,9 @@ pub enum Fault {
     /// The master restarted less than `max_ttl` ago and may have forgotten held locks:
     /// its votes do not count yet (the amnesia guard).
     Amnesiac,
+    /// The master had too many requests in flight (it is slower than the client's
+    /// rate): it was not asked, until it catches up.
+    Backlogged,
 }
 
 impl std::fmt::Display for Fault {
@@ -134,6 +138,7 @@ impl std::fmt::Display for Fault {
             Fault::Redis(t) => write!(f, "error reply: {t}"),
             Fault::Handshake(t) => write!(f, "handshake refused: {t}"),
             Fault::Amnesiac => f.write_str("restarted recently (amnesia guard): vote not counted"),
+            Fault::Backlogged => f.write_str("backlogged (too many requests in flight): not asked"),
         }
     }
 }
