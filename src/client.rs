@@ -326,21 +326,40 @@ impl Builder {
                 self.drift_factor
             )));
         }
-        if self.node_timeout == Some(Duration::ZERO) {
-            return Err(Error::Config("node timeout must be above zero".into()));
+        let hour = Duration::from_secs(3600);
+        if self.retry_delay > hour || self.retry_jitter > hour {
+            return Err(Error::Config(format!(
+                "retry delay {:?} and jitter {:?} must each be at most an hour",
+                self.retry_delay, self.retry_jitter
+            )));
         }
-        if self.connect_timeout.is_zero() || self.stall_timeout.is_zero() {
-            return Err(Error::Config("timeouts must be above zero".into()));
+        if self.amnesia_guard == Some(Duration::ZERO) {
+            return Err(Error::Config(
+                "amnesia guard max_ttl must be above zero (it is the largest TTL in use)".into(),
+            ));
+        }
+        for (name, t) in [
+            (
+                "node timeout (node_timeout)",
+                self.node_timeout.unwrap_or(Duration::MAX),
+            ),
+            ("connect timeout (connect_timeout)", self.connect_timeout),
+            ("stall timeout (stall_timeout)", self.stall_timeout),
+        ] {
+            if t.is_zero() {
+                return Err(Error::Config(format!("{name} must be above zero")));
+            }
         }
         let now = Instant::now();
         let mut specs: Vec<(MasterSpec, std::net::SocketAddr)> = Vec::new();
         for url in &self.masters {
             let spec = MasterSpec::parse(url).map_err(Error::Config)?;
             let addr = spec.resolve().map_err(Error::Config)?;
-            if let Some((dup, _)) = specs.iter().find(|(s, a)| *a == addr && s.db == spec.db) {
+            // Two databases of one server are one master: they fail and restart together.
+            if let Some((dup, _)) = specs.iter().find(|(_, a)| *a == addr) {
                 return Err(Error::Config(format!(
-                    "master {spec} is given twice (as {dup}): each master must be \
-                     independent, or the quorum is meaningless"
+                    "master {spec} is given twice (as {dup}; both are the server {addr}): \
+                     each master must be an independent server, or the quorum is meaningless"
                 )));
             }
             specs.push((spec, addr));
@@ -665,12 +684,18 @@ impl Redlock {
             false,
         );
         self.engine.flush(t1);
+        // Only lock attempts are cancellable: a release or an extend always runs to its
+        // decision (or its timeout), whatever the cancel flag says.
+        let cancellable = matches!(
+            req,
+            Request::Acquire | Request::AcquireMany | Request::AcquireFenced
+        );
         let flag = self.cancel.flag.clone();
         let engine = &mut self.engine;
         let decided = engine.drive(
             None,
             |e| e.op(id).is_decided(),
-            || flag.load(Ordering::Relaxed),
+            || cancellable && flag.load(Ordering::Relaxed),
         );
         if let Err(e) = decided {
             self.engine.finish(id);
@@ -704,7 +729,12 @@ impl Redlock {
             self.fence_keys = fk;
             r?
         } else {
-            self.round(Request::Acquire, keys, token, ttl, 0, deadline)?
+            let req = if keys.len() == 1 {
+                Request::Acquire
+            } else {
+                Request::AcquireMany
+            };
+            self.round(req, keys, token, ttl, 0, deadline)?
         };
         let op = self.engine.op(id);
         let mut cancelled = !op.is_decided();

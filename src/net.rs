@@ -9,7 +9,9 @@
 //! one, so a late reply is credited to the op that asked for it, never to a newer one.
 //! An op's slot stays alive until every reply it is owed has arrived (or its connection
 //! died), even after the op was decided: a late `-NOSCRIPT` is then still retried with
-//! `EVAL`, so a release never silently misses a master.
+//! `EVAL`, so a release never silently misses a master. (The client has no background
+//! thread: replies that arrive after an operation returned are read, and such retries sent,
+//! by the client's next operation. Until then the key's TTL bounds it, as always.)
 //!
 //! Reconnect policy: a connection that worked and then broke is reconnected on the next
 //! request. A connect that fails, or a connection that breaks before answering anything,
@@ -48,6 +50,10 @@ pub(crate) struct NetConfig {
     pub backoff_min: Duration,
     pub backoff_max: Duration,
     pub busy_poll: bool,
+    /// A master with this many requests in flight is not asked to grant (acquire or
+    /// extend) until it catches up: back-pressure, so a slow master's queue stays bounded.
+    pub backlog_limit: usize,
+    /// Hard limit: past it the connection is closed (only reachable by releases alone).
     pub max_pending: usize,
     pub limits: resp::Limits,
     /// The amnesia guard: a master up for less than this does not vote yes.
@@ -62,6 +68,7 @@ impl Default for NetConfig {
             backoff_min: Duration::from_millis(25),
             backoff_max: Duration::from_secs(1),
             busy_poll: false,
+            backlog_limit: 1024,
             max_pending: 4096,
             // Our replies are tiny; INFO is a few KiB. Anything larger is hostile.
             limits: resp::Limits {
@@ -134,6 +141,10 @@ pub struct NodeStats {
     pub reads: u64,
     /// Requests retried with `EVAL` after `-NOSCRIPT`.
     pub noscript: u64,
+    /// Connections closed (by us or the peer) or connects that failed.
+    pub disconnects: u64,
+    /// Why the last connection closed (or the last connect failed).
+    pub last_fault: Option<Fault>,
 }
 
 impl Node {
@@ -253,6 +264,8 @@ pub(crate) struct Engine {
     pub cfg: NetConfig,
     quorum: usize,
     waker: Arc<Waker>,
+    /// When `drive` last returned: the client's idle time starts there.
+    left_loop: Instant,
 }
 
 impl Engine {
@@ -270,6 +283,7 @@ impl Engine {
             cfg,
             quorum,
             waker,
+            left_loop: Instant::now(),
         };
         // Pre-build a few slots so the first cycles do not allocate either.
         for _ in 0..4 {
@@ -356,6 +370,12 @@ impl Engine {
             if !target(i) {
                 // Not asked: counts as a no, so the tally still decides.
                 self.record(id, i, Outcome::NotHeld, now);
+                continue;
+            }
+            // Releases always go out (the master may run an earlier SET of this lock
+            // that is still queued); grants wait until a backlogged master catches up.
+            if req != Request::Release && self.nodes[i].pending.len() >= self.cfg.backlog_limit {
+                self.record(id, i, Outcome::Failed(Fault::Backlogged), now);
                 continue;
             }
             match self.ensure_connection(i, now) {
@@ -483,6 +503,8 @@ impl Engine {
     /// `fault`.
     pub(crate) fn fail_node(&mut self, i: usize, fault: Fault, now: Instant) {
         let node = &mut self.nodes[i];
+        node.stats.disconnects += 1;
+        node.stats.last_fault = Some(fault);
         let conn = std::mem::replace(&mut node.conn, Conn::Down);
         match conn {
             Conn::Up(mut s) | Conn::Connecting(mut s) => {
@@ -565,6 +587,26 @@ impl Engine {
         mut done: impl FnMut(&Engine) -> bool,
         mut interrupted: impl FnMut() -> bool,
     ) -> io::Result<bool> {
+        // Time the client spent outside the loop (idle between calls) is no sign of a hung
+        // master: replies may be waiting unread. Shift every stall clock by it.
+        let entered = Instant::now();
+        let idle = entered.saturating_duration_since(self.left_loop);
+        if !idle.is_zero() {
+            for node in self.nodes.iter_mut() {
+                node.last_progress = (node.last_progress + idle).min(entered);
+            }
+        }
+        let r = self.drive_inner(until, &mut done, &mut interrupted);
+        self.left_loop = Instant::now();
+        r
+    }
+
+    fn drive_inner(
+        &mut self,
+        until: Option<Instant>,
+        done: &mut impl FnMut(&Engine) -> bool,
+        interrupted: &mut impl FnMut() -> bool,
+    ) -> io::Result<bool> {
         loop {
             let now = Instant::now();
             let next = self.tick(now);
@@ -640,7 +682,7 @@ impl Engine {
         }
         let now = Instant::now();
         // Collect first: handling an event needs `&mut self`.
-        let mut ready: SmallVec<[(usize, bool, bool); 16]> = SmallVec::new();
+        let mut ready: SmallVec<[(usize, bool, bool, bool); 16]> = SmallVec::new();
         for ev in self.events.iter() {
             if ev.token() == WAKER {
                 continue;
@@ -649,9 +691,10 @@ impl Engine {
                 ev.token().0,
                 ev.is_readable() || ev.is_read_closed() || ev.is_error(),
                 ev.is_writable() || ev.is_write_closed() || ev.is_error(),
+                ev.is_read_closed() || ev.is_error(),
             ));
         }
-        for (i, readable, writable) in ready {
+        for (i, readable, writable, closed) in ready {
             if i >= self.nodes.len() {
                 continue; // spurious
             }
@@ -675,7 +718,7 @@ impl Engine {
                 self.flush_node(i, now);
             }
             if readable && self.nodes[i].is_up() {
-                self.read_node(i, now);
+                self.read_node(i, closed, now);
             }
         }
         Ok(())
@@ -704,7 +747,10 @@ impl Engine {
         }
     }
 
-    fn read_node(&mut self, i: usize, now: Instant) {
+    /// Read until the socket is drained. `closed`: the peer's FIN (or an error) came with
+    /// this event; read on to the end of stream rather than trusting a short read, since no
+    /// further edge will announce it.
+    fn read_node(&mut self, i: usize, closed: bool, now: Instant) {
         loop {
             let node = &mut self.nodes[i];
             // Make room: compact, or grow up to the largest frame the limits allow.
@@ -740,7 +786,7 @@ impl Engine {
                         return;
                     }
                     // A short read drained the socket: the next edge will tell us more.
-                    if n < space {
+                    if n < space && !closed {
                         return;
                     }
                 }
@@ -786,7 +832,16 @@ impl Engine {
                     node.failures = 0;
                     node.retry_at = None;
                 }
-                Reply::Handshake(Err(f)) | Reply::Poison(f) => {
+                Reply::Poison(f, owed) => {
+                    if let Some(id) = owed {
+                        self.owed_reply_arrived(id);
+                        self.record(id, i, Outcome::Failed(f), now);
+                        self.maybe_free(id.slot);
+                    }
+                    self.fail_node(i, f, now);
+                    return false;
+                }
+                Reply::Handshake(Err(f)) => {
                     if matches!(f, Fault::Handshake(_)) {
                         // A refused handshake is a configuration problem: back off.
                         node.answered = false;
@@ -812,7 +867,10 @@ impl Engine {
                 } => {
                     let grants = matches!(
                         req,
-                        Request::Acquire | Request::AcquireFenced | Request::Extend
+                        Request::Acquire
+                            | Request::AcquireMany
+                            | Request::AcquireFenced
+                            | Request::Extend
                     );
                     if grants && outcome.is_ok() && self.cfg.amnesia_guard.is_some() {
                         let trusted = node.votes_from.is_some_and(|t| now >= t);
@@ -880,7 +938,9 @@ enum Reply {
         uptime: u64,
         run_id: [u8; 40],
     },
-    Poison(Fault),
+    /// The connection can not be trusted; the op that was owed this reply (if any) gets
+    /// the fault too.
+    Poison(Fault, Option<OpId>),
 }
 
 fn interpret(tag: Tag, frame: &Frame<'_>) -> Reply {
@@ -912,6 +972,7 @@ fn interpret(tag: Tag, frame: &Frame<'_>) -> Reply {
             f => Reply::Handshake(Err(refused(f))),
         },
         Tag::Op { id, req, eval } => match rules::classify(req, frame) {
+            Err(()) => Reply::Poison(Fault::Unexpected, Some(id)),
             Ok(outcome) => Reply::Op {
                 id,
                 req,
@@ -922,7 +983,6 @@ fn interpret(tag: Tag, frame: &Frame<'_>) -> Reply {
                     _ => 0,
                 },
             },
-            Err(()) => Reply::Poison(Fault::Unexpected),
         },
     }
 }
@@ -1013,7 +1073,7 @@ fn encode_request(out: &mut Vec<u8>, req: Request, args: &OpArgs, eval: bool) {
             );
             return;
         }
-        Request::Acquire => scripts::ACQUIRE_MANY,
+        Request::Acquire | Request::AcquireMany => scripts::ACQUIRE_MANY,
         Request::Release => scripts::RELEASE,
         Request::Extend => scripts::EXTEND,
         Request::AcquireFenced => scripts::ACQUIRE_FENCED,

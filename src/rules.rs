@@ -56,8 +56,9 @@ pub fn validity(ttl: Duration, elapsed: Duration, drift_factor: f64) -> Option<D
 
 /// A uniformly random delay in `[base - jitter, base + jitter]` (saturating at zero).
 pub fn retry_delay(base: Duration, jitter: Duration, rng: &mut fastrand::Rng) -> Duration {
-    let lo = base.saturating_sub(jitter).as_micros() as u64;
-    let hi = base.saturating_add(jitter).as_micros() as u64;
+    let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+    let lo = us(base.saturating_sub(jitter));
+    let hi = us(base.saturating_add(jitter));
     Duration::from_micros(rng.u64(lo..=hi))
 }
 
@@ -121,6 +122,9 @@ pub enum Fault {
     /// The master restarted less than `max_ttl` ago and may have forgotten held locks:
     /// its votes do not count yet (the amnesia guard).
     Amnesiac,
+    /// The master had too many requests in flight (it is slower than the client's
+    /// rate): it was not asked, until it catches up.
+    Backlogged,
 }
 
 impl std::fmt::Display for Fault {
@@ -134,6 +138,7 @@ impl std::fmt::Display for Fault {
             Fault::Redis(t) => write!(f, "error reply: {t}"),
             Fault::Handshake(t) => write!(f, "handshake refused: {t}"),
             Fault::Amnesiac => f.write_str("restarted recently (amnesia guard): vote not counted"),
+            Fault::Backlogged => f.write_str("backlogged (too many requests in flight): not asked"),
         }
     }
 }
@@ -333,8 +338,10 @@ pub fn may_hold(outcome: Outcome) -> bool {
 /// What a request was, for reading its reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Request {
-    /// `SET key token NX PX ttl`, or the multi-key acquire script.
+    /// `SET key token NX PX ttl` (one resource).
     Acquire,
+    /// The all-or-nothing multi-key acquire script (answers 1 or 0).
+    AcquireMany,
     /// The compare-and-delete script.
     Release,
     /// The compare-and-pexpire script.
@@ -356,8 +363,8 @@ pub fn classify(request: Request, frame: &Frame<'_>) -> Result<Outcome, ()> {
         }
         (Request::Acquire, Frame::Simple(b"OK")) => Ok(Outcome::Ok),
         (Request::Acquire, f) if f.is_null() => Ok(Outcome::Taken),
-        (Request::Acquire, Frame::Integer(1)) => Ok(Outcome::Ok),
-        (Request::Acquire, Frame::Integer(0)) => Ok(Outcome::Taken),
+        (Request::AcquireMany, Frame::Integer(1)) => Ok(Outcome::Ok),
+        (Request::AcquireMany, Frame::Integer(0)) => Ok(Outcome::Taken),
         (Request::Release | Request::Extend, Frame::Integer(n)) if *n > 0 => Ok(Outcome::Ok),
         (Request::Release | Request::Extend, Frame::Integer(0)) => Ok(Outcome::NotHeld),
         (Request::AcquireFenced, Frame::Integer(n)) if *n > 0 => Ok(Outcome::Ok),
@@ -489,6 +496,17 @@ mod tests {
         assert_eq!(classify(Extend, &Frame::Integer(0)), Ok(Outcome::NotHeld));
         assert_eq!(classify(Release, &Frame::Simple(b"OK")), Err(()));
         assert_eq!(classify(Acquire, &Frame::Simple(b"QUEUED")), Err(()));
+        assert_eq!(
+            classify(Acquire, &Frame::Integer(1)),
+            Err(()),
+            "SET never answers an integer"
+        );
+        assert_eq!(classify(AcquireMany, &Frame::Integer(1)), Ok(Outcome::Ok));
+        assert_eq!(
+            classify(AcquireMany, &Frame::Integer(0)),
+            Ok(Outcome::Taken)
+        );
+        assert_eq!(classify(AcquireMany, &Frame::Simple(b"OK")), Err(()));
         assert!(matches!(
             classify(Release, &Frame::Error(b"NOSCRIPT No matching script")),
             Ok(Outcome::Failed(Fault::Redis(t))) if t.starts_with(b"NOSCRIPT")

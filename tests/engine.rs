@@ -344,10 +344,22 @@ fn restarted_master_reconnects_and_noscript_falls_back_to_eval() {
     let mut lock = c.try_lock("r", Duration::from_secs(5)).unwrap();
     c.extend(&mut lock, Duration::from_secs(8)).unwrap();
     c.release(lock).unwrap();
+    // The release decided at quorum; a master whose NOSCRIPT arrived after that gets
+    // its EVAL retry the next time the client runs its loop: drive one more round.
+    let probe = c.try_lock("probe", Duration::from_secs(1)).unwrap();
+    c.release(probe).unwrap();
     let noscript: u64 = c.stats().iter().map(|s| s.noscript).sum();
     assert!(noscript >= 2, "NOSCRIPT fallbacks: {noscript}");
     for i in 0..3 {
-        assert_eq!(get(&m, i, "r"), None);
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while get(&m, i, "r").is_some() {
+            assert!(
+                Instant::now() < deadline,
+                "master {i} kept the released key"
+            );
+            let probe = c.try_lock("probe", Duration::from_secs(1)).unwrap();
+            c.release(probe).unwrap();
+        }
     }
 }
 
@@ -519,4 +531,88 @@ fn batch_pipelines_many_locks_in_one_write_per_master() {
     assert!(out.iter().all(|r| r.is_ok()), "{out:?}");
     let locks: Vec<_> = out.drain(..).filter_map(Result::ok).collect();
     a.release_batch(locks, &mut rel).unwrap();
+}
+
+#[test]
+fn an_idle_client_does_not_mistake_unread_replies_for_a_stall() {
+    let m = masters(5);
+    let mut c = Redlock::builder()
+        .masters(m.urls())
+        .stall_timeout(Duration::from_millis(200))
+        .retry_count(0)
+        .build()
+        .unwrap();
+    for _ in 0..3 {
+        // Decided at quorum: the slower masters' replies stay unread in the socket...
+        let l = c.try_lock("idle", Duration::from_secs(5)).unwrap();
+        c.release(l).unwrap();
+        // ...while the client is idle for longer than the stall timeout.
+        thread::sleep(Duration::from_millis(400));
+    }
+    let l = c.try_lock("idle", Duration::from_secs(5)).unwrap();
+    c.release(l).unwrap();
+    for (i, s) in c.stats().iter().enumerate() {
+        assert_eq!(s.disconnects, 0, "master {i}: {:?}", s.last_fault);
+        assert_eq!(s.connects, 1, "master {i} reconnected");
+    }
+}
+
+#[test]
+fn a_frozen_masters_backlog_stays_bounded_and_nothing_leaks() {
+    let mut m = masters(5);
+    let mut c = Redlock::builder()
+        .masters(m.urls())
+        .node_timeout(Duration::from_millis(100))
+        .stall_timeout(Duration::from_secs(60))
+        .retry_count(0)
+        .build()
+        .unwrap();
+    let names: Vec<String> = (0..64).map(|k| format!("backlog:{k}")).collect();
+    let mut out = Vec::new();
+    let mut rel = Vec::new();
+    c.try_lock_batch(&names, Duration::from_secs(30), &mut out)
+        .unwrap();
+    c.release_batch(out.drain(..).map(|r| r.unwrap()), &mut rel)
+        .unwrap();
+    m[4].freeze().unwrap();
+    let mut backlogged = 0;
+    for _ in 0..40 {
+        c.try_lock_batch(&names, Duration::from_secs(30), &mut out)
+            .unwrap();
+        for r in out.iter() {
+            let lock = r.as_ref().expect("4 live masters grant");
+            let _ = lock;
+        }
+        c.release_batch(out.drain(..).map(|r| r.unwrap()), &mut rel)
+            .unwrap();
+        assert!(rel.iter().all(|r| r.is_ok()), "{rel:?}");
+        let probe = c
+            .try_lock("backlog-probe", Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let s = c.stats()[4];
+        assert_eq!(s.disconnects, 0, "{:?}", s.last_fault);
+        c.release(probe).unwrap();
+        backlogged += 1;
+    }
+    assert_eq!(backlogged, 40);
+    m[4].thaw().unwrap();
+    // Once thawed, the master works through its queue: every SET it ran is followed by
+    // its release, so no key is left (bounded wait; the client drives its loop meanwhile).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let probe = c
+            .try_lock("backlog-probe", Duration::from_secs(30))
+            .unwrap();
+        c.release(probe).unwrap();
+        let left: usize = names.iter().filter(|k| get(&m, 4, k).is_some()).count();
+        if left == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{left} keys left on the thawed master"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(c.stats()[4].disconnects, 0);
 }

@@ -202,6 +202,23 @@ fn cancel_ends_a_waiting_lock_promptly() {
 }
 
 #[test]
+fn a_pending_cancel_never_aborts_release_or_extend() {
+    let m = masters(3);
+    let mut c = builder(&m).build().unwrap();
+    let mut lock = c.lock("steady", Duration::from_secs(5)).unwrap();
+    c.cancel_handle().cancel();
+    c.extend(&mut lock, Duration::from_secs(5)).unwrap();
+    c.release(lock).unwrap();
+    // The cancel is still pending for the next attempt, as documented.
+    assert!(matches!(
+        c.lock("steady", Duration::from_secs(5)),
+        Err(Error::Cancelled)
+    ));
+    let l = c.lock("steady", Duration::from_secs(5)).unwrap();
+    c.release(l).unwrap();
+}
+
+#[test]
 fn cancel_mid_round_releases_the_partial_lock() {
     let mut m = masters(3);
     let mut c = Redlock::builder()

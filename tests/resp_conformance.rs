@@ -579,3 +579,121 @@ fn errors_describe_themselves() {
         assert_ne!(e.description(), "resp error");
     }
 }
+
+/// Random token soups under several limit sets: the fast paths of `parse` agree with the
+/// general path (`parse_with_attribute`) and with `Parser`, and every prefix is `Partial`
+/// or fails with the whole input's error.
+#[test]
+fn random_inputs_agree_and_split_consistently() {
+    const TOKENS: &[&[u8]] = &[
+        b"+",
+        b"-",
+        b":",
+        b"$",
+        b"*",
+        b"%",
+        b"~",
+        b">",
+        b"|",
+        b"_",
+        b"#",
+        b",",
+        b"(",
+        b"!",
+        b"=",
+        b";",
+        b".",
+        b"?",
+        b"t",
+        b"f",
+        b"0",
+        b"1",
+        b"2",
+        b"9",
+        b"00",
+        b"-1",
+        b"\r\n",
+        b"\r",
+        b"\n",
+        b" ",
+        b"x",
+        b"OK",
+        b"inf",
+        b"e5",
+        b".5",
+        b"txt:",
+        b"123456789",
+        b"9223372036854775807",
+        b"18446744073709551616",
+        b"*1\r\n",
+        b"$3\r\nfoo\r\n",
+        b":1\r\n",
+        b"|1\r\n",
+        b"%1\r\n",
+        b"+OK\r\n",
+        b"$-1\r\n",
+        b"_\r\n",
+    ];
+    let limit_sets = [
+        Limits::default(),
+        TIGHT,
+        Limits {
+            max_line_len: 0,
+            ..TIGHT
+        },
+        Limits {
+            max_line_len: 1,
+            ..TIGHT
+        },
+        Limits {
+            max_line_len: 2,
+            max_bulk_len: 3,
+            max_elements: 1,
+            max_depth: 1,
+        },
+        Limits {
+            max_line_len: 19,
+            max_depth: 0,
+            ..Limits::default()
+        },
+    ];
+    let mut rng = fastrand::Rng::with_seed(0x00c0_ffee);
+    let mut input = Vec::new();
+    for round in 0..rounds() {
+        input.clear();
+        for _ in 0..rng.usize(1..10) {
+            input.extend_from_slice(TOKENS[rng.usize(..TOKENS.len())]);
+        }
+        let limits = limit_sets[round % limit_sets.len()];
+        let whole = parse(&input, &limits);
+        let general = parse_with_attribute(&input, &limits).map(|s| match s {
+            Status::Complete((_, f, n)) => Status::Complete((f, n)),
+            Status::Partial(n) => Status::Partial(n),
+        });
+        let show = String::from_utf8_lossy(&input);
+        assert_eq!(whole, general, "{show:?} under {limits:?}");
+        let mut parser = Parser::new(limits);
+        for k in 0..=input.len() {
+            let got = parse(&input[..k], &limits);
+            match (&whole, &got) {
+                (_, Ok(Status::Partial(m))) => {
+                    if let Ok(Status::Complete((_, n))) = whole {
+                        assert!(k + m <= n, "{show:?}[..{k}]");
+                    }
+                }
+                (Ok(Status::Complete((_, n))), _) if k >= *n => assert_eq!(got, whole),
+                (Err(e), Err(g)) => assert_eq!(e, g, "{show:?}[..{k}] under {limits:?}"),
+                _ => panic!("{show:?}[..{k}] gave {got:?}, whole {whole:?} under {limits:?}"),
+            }
+            assert_eq!(parser.parse(&input[..k]), got, "Parser {show:?}[..{k}]");
+        }
+    }
+}
+
+/// `RESP_ROUNDS` raises the random round count for a longer local run.
+fn rounds() -> usize {
+    std::env::var("RESP_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20_000)
+}

@@ -39,60 +39,24 @@ impl From<u64> for Arg<'_> {
     }
 }
 
-/// A decimal number formatted on the stack (at most 20 bytes: `u64::MAX`, or `-` and the
-/// 19 digits of `i64::MIN`).
-struct Dec {
-    buf: [u8; 20],
-    start: usize,
-}
-
-impl Dec {
-    #[inline]
-    fn unsigned(mut v: u64) -> Dec {
-        let mut buf = [0u8; 20];
-        let mut start = buf.len();
-        loop {
-            start -= 1;
-            buf[start] = b'0' + (v % 10) as u8;
-            v /= 10;
-            if v == 0 {
-                break;
-            }
-        }
-        Dec { buf, start }
-    }
-    #[inline]
-    fn signed(v: i64) -> Dec {
-        let mut d = Dec::unsigned(v.unsigned_abs());
-        if v < 0 {
-            d.start -= 1;
-            d.buf[d.start] = b'-';
-        }
-        d
-    }
-    #[inline]
-    fn as_bytes(&self) -> &[u8] {
-        &self.buf[self.start..]
-    }
-}
-
 /// Decimal width of `v`.
-#[inline]
-fn width(mut v: u64) -> usize {
-    let mut n = 1;
-    while v >= 10 {
-        v /= 10;
-        n += 1;
+#[inline(always)]
+fn width(v: u64) -> usize {
+    // Lengths and integers in commands are mostly small: compare before the general log.
+    if v < 10 {
+        1
+    } else if v < 100 {
+        2
+    } else if v < 1000 {
+        3
+    } else {
+        wide(v)
     }
-    n
 }
 
-/// `<t><n>\r\n`.
-#[inline]
-fn header(out: &mut Vec<u8>, t: u8, n: usize) {
-    out.push(t);
-    out.extend_from_slice(Dec::unsigned(n as u64).as_bytes());
-    out.extend_from_slice(b"\r\n");
+#[inline(never)]
+fn wide(v: u64) -> usize {
+    v.ilog10() as usize + 1
 }
 
 /// Bytes taken by `<t><n>\r\n`.
@@ -101,8 +65,90 @@ fn header_len(n: usize) -> usize {
     1 + width(n as u64) + 2
 }
 
+/// Small pieces (headers, CRLFs, formatted integers) gathered on the stack and appended
+/// to the output in one `extend_from_slice`, instead of many tiny pushes.
+struct Head {
+    buf: [u8; Head::CAP],
+    len: usize,
+}
+
+impl Head {
+    const CAP: usize = 64;
+    /// Flush before adding a piece when past this: one piece (`\r\n$<20>\r\n<20>\r\n`)
+    /// never needs more than the rest.
+    const FLUSH_AT: usize = Head::CAP - 32;
+
+    #[inline]
+    fn new() -> Head {
+        Head {
+            buf: [0; Head::CAP],
+            len: 0,
+        }
+    }
+    #[inline(always)]
+    fn byte(&mut self, b: u8) {
+        self.buf[self.len] = b;
+        self.len += 1;
+    }
+    #[inline(always)]
+    fn crlf(&mut self) {
+        self.byte(b'\r');
+        self.byte(b'\n');
+    }
+    /// `v` in decimal, without allocating (two digits at a time for the common small case).
+    #[inline(always)]
+    fn unsigned(&mut self, v: u64) {
+        if v < 10 {
+            self.byte(b'0' + v as u8);
+        } else if v < 100 {
+            self.byte(b'0' + (v / 10) as u8);
+            self.byte(b'0' + (v % 10) as u8);
+        } else {
+            self.long(v);
+        }
+    }
+    #[inline(never)]
+    fn long(&mut self, mut v: u64) {
+        let w = width(v);
+        let end = self.len + w;
+        let mut p = end;
+        while p > self.len {
+            p -= 1;
+            self.buf[p] = b'0' + (v % 10) as u8;
+            v /= 10;
+        }
+        self.len = end;
+    }
+    #[inline(always)]
+    fn signed(&mut self, v: i64) {
+        if v < 0 {
+            self.byte(b'-');
+        }
+        self.unsigned(v.unsigned_abs());
+    }
+    /// `<t><n>\r\n`.
+    #[inline(always)]
+    fn header(&mut self, t: u8, n: usize) {
+        self.byte(t);
+        self.unsigned(n as u64);
+        self.crlf();
+    }
+    #[inline(always)]
+    fn flush(&mut self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.buf[..self.len]);
+        self.len = 0;
+    }
+    #[inline(always)]
+    fn room(&mut self, out: &mut Vec<u8>) {
+        if self.len > Head::FLUSH_AT {
+            self.flush(out);
+        }
+    }
+}
+
 /// Append `args` as one RESP command (an array of bulk strings) to `out`.
-/// Never allocates once `out` has the capacity.
+/// Never allocates once `out` has the capacity: the exact size is computed first and
+/// reserved once.
 ///
 /// ```
 /// use redlock_mux::resp::{encode_command, Arg};
@@ -121,26 +167,28 @@ pub fn encode_command(out: &mut Vec<u8>, args: &[Arg<'_>]) {
         total = total.saturating_add(header_len(n) + n + 2);
     }
     out.reserve(total);
-    header(out, b'*', args.len());
+    let mut head = Head::new();
+    head.header(b'*', args.len());
     for a in args {
+        head.room(out);
         match *a {
             Arg::Bytes(b) => {
-                header(out, b'$', b.len());
+                head.header(b'$', b.len());
+                head.flush(out);
                 out.extend_from_slice(b);
             }
             Arg::Int(v) => {
-                let d = Dec::signed(v);
-                header(out, b'$', d.as_bytes().len());
-                out.extend_from_slice(d.as_bytes());
+                head.header(b'$', usize::from(v < 0) + width(v.unsigned_abs()));
+                head.signed(v);
             }
             Arg::Uint(v) => {
-                let d = Dec::unsigned(v);
-                header(out, b'$', d.as_bytes().len());
-                out.extend_from_slice(d.as_bytes());
+                head.header(b'$', width(v));
+                head.unsigned(v);
             }
         }
-        out.extend_from_slice(b"\r\n");
+        head.crlf();
     }
+    head.flush(out);
 }
 
 /// Append any frame (aggregates included) to `out`, in canonical form.
@@ -174,31 +222,42 @@ fn frame_len(frame: &Frame<'_>) -> usize {
 }
 
 fn write_frame(out: &mut Vec<u8>, frame: &Frame<'_>) {
+    let mut head = Head::new();
     let line = |out: &mut Vec<u8>, t: u8, s: &[u8]| {
         out.push(t);
         out.extend_from_slice(s);
         out.extend_from_slice(b"\r\n");
     };
-    let blob = |out: &mut Vec<u8>, t: u8, b: &[u8]| {
-        header(out, t, b.len());
-        out.extend_from_slice(b);
-        out.extend_from_slice(b"\r\n");
-    };
     match *frame {
         Frame::Simple(s) => line(out, b'+', s),
         Frame::Error(s) => line(out, b'-', s),
-        Frame::Integer(v) => line(out, b':', Dec::signed(v).as_bytes()),
-        Frame::Bulk(b) => blob(out, b'$', b),
+        Frame::Double(s) => line(out, b',', s),
+        Frame::BigNumber(s) => line(out, b'(', s),
+        Frame::Integer(v) => {
+            head.byte(b':');
+            head.signed(v);
+            head.crlf();
+            head.flush(out);
+        }
+        Frame::Bulk(b) | Frame::BulkError(b) => {
+            let t = if matches!(frame, Frame::Bulk(_)) {
+                b'$'
+            } else {
+                b'!'
+            };
+            head.header(t, b.len());
+            head.flush(out);
+            out.extend_from_slice(b);
+            out.extend_from_slice(b"\r\n");
+        }
         Frame::NullBulk => out.extend_from_slice(b"$-1\r\n"),
         Frame::NullArray => out.extend_from_slice(b"*-1\r\n"),
         Frame::Null => out.extend_from_slice(b"_\r\n"),
         Frame::Boolean(true) => out.extend_from_slice(b"#t\r\n"),
         Frame::Boolean(false) => out.extend_from_slice(b"#f\r\n"),
-        Frame::Double(s) => line(out, b',', s),
-        Frame::BigNumber(s) => line(out, b'(', s),
-        Frame::BulkError(b) => blob(out, b'!', b),
         Frame::Verbatim { format, text } => {
-            header(out, b'=', format.len() + 1 + text.len());
+            head.header(b'=', format.len() + 1 + text.len());
+            head.flush(out);
             out.extend_from_slice(format);
             out.push(b':');
             out.extend_from_slice(text);
@@ -212,7 +271,8 @@ fn write_frame(out: &mut Vec<u8>, frame: &Frame<'_>) {
                 AggregateKind::Push => b'>',
                 AggregateKind::Attribute => b'|',
             };
-            header(out, t, a.len());
+            head.header(t, a.len());
+            head.flush(out);
             for e in a.iter() {
                 write_frame(out, &e);
             }

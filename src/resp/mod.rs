@@ -172,9 +172,11 @@ pub enum Error {
     /// A length or integer is not a valid decimal for its type (empty, spaces, sign rules,
     /// leading zeros where refused).
     BadInteger,
-    /// An integer does not fit in i64 (or a length in usize).
+    /// A `:` integer does not fit in i64. (A length past its limit, or past usize, is
+    /// [`Error::BulkTooLong`] or [`Error::TooManyElements`].)
     IntegerOverflow,
-    /// A length below -1, or -1 where null is not allowed.
+    /// A length below -1 (`$-2`, `*-2`), or -1 where null is not allowed (`%-1`, `~-1`,
+    /// `>-1`, `|-1`, `!-1`, `=-1`).
     BadLength,
     /// The CRLF after bulk data is missing.
     MissingBulkTerminator,
@@ -194,11 +196,15 @@ pub enum Error {
     TooManyElements,
     /// Nesting deeper than [`Limits::max_depth`].
     TooDeep,
-    /// A line longer than [`Limits::max_line_len`] without CRLF.
+    /// A header or text line longer than [`Limits::max_line_len`]; reported as soon as the
+    /// byte past the limit arrives, without waiting for the CRLF.
     LineTooLong,
-    /// RESP3 streamed strings or aggregates (`$?`, `*?`, `;`, `.`): not supported.
+    /// RESP3 streamed strings or aggregates (a `?` length such as `$?` or `*?`, and the
+    /// `;` and `.` types): not supported.
     Unsupported,
-    /// An attribute with no value after it inside a finished aggregate, or similar misuse.
+    /// An attribute followed directly by another attribute: an attribute must be followed
+    /// by the value it describes. (Counts make an attribute with nothing after it in an
+    /// aggregate impossible: the aggregate still waits for its element.)
     DanglingAttribute,
 }
 

@@ -194,14 +194,13 @@ enum Len {
     N(usize),
 }
 
-/// Read the byte at `p` of a line whose content bytes must lie below `cap`.
+/// `true` when a line whose content bytes must lie below `cap` has gone past it by index
+/// `q`, the byte that decides the line: a content byte (anything but CR and LF) at or
+/// after `cap` exists. Checked once per decision rather than once per byte; the outcome
+/// is the same as checking every byte in order.
 #[inline(always)]
-fn byte_at(buf: &[u8], p: usize, cap: usize) -> Result<Option<u8>, Error> {
-    match buf.get(p) {
-        None => Ok(None),
-        Some(&b) if p >= cap && b != CR && b != LF => Err(Error::LineTooLong),
-        Some(&b) => Ok(Some(b)),
-    }
+fn over_cap(buf: &[u8], q: usize, cap: usize) -> bool {
+    q > cap || (q == cap && matches!(buf.get(q), Some(&b) if b != CR && b != LF))
 }
 
 /// `buf[p]` is CR: the line ends there if LF follows.
@@ -214,160 +213,178 @@ fn crlf<T>(buf: &[u8], p: usize, v: T) -> Res<T> {
     }
 }
 
+/// Any byte of `w` equal to CR or LF (the classic has-zero-byte test on `w ^ pattern`).
+#[inline(always)]
+fn has_cr_or_lf(w: u64) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH;
+    (zero(w ^ (ONES * CR as u64)) | zero(w ^ (ONES * LF as u64))) != 0
+}
+
 /// A text line whose content starts at `start`, scanning from `from` (bytes in
 /// `start..from` are already known to be content). Returns the index of the ending CR.
-#[inline]
+#[inline(always)]
 fn line(buf: &[u8], start: usize, from: usize, max_len: usize) -> Res<usize> {
     let cap = start.saturating_add(max_len);
-    let mut p = from.max(start);
-    while let Some(&b) = buf.get(p) {
-        if b == CR {
-            return crlf(buf, p, p);
+    let stop = buf.len().min(cap);
+    // Never resume past the limit: the byte there still has to be looked at.
+    let mut p = from.max(start).min(stop);
+    while p + 8 <= stop {
+        let w = u64::from_le_bytes([
+            buf[p],
+            buf[p + 1],
+            buf[p + 2],
+            buf[p + 3],
+            buf[p + 4],
+            buf[p + 5],
+            buf[p + 6],
+            buf[p + 7],
+        ]);
+        if has_cr_or_lf(w) {
+            break;
         }
-        if b == LF {
-            return Err(Error::BadLineEnding);
-        }
-        if p >= cap {
-            return Err(Error::LineTooLong);
+        p += 8;
+    }
+    while p < stop {
+        let b = buf[p];
+        if b <= CR && (b == CR || b == LF) {
+            break;
         }
         p += 1;
     }
-    Ok(Scan::Need(p + 2))
+    // `p` is at CR, LF, the end of the input, or the first byte past the limit.
+    match buf.get(p) {
+        Some(&CR) => crlf(buf, p, p),
+        Some(&LF) => Err(Error::BadLineEnding),
+        Some(_) => Err(Error::LineTooLong),
+        None => Ok(Scan::Need(p + 2)),
+    }
+}
+
+/// Decimal digits from `p` while the value stays within `max`: the value, the index of
+/// the first byte that is not a digit (or whose digit would pass `max`), and whether it
+/// stopped because of `max`.
+#[inline(always)]
+fn digits(buf: &[u8], p: usize, max: u64) -> (u64, usize, bool) {
+    let mut n = 0u64;
+    let mut q = p;
+    // 18 digits cannot overflow a u64: plain arithmetic, one compare against `max`.
+    let fast_end = buf.len().min(p + 18);
+    while q < fast_end {
+        let d = buf[q].wrapping_sub(b'0');
+        if d > 9 {
+            return (n, q, false);
+        }
+        let v = n * 10 + u64::from(d);
+        if v > max {
+            return (n, q, true);
+        }
+        n = v;
+        q += 1;
+    }
+    while let Some(&b) = buf.get(q) {
+        let d = b.wrapping_sub(b'0');
+        if d > 9 {
+            return (n, q, false);
+        }
+        match n.checked_mul(10).and_then(|n| n.checked_add(u64::from(d))) {
+            Some(v) if v <= max => n = v,
+            _ => return (n, q, true),
+        }
+        q += 1;
+    }
+    (n, q, false)
+}
+
+/// The line of a number ends at `q` (the first byte after the digits): CRLF, or an error.
+/// `need` is the lower bound when the input stops at `q`.
+#[inline(always)]
+fn number_end<T>(buf: &[u8], q: usize, cap: usize, any: bool, need: usize, v: T) -> Res<T> {
+    if over_cap(buf, q, cap) {
+        return Err(Error::LineTooLong);
+    }
+    match buf.get(q) {
+        Some(&CR) if any => crlf(buf, q, v),
+        Some(&LF) => Err(Error::BadLineEnding),
+        Some(_) => Err(Error::BadInteger),
+        None => Ok(Scan::Need(need)),
+    }
 }
 
 /// A length line starting at `i`: `-1`, `0` or `[1-9][0-9]*`, then CRLF. A value over
-/// `max` fails with `too_big` at the digit that passes it.
-#[inline]
+/// `max` fails with `too_big` at the digit that passes it; `?` (streamed) is unsupported.
+#[inline(always)]
 fn length(buf: &[u8], i: usize, cap: usize, max: usize, too_big: Error) -> Res<Len> {
-    let Some(first) = byte_at(buf, i, cap)? else {
-        return Ok(Scan::Need(i + 3));
-    };
-    match first {
-        b'1'..=b'9' => {
-            let mut n = (first - b'0') as usize;
-            if n > max {
-                return Err(too_big);
+    match buf.get(i) {
+        Some(&b'-') => {
+            let one = buf.get(i + 1) == Some(&b'1');
+            let q = i + 1 + usize::from(one);
+            if over_cap(buf, q, cap) {
+                return Err(Error::LineTooLong);
             }
-            let mut p = i + 1;
-            loop {
-                match byte_at(buf, p, cap)? {
-                    None => return Ok(Scan::Need(p + 2)),
-                    Some(d @ b'0'..=b'9') => {
-                        n = n
-                            .checked_mul(10)
-                            .and_then(|n| n.checked_add((d - b'0') as usize))
-                            .filter(|&n| n <= max)
-                            .ok_or(too_big)?;
-                        p += 1;
-                    }
-                    Some(CR) => return crlf(buf, p, Len::N(n)),
-                    Some(LF) => return Err(Error::BadLineEnding),
-                    Some(_) => return Err(Error::BadInteger),
-                }
-            }
-        }
-        b'0' => match byte_at(buf, i + 1, cap)? {
-            None => Ok(Scan::Need(i + 3)),
-            Some(CR) => crlf(buf, i + 1, Len::N(0)),
-            Some(LF) => Err(Error::BadLineEnding),
-            Some(_) => Err(Error::BadInteger),
-        },
-        b'-' => match byte_at(buf, i + 1, cap)? {
-            None => Ok(Scan::Need(i + 4)),
-            Some(b'1') => match byte_at(buf, i + 2, cap)? {
+            return match buf.get(q) {
                 None => Ok(Scan::Need(i + 4)),
-                Some(CR) => crlf(buf, i + 2, Len::Null),
-                Some(b'0'..=b'9') => Err(Error::BadLength),
-                Some(LF) => Err(Error::BadLineEnding),
+                Some(&CR) if one => crlf(buf, q, Len::Null),
+                Some(&LF) => Err(Error::BadLineEnding),
+                // `-1` followed by a digit, or `-2`..`-9`: below -1.
+                Some(b'0'..=b'9') if one => Err(Error::BadLength),
+                Some(b'2'..=b'9') => Err(Error::BadLength),
                 Some(_) => Err(Error::BadInteger),
-            },
-            Some(b'2'..=b'9') => Err(Error::BadLength),
-            Some(LF) => Err(Error::BadLineEnding),
-            Some(_) => Err(Error::BadInteger),
-        },
-        b'?' => Err(Error::Unsupported),
-        LF => Err(Error::BadLineEnding),
-        _ => Err(Error::BadInteger),
+            };
+        }
+        Some(&b'?') if !over_cap(buf, i, cap) => return Err(Error::Unsupported),
+        _ => {}
     }
+    let (n, q, over) = digits(buf, i, max as u64);
+    if q > i + 1 && buf[i] == b'0' {
+        // A leading zero, decided at the digit after it.
+        return Err(if over_cap(buf, i + 1, cap) {
+            Error::LineTooLong
+        } else {
+            Error::BadInteger
+        });
+    }
+    if over && !over_cap(buf, q, cap) {
+        return Err(too_big);
+    }
+    let need = if q == i { i + 3 } else { q + 2 };
+    // `n <= max`, so it fits in usize.
+    number_end(buf, q, cap, q > i, need, Len::N(n as usize))
 }
 
 /// A `:` integer line starting at `i`: optional `-`, then `0` or `[1-9][0-9]*` (no `+`,
 /// no leading zeros, no `-0`), within i64.
-#[inline]
+#[inline(always)]
 fn integer(buf: &[u8], i: usize, cap: usize) -> Res<i64> {
-    let mut p = i;
-    let neg = match byte_at(buf, p, cap)? {
-        None => return Ok(Scan::Need(p + 3)),
-        Some(b'-') => {
-            p += 1;
-            true
-        }
-        Some(_) => false,
+    let neg = buf.get(i) == Some(&b'-');
+    let s = i + usize::from(neg);
+    let limit = if neg {
+        i64::MIN.unsigned_abs()
+    } else {
+        i64::MAX as u64
     };
-    let Some(first) = byte_at(buf, p, cap)? else {
-        return Ok(Scan::Need(p + 3));
-    };
-    match first {
-        b'0' if !neg => match byte_at(buf, p + 1, cap)? {
-            None => Ok(Scan::Need(p + 3)),
-            Some(CR) => crlf(buf, p + 1, 0),
-            Some(LF) => Err(Error::BadLineEnding),
-            Some(_) => Err(Error::BadInteger),
-        },
-        b'1'..=b'9' => {
-            let limit = if neg {
-                i64::MIN.unsigned_abs()
-            } else {
-                i64::MAX as u64
-            };
-            let mut n = (first - b'0') as u64;
-            p += 1;
-            loop {
-                match byte_at(buf, p, cap)? {
-                    None => return Ok(Scan::Need(p + 2)),
-                    Some(d @ b'0'..=b'9') => {
-                        n = n
-                            .checked_mul(10)
-                            .and_then(|n| n.checked_add((d - b'0') as u64))
-                            .filter(|&n| n <= limit)
-                            .ok_or(Error::IntegerOverflow)?;
-                        p += 1;
-                    }
-                    Some(CR) => {
-                        // n <= 2^63; for 2^63 the cast gives i64::MIN and negation keeps it.
-                        let v = if neg {
-                            (n as i64).wrapping_neg()
-                        } else {
-                            n as i64
-                        };
-                        return crlf(buf, p, v);
-                    }
-                    Some(LF) => return Err(Error::BadLineEnding),
-                    Some(_) => return Err(Error::BadInteger),
-                }
-            }
-        }
-        LF => Err(Error::BadLineEnding),
-        _ => Err(Error::BadInteger),
+    let (n, q, over) = digits(buf, s, limit);
+    if q > s && buf[s] == b'0' && (neg || q > s + 1) {
+        // `-0`, decided at the `0`, or a leading zero, decided at the digit after it.
+        let at = if neg { s } else { s + 1 };
+        return Err(if over_cap(buf, at, cap) {
+            Error::LineTooLong
+        } else {
+            Error::BadInteger
+        });
     }
-}
-
-/// A length-prefixed payload (`$`, `!`, `=`) whose header starts at `i`. Returns the
-/// payload range, or `None` for `-1`.
-#[inline]
-fn blob(buf: &[u8], i: usize, cap: usize, max: usize) -> Res<Option<(usize, usize)>> {
-    let (n, p) = match length(buf, i, cap, max, Error::BulkTooLong)? {
-        Scan::Need(k) => return Ok(Scan::Need(k)),
-        Scan::Done(Len::Null, p) => return Ok(Scan::Done(None, p)),
-        Scan::Done(Len::N(n), p) => (n, p),
-    };
-    let e = p.checked_add(n).ok_or(Error::BulkTooLong)?;
-    let end = e.checked_add(2).ok_or(Error::BulkTooLong)?;
-    match (buf.get(e), buf.get(e + 1)) {
-        (Some(&CR), Some(&LF)) => Ok(Scan::Done(Some((p, e)), end)),
-        (Some(&CR), None) | (None, _) => Ok(Scan::Need(end)),
-        _ => Err(Error::MissingBulkTerminator),
+    if over && !over_cap(buf, q, cap) {
+        return Err(Error::IntegerOverflow);
     }
+    // n <= 2^63; for 2^63 the cast gives i64::MIN and negation keeps it.
+    let v = if neg {
+        (n as i64).wrapping_neg()
+    } else {
+        n as i64
+    };
+    let need = if q == s { s + 3 } else { q + 2 };
+    number_end(buf, q, cap, q > s, need, v)
 }
 
 /// `-?inf`, `nan`, or `-?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?`.
@@ -413,61 +430,18 @@ fn valid_big_number(s: &[u8]) -> bool {
 
 /// Read one item at `pos`. `hint` (>= the line start, or 0) is how far a text line at
 /// `pos` was already scanned by an earlier call on a prefix of the same bytes.
-#[inline]
+#[inline(always)]
 fn item<'a>(buf: &'a [u8], pos: usize, lim: &Limits, hint: usize) -> Res<Item<'a>> {
     let Some(&t) = buf.get(pos) else {
         return Ok(Scan::Need(pos + MIN_ITEM));
     };
     let i = pos + 1;
     let cap = i.saturating_add(lim.max_line_len);
-    let leaf = |r: Res<Frame<'a>>| -> Res<Item<'a>> {
-        Ok(match r? {
-            Scan::Done(f, e) => Scan::Done(Item::Leaf(f), e),
-            Scan::Need(k) => Scan::Need(k),
-        })
-    };
-    let text = |mk: fn(&'a [u8]) -> Result<Frame<'a>, Error>| -> Res<Item<'a>> {
-        Ok(match line(buf, i, hint, lim.max_line_len)? {
-            Scan::Done(e, end) => Scan::Done(Item::Leaf(mk(&buf[i..e])?), end),
-            Scan::Need(k) => Scan::Need(k),
-        })
-    };
-    let aggregate = |kind: AggregateKind| -> Res<Item<'a>> {
-        let max = match kind {
-            AggregateKind::Map | AggregateKind::Attribute => lim.max_elements / 2,
-            _ => lim.max_elements,
-        };
-        Ok(match length(buf, i, cap, max, Error::TooManyElements)? {
-            Scan::Done(Len::N(n), e) => Scan::Done(Item::Agg(kind, n), e),
-            Scan::Done(Len::Null, e) if kind == AggregateKind::Array => {
-                Scan::Done(Item::Leaf(Frame::NullArray), e)
-            }
-            Scan::Done(Len::Null, _) => return Err(Error::BadLength),
-            Scan::Need(k) => Scan::Need(k),
-        })
-    };
-    match t {
-        b'+' => text(|s| Ok(Frame::Simple(s))),
-        b'-' => text(|s| Ok(Frame::Error(s))),
-        b':' => leaf(integer(buf, i, cap).map(|r| match r {
-            Scan::Done(v, e) => Scan::Done(Frame::Integer(v), e),
-            Scan::Need(k) => Scan::Need(k),
-        })),
-        b'$' => leaf(blob(buf, i, cap, lim.max_bulk_len).map(|r| match r {
-            Scan::Done(Some((s, e)), end) => Scan::Done(Frame::Bulk(&buf[s..e]), end),
-            Scan::Done(None, end) => Scan::Done(Frame::NullBulk, end),
-            Scan::Need(k) => Scan::Need(k),
-        })),
-        b'*' => aggregate(AggregateKind::Array),
-        b'%' => aggregate(AggregateKind::Map),
-        b'~' => aggregate(AggregateKind::Set),
-        b'>' => aggregate(AggregateKind::Push),
-        b'|' => aggregate(AggregateKind::Attribute),
-        b'_' => match (buf.get(i), buf.get(i + 1)) {
-            (Some(&CR), Some(&LF)) => Ok(Scan::Done(Item::Leaf(Frame::Null), i + 2)),
-            (Some(&CR), None) | (None, _) => Ok(Scan::Need(i + 2)),
-            _ => Err(Error::BadNull),
-        },
+    let kind = match t {
+        b'+' | b'-' | b',' | b'(' => return text_line(buf, t, i, hint, lim.max_line_len),
+        b':' => return int_item(buf, i, cap),
+        b'$' | b'!' | b'=' => return text_blob(buf, t, i, cap, lim),
+        b'_' => return null_item(buf, i),
         b'#' => {
             let v = match buf.get(i) {
                 None => return Ok(Scan::Need(i + 3)),
@@ -475,62 +449,101 @@ fn item<'a>(buf: &'a [u8], pos: usize, lim: &Limits, hint: usize) -> Res<Item<'a
                 Some(b'f') => false,
                 Some(_) => return Err(Error::BadBoolean),
             };
-            match (buf.get(i + 1), buf.get(i + 2)) {
+            return match (buf.get(i + 1), buf.get(i + 2)) {
                 (Some(&CR), Some(&LF)) => Ok(Scan::Done(Item::Leaf(Frame::Boolean(v)), i + 3)),
                 (Some(&CR), None) | (None, _) => Ok(Scan::Need(i + 3)),
                 _ => Err(Error::BadBoolean),
-            }
-        }
-        b',' => text(|s| {
-            if valid_double(s) {
-                Ok(Frame::Double(s))
-            } else {
-                Err(Error::BadDouble)
-            }
-        }),
-        b'(' => text(|s| {
-            if valid_big_number(s) {
-                Ok(Frame::BigNumber(s))
-            } else {
-                Err(Error::BadBigNumber)
-            }
-        }),
-        b'!' => match blob(buf, i, cap, lim.max_bulk_len)? {
-            Scan::Done(Some((s, e)), end) => {
-                Ok(Scan::Done(Item::Leaf(Frame::BulkError(&buf[s..e])), end))
-            }
-            Scan::Done(None, _) => Err(Error::BadLength),
-            Scan::Need(k) => Ok(Scan::Need(k)),
-        },
-        b'=' => {
-            // The length must leave room for `fmt:`; decided as soon as the header is read.
-            let r = match length(buf, i, cap, lim.max_bulk_len, Error::BulkTooLong)? {
-                Scan::Done(Len::Null, _) => return Err(Error::BadLength),
-                Scan::Done(Len::N(n), _) if n < 4 => return Err(Error::BadVerbatim),
-                Scan::Done(..) => blob(buf, i, cap, lim.max_bulk_len)?,
-                Scan::Need(k) => return Ok(Scan::Need(k)),
             };
-            match r {
-                Scan::Done(Some((s, e)), end) => {
-                    let payload = &buf[s..e];
-                    if payload[3] != b':' {
-                        return Err(Error::BadVerbatim);
-                    }
-                    Ok(Scan::Done(
-                        Item::Leaf(Frame::Verbatim {
-                            format: &payload[..3],
-                            text: &payload[4..],
-                        }),
-                        end,
-                    ))
-                }
-                Scan::Done(None, _) => Err(Error::BadLength),
-                Scan::Need(k) => Ok(Scan::Need(k)),
-            }
         }
-        b';' | b'.' => Err(Error::Unsupported),
-        _ => Err(Error::UnknownType(t)),
+        b'*' => AggregateKind::Array,
+        b'%' => AggregateKind::Map,
+        b'~' => AggregateKind::Set,
+        b'>' => AggregateKind::Push,
+        b'|' => AggregateKind::Attribute,
+        b';' | b'.' => return Err(Error::Unsupported),
+        _ => return Err(Error::UnknownType(t)),
+    };
+    let max = match kind {
+        AggregateKind::Map | AggregateKind::Attribute => lim.max_elements / 2,
+        _ => lim.max_elements,
+    };
+    Ok(match length(buf, i, cap, max, Error::TooManyElements)? {
+        Scan::Done(Len::N(n), e) => Scan::Done(Item::Agg(kind, n), e),
+        Scan::Done(Len::Null, e) if kind == AggregateKind::Array => {
+            Scan::Done(Item::Leaf(Frame::NullArray), e)
+        }
+        Scan::Done(Len::Null, _) => return Err(Error::BadLength),
+        Scan::Need(k) => Scan::Need(k),
+    })
+}
+
+/// `+`, `-`, `,` and `(`: a text line, validated for its type.
+#[inline(always)]
+fn text_line(buf: &[u8], t: u8, i: usize, hint: usize, max_len: usize) -> Res<Item<'_>> {
+    let (e, end) = match line(buf, i, hint, max_len)? {
+        Scan::Done(e, end) => (e, end),
+        Scan::Need(k) => return Ok(Scan::Need(k)),
+    };
+    let s = &buf[i..e];
+    let f = match t {
+        b'+' => Frame::Simple(s),
+        b'-' => Frame::Error(s),
+        b',' if valid_double(s) => Frame::Double(s),
+        b',' => return Err(Error::BadDouble),
+        _ if valid_big_number(s) => Frame::BigNumber(s),
+        _ => return Err(Error::BadBigNumber),
+    };
+    Ok(Scan::Done(Item::Leaf(f), end))
+}
+
+#[inline(always)]
+fn int_item(buf: &[u8], i: usize, cap: usize) -> Res<Item<'_>> {
+    Ok(match integer(buf, i, cap)? {
+        Scan::Done(v, e) => Scan::Done(Item::Leaf(Frame::Integer(v)), e),
+        Scan::Need(k) => Scan::Need(k),
+    })
+}
+
+#[inline(always)]
+fn null_item(buf: &[u8], i: usize) -> Res<Item<'_>> {
+    match (buf.get(i), buf.get(i + 1)) {
+        (Some(&CR), Some(&LF)) => Ok(Scan::Done(Item::Leaf(Frame::Null), i + 2)),
+        (Some(&CR), None) | (None, _) => Ok(Scan::Need(i + 2)),
+        _ => Err(Error::BadNull),
     }
+}
+
+/// `$` bulk, `!` bulk error and `=` verbatim: a length line, the payload, CRLF.
+#[inline(always)]
+fn text_blob<'a>(buf: &'a [u8], t: u8, i: usize, cap: usize, lim: &Limits) -> Res<Item<'a>> {
+    let (n, p) = match length(buf, i, cap, lim.max_bulk_len, Error::BulkTooLong)? {
+        Scan::Need(k) => return Ok(Scan::Need(k)),
+        Scan::Done(Len::Null, p) if t == b'$' => {
+            return Ok(Scan::Done(Item::Leaf(Frame::NullBulk), p))
+        }
+        Scan::Done(Len::Null, _) => return Err(Error::BadLength),
+        // A verbatim length must leave room for `fmt:`; decided as soon as it is read.
+        Scan::Done(Len::N(n), _) if t == b'=' && n < 4 => return Err(Error::BadVerbatim),
+        Scan::Done(Len::N(n), p) => (n, p),
+    };
+    let e = p.checked_add(n).ok_or(Error::BulkTooLong)?;
+    let end = e.checked_add(2).ok_or(Error::BulkTooLong)?;
+    match (buf.get(e), buf.get(e + 1)) {
+        (Some(&CR), Some(&LF)) => {}
+        (Some(&CR), None) | (None, _) => return Ok(Scan::Need(end)),
+        _ => return Err(Error::MissingBulkTerminator),
+    }
+    let s = &buf[p..e];
+    let f = match t {
+        b'$' => Frame::Bulk(s),
+        b'!' => Frame::BulkError(s),
+        _ if s[3] == b':' => Frame::Verbatim {
+            format: &s[..3],
+            text: &s[4..],
+        },
+        _ => return Err(Error::BadVerbatim),
+    };
+    Ok(Scan::Done(Item::Leaf(f), end))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -720,14 +733,140 @@ fn parse_aggregate<'a>(buf: &'a [u8], lim: &Limits) -> Parsed<'a> {
 /// [`Parser`] to resume instead when replies can be large).
 #[inline]
 pub fn parse<'a>(buf: &'a [u8], limits: &Limits) -> Result<Status<(Frame<'a>, usize)>, Error> {
-    match item(buf, 0, limits, 0)? {
+    // The replies a lock client lives on get their own small functions (each with its own
+    // minimal prologue); everything else goes through the general path.
+    match buf.first() {
+        Some(b'+') => parse_simple(buf, limits),
+        Some(b'$') => parse_bulk(buf, limits),
+        Some(b':') => parse_integer(buf, limits),
+        Some(b'_') => parse_null(buf),
+        Some(b'-') => parse_error(buf, limits),
+        _ => parse_general(buf, limits),
+    }
+}
+
+type Parsed1<'a> = Result<Status<(Frame<'a>, usize)>, Error>;
+
+#[inline(always)]
+fn leaf_status<'a>(r: Res<Item<'a>>, buf: &'a [u8], limits: &Limits) -> Parsed1<'a> {
+    match r? {
         Scan::Done(Item::Leaf(f), n) => Ok(Status::Complete((f, n))),
         Scan::Need(k) => Ok(Status::Partial(k - buf.len())),
-        Scan::Done(Item::Agg(..), _) => Ok(match parse_aggregate(buf, limits)? {
-            Status::Complete((_, f, n)) => Status::Complete((f, n)),
-            Status::Partial(n) => Status::Partial(n),
-        }),
+        // Leaf types never open an aggregate.
+        Scan::Done(Item::Agg(..), _) => parse_general(buf, limits),
     }
+}
+
+/// Fast path: 1 to 18 canonical digits (no overflow possible) at `s`, then CRLF. Returns
+/// the value and the end of the line; `None` sends the caller to the general path, which
+/// decides every other case (and agrees with this one where both apply).
+#[inline(always)]
+fn short_number(buf: &[u8], s: usize) -> Option<(u64, usize)> {
+    let end = buf.len().min(s + 18);
+    let mut n = 0u64;
+    let mut q = s;
+    while q < end {
+        let d = buf[q].wrapping_sub(b'0');
+        if d > 9 {
+            break;
+        }
+        n = n * 10 + u64::from(d);
+        q += 1;
+    }
+    let canonical = q == s + 1 || (q > s + 1 && buf[s] != b'0');
+    (canonical && buf.get(q) == Some(&CR) && buf.get(q + 1) == Some(&LF)).then_some((n, q + 2))
+}
+
+/// Fast path for a short text line at 1: content bytes above CR, then CRLF. Returns the
+/// end of the content; otherwise how far it got (all content) for the general scan.
+#[inline(always)]
+fn short_line(buf: &[u8], max_len: usize) -> Result<usize, usize> {
+    let stop = buf.len().min(17);
+    let mut p = 1;
+    while p < stop && buf[p] > CR {
+        p += 1;
+    }
+    if buf.get(p) == Some(&CR) && buf.get(p + 1) == Some(&LF) && p - 1 <= max_len {
+        Ok(p)
+    } else {
+        Err(p)
+    }
+}
+
+#[inline(never)]
+fn parse_simple<'a>(buf: &'a [u8], limits: &Limits) -> Parsed1<'a> {
+    match short_line(buf, limits.max_line_len) {
+        Ok(e) => Ok(Status::Complete((Frame::Simple(&buf[1..e]), e + 2))),
+        Err(p) => leaf_status(text_line(buf, b'+', 1, p, limits.max_line_len), buf, limits),
+    }
+}
+
+#[inline(never)]
+fn parse_error<'a>(buf: &'a [u8], limits: &Limits) -> Parsed1<'a> {
+    match short_line(buf, limits.max_line_len) {
+        Ok(e) => Ok(Status::Complete((Frame::Error(&buf[1..e]), e + 2))),
+        Err(p) => leaf_status(text_line(buf, b'-', 1, p, limits.max_line_len), buf, limits),
+    }
+}
+
+#[inline(never)]
+fn parse_integer<'a>(buf: &'a [u8], limits: &Limits) -> Parsed1<'a> {
+    let neg = buf.get(1) == Some(&b'-');
+    let s = 1 + usize::from(neg);
+    if let Some((n, end)) = short_number(buf, s) {
+        // Content is everything between ':' and CRLF.
+        if end - 3 <= limits.max_line_len && !(neg && n == 0) {
+            let v = if neg { -(n as i64) } else { n as i64 };
+            return Ok(Status::Complete((Frame::Integer(v), end)));
+        }
+    }
+    integer_general(buf, limits)
+}
+
+#[inline(never)]
+fn integer_general<'a>(buf: &'a [u8], limits: &Limits) -> Parsed1<'a> {
+    let cap = 1usize.saturating_add(limits.max_line_len);
+    leaf_status(int_item(buf, 1, cap), buf, limits)
+}
+
+#[inline(never)]
+fn parse_bulk<'a>(buf: &'a [u8], limits: &Limits) -> Parsed1<'a> {
+    if limits.max_line_len >= 18 {
+        if buf.get(1) == Some(&b'-') {
+            if buf.get(2..5) == Some(b"1\r\n") {
+                return Ok(Status::Complete((Frame::NullBulk, 5)));
+            }
+        } else if let Some((n, p)) = short_number(buf, 1) {
+            if n <= limits.max_bulk_len as u64 {
+                // `n <= max_bulk_len` fits in usize; the sum may not on 32-bit targets.
+                if let Some(e) = p.checked_add(n as usize) {
+                    if e + 1 < buf.len() && buf[e] == CR && buf[e + 1] == LF {
+                        return Ok(Status::Complete((Frame::Bulk(&buf[p..e]), e + 2)));
+                    }
+                }
+            }
+        }
+    }
+    bulk_general(buf, limits)
+}
+
+#[inline(never)]
+fn bulk_general<'a>(buf: &'a [u8], limits: &Limits) -> Parsed1<'a> {
+    let cap = 1usize.saturating_add(limits.max_line_len);
+    leaf_status(text_blob(buf, b'$', 1, cap, limits), buf, limits)
+}
+
+#[inline(never)]
+fn parse_null(buf: &[u8]) -> Parsed1<'_> {
+    leaf_status(null_item(buf, 1), buf, &DEFAULT_LIMITS)
+}
+
+#[inline(never)]
+fn parse_general<'a>(buf: &'a [u8], limits: &Limits) -> Result<Status<(Frame<'a>, usize)>, Error> {
+    Ok(match parse_with_attribute(buf, limits)? {
+        Status::Complete((_, f, n)) => Status::Complete((f, n)),
+        Status::Partial(n) => Status::Partial(n),
+    })
 }
 
 /// Like [`parse`], also returning the attribute that preceded the value, if any.
@@ -805,6 +944,18 @@ impl Parser {
             self.reset();
         }
         if !self.active {
+            if self.hint == 0 && matches!(buf.first(), Some(b'+' | b'-' | b':' | b'$' | b'_')) {
+                // A fresh leaf: the fast paths of `parse`. Only a text line has progress
+                // worth keeping (how far it was scanned); other leaves re-check in O(1).
+                let r = parse(buf, &self.limits)?;
+                if r.is_partial() {
+                    self.hint = buf.len().saturating_sub(1);
+                }
+                return Ok(match r {
+                    Status::Complete((f, n)) => Status::Complete((None, f, n)),
+                    Status::Partial(n) => Status::Partial(n),
+                });
+            }
             if self.hint > buf.len() {
                 self.hint = 0;
             }
