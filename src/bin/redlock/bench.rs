@@ -67,6 +67,10 @@ pub struct BenchArgs {
     /// TTL of each lock.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration)]
     ttl: Duration,
+    /// How long a round waits for the masters' answers [default: the library's, TTL / 100
+    /// within 10..50 ms]. Raise it for distant masters or a loaded machine.
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    round_timeout: Option<Duration>,
     /// Print one JSON object on stdout instead of the table (no progress bar).
     #[arg(long)]
     json: bool,
@@ -237,10 +241,11 @@ fn bench(
     interrupted: &AtomicBool,
 ) -> u8 {
     let build = || {
-        Redlock::builder()
-            .masters(urls)
-            .busy_poll(args.busy_poll)
-            .build()
+        let mut b = Redlock::builder().masters(urls).busy_poll(args.busy_poll);
+        if let Some(t) = args.round_timeout {
+            b = b.node_timeout(t);
+        }
+        b.build()
     };
     // One client up front checks the configuration and names the masters.
     let probe = match build() {
@@ -252,6 +257,7 @@ fn bench(
     };
     let master_names: Vec<String> = probe.masters().map(str::to_string).collect();
     let quorum = probe.quorum();
+    let round_timeout = probe.round_timeout(args.ttl);
     drop(probe);
 
     let run_id = format!(
@@ -358,6 +364,7 @@ fn bench(
         masters: &master_names,
         local,
         quorum,
+        round_timeout,
         resources,
         elapsed,
         total: &total,
@@ -689,6 +696,7 @@ struct Report<'a> {
     masters: &'a [String],
     local: bool,
     quorum: usize,
+    round_timeout: Duration,
     resources: usize,
     elapsed: Duration,
     total: &'a ClientResult,
@@ -736,6 +744,7 @@ impl Report<'_> {
             "in_flight": self.args.in_flight,
             "resources": self.resources,
             "ttl_ms": self.args.ttl.as_millis() as u64,
+            "round_timeout_ms": self.round_timeout.as_secs_f64() * 1000.0,
             "busy_poll": self.args.busy_poll,
             "elapsed_s": (self.elapsed.as_secs_f64() * 1000.0).round() / 1000.0,
             "cycles": t.cycles,
