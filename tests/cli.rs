@@ -295,6 +295,9 @@ fn run_returns_the_conflict_code_when_the_lock_is_taken() {
     assert!(stderr(&out).contains("is locked"), "{}", stderr(&out));
     let out = attempt(&["-n", "-E", "9"]);
     assert_eq!(code(&out), 9, "stderr: {}", stderr(&out));
+    let out = attempt(&["-n", "-q", "-E", "0"]);
+    assert_eq!(code(&out), 0, "stderr: {}", stderr(&out));
+    assert_eq!(stderr(&out), "", "--quiet");
     let out = attempt(&["--wait", "300ms", "--conflict-exit-code", "3"]);
     assert_eq!(code(&out), 3, "stderr: {}", stderr(&out));
     assert!(!s.path("ran").exists(), "a refused run ran its command");

@@ -45,9 +45,9 @@ Exit status:
   126, 127                COMMAND could not be executed / was not found
   128+N                   redlock got signal N before COMMAND started
 
-Example (crontab: nightly backup on whichever host gets the lock first):
+Example (crontab on several hosts: the nightly backup runs on one of them):
   REDLOCK_MASTERS=redis://10.0.0.1:6379,redis://10.0.0.2:6379,redis://10.0.0.3:6379
-  0 3 * * *  redlock run --no-wait --ttl 2m backup-nightly -- /usr/local/bin/backup.sh";
+  0 3 * * *  redlock run -n -q -E 0 backup-nightly -- /usr/local/bin/backup.sh";
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -84,6 +84,10 @@ pub struct RunArgs {
     /// quorum in time fails; an extension that fails loses the lock.
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     round_timeout: Option<Duration>,
+    /// Say nothing when the lock is held by someone else (cron mails stay quiet); other
+    /// errors are still reported.
+    #[arg(short, long, conflicts_with = "verbose")]
+    quiet: bool,
     /// Report acquire, extend and release on stderr.
     #[arg(short, long)]
     verbose: bool,
@@ -396,14 +400,18 @@ fn acquire_failed(args: &RunArgs, e: &Error) -> u8 {
     let resource = &args.resource;
     match e {
         Error::Taken(_) => {
-            say!("{resource} is locked: {e}");
+            if !args.quiet {
+                say!("{resource} is locked: {e}");
+            }
             args.conflict_exit_code
         }
         Error::DeadlineExceeded(Some(r)) if r.masters_with(Outcome::Taken).next().is_some() => {
-            say!(
-                "{resource} is still locked after waiting {}: last attempt: {r}",
-                humantime::format_duration(args.wait)
-            );
+            if !args.quiet {
+                say!(
+                    "{resource} is still locked after waiting {}: last attempt: {r}",
+                    humantime::format_duration(args.wait)
+                );
+            }
             args.conflict_exit_code
         }
         Error::DeadlineExceeded(_) | Error::NoQuorum(_) | Error::ValidityUsedUp(_) => {
