@@ -38,7 +38,8 @@ Exit status:
   COMMAND's exit status   COMMAND ran and exited (128+N if it was killed by signal N)
   1 (-E N)                the lock is held by someone else (after --wait, or at once
                           with --no-wait); COMMAND did not run
-  75 (--lost-exit-code)   the lock was lost while COMMAND ran; COMMAND was terminated
+  75 (--lost-exit-code)   the lock was lost before COMMAND finished; COMMAND (its whole
+                          process group) was terminated if still running
   64                      usage or configuration error (no masters, bad URL, bad duration)
   69                      no quorum of masters answered; COMMAND did not run
   71                      local OS error (event loop, signals)

@@ -18,7 +18,8 @@ Tokens are shown shortened: a whole token is the capability to release the lock.
 
 Exit status:
   0    every master answered (whether or not the lock is held)
-  1    some master did not answer (down, refused, timed out, or an error reply)
+  1    some master did not answer (down, refused, timed out) or answered an error
+       (wrong password, for instance)
   64   usage or configuration error";
 
 #[derive(Args, Debug)]
@@ -43,8 +44,16 @@ enum State {
     Held(Vec<u8>, Option<u64>),
     /// No such key.
     Free,
-    /// Could not connect, timed out, or an error reply.
+    /// Could not connect, or timed out.
     Unreachable(String),
+    /// Answered with an error (authentication, for instance).
+    Failed(String),
+}
+
+impl State {
+    fn answered(&self) -> bool {
+        matches!(self, State::Held(..) | State::Free)
+    }
 }
 
 pub fn main(args: StatusArgs) -> u8 {
@@ -84,7 +93,7 @@ pub fn main(args: StatusArgs) -> u8 {
     } else {
         print_table(&args.resource, &specs, &states, quorum, &verdict);
     }
-    if states.iter().all(|s| !matches!(s, State::Unreachable(_))) {
+    if states.iter().all(State::answered) {
         exit::OK
     } else {
         exit::CONFLICT
@@ -105,10 +114,7 @@ fn verdict(states: &[State], quorum: usize) -> (Option<Vec<u8>>, usize, String) 
             }
         }
     }
-    let reachable = states
-        .iter()
-        .filter(|s| !matches!(s, State::Unreachable(_)))
-        .count();
+    let reachable = states.iter().filter(|s| s.answered()).count();
     let total = states.len();
     match best {
         Some((t, n)) if n >= quorum => (
@@ -131,7 +137,7 @@ fn verdict(states: &[State], quorum: usize) -> (Option<Vec<u8>>, usize, String) 
         None if reachable >= quorum => (
             None,
             0,
-            format!("free on all {reachable} reachable masters of {total}"),
+            format!("free: no key on the {reachable} of {total} masters that answered"),
         ),
         None => (
             None,
@@ -178,6 +184,7 @@ fn print_table(
             State::Unreachable(why) => {
                 println!("  {name:<width$}  {:<11}  {why}", "unreachable")
             }
+            State::Failed(why) => println!("  {name:<width$}  {:<11}  {why}", "error"),
         }
     }
     println!("{}", verdict.2);
@@ -209,6 +216,11 @@ fn print_json(
             State::Unreachable(why) => serde_json::json!({
                 "master": spec.to_string(),
                 "reachable": false,
+                "error": why,
+            }),
+            State::Failed(why) => serde_json::json!({
+                "master": spec.to_string(),
+                "reachable": true,
                 "error": why,
             }),
         })
@@ -298,10 +310,7 @@ fn probe_io(spec: &MasterSpec, key: &[u8], timeout: Duration) -> io::Result<Stat
             buf.extend_from_slice(&chunk[..n]);
         };
         if let Frame::Error(e) | Frame::BulkError(e) = frame {
-            return Ok(State::Unreachable(format!(
-                "error reply: {}",
-                String::from_utf8_lossy(e)
-            )));
+            return Ok(State::Failed(String::from_utf8_lossy(e).into_owned()));
         }
         match (reply.checked_sub(setup), frame) {
             (Some(0), Frame::Bulk(t)) => token = Some(t.to_vec()),
