@@ -33,6 +33,8 @@ fn main() {
     let mut c = Redlock::builder()
         .masters(&urls)
         .retry_count(0)
+        // Generous: under valgrind the first round (connect + handshake) is slow.
+        .node_timeout(Duration::from_secs(2))
         .busy_poll(busy)
         .build()
         .expect("client");
