@@ -858,9 +858,11 @@ impl Engine {
                 Reply::Info { uptime, run_id } => {
                     // Trust the master's yes votes only once it has been up for max_ttl:
                     // before that it may have forgotten locks that are still held.
-                    // `uptime` is whole seconds, rounded down: waiting on it is conservative.
+                    // Redis computes `uptime_in_seconds` from a start time truncated to the
+                    // second, so it can overstate the uptime by up to a second: count one
+                    // second less.
                     let guard = self.cfg.amnesia_guard.unwrap_or_default();
-                    let up = Duration::from_secs(uptime);
+                    let up = Duration::from_secs(uptime.saturating_sub(1));
                     node.votes_from = Some(now + guard.saturating_sub(up));
                     node.run_id = Some(run_id);
                 }
