@@ -40,9 +40,13 @@ impl LockSignal {
     /// Wait up to `timeout` for the lock to be lost; returns [`LockSignal::is_lost`].
     /// Useful as an interruptible sleep inside the work.
     pub fn wait_lost(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
+        self.wait_until(Instant::now() + timeout, |st| st.lost).lost
+    }
+
+    /// Wait until `pred` holds or `deadline` passes; returns the state then.
+    fn wait_until(&self, deadline: Instant, pred: impl Fn(&State) -> bool) -> State {
         let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        while !st.lost {
+        while !pred(&st) {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
@@ -53,7 +57,7 @@ impl LockSignal {
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
-        st.lost
+        *st
     }
 
     fn mark_lost(&self) {
@@ -71,19 +75,7 @@ impl LockSignal {
 
     /// Wait until the work is done or `until`; returns whether it is done.
     fn wait_done(&self, until: Instant) -> bool {
-        let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        while !st.done {
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            st = self
-                .cv
-                .wait_timeout(st, left)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
-        }
-        st.done
+        self.wait_until(until, |st| st.done).done
     }
 }
 
