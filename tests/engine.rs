@@ -1,14 +1,13 @@
 //! The Redlock engine against real `redis-server` masters (started and stopped here).
 
+mod support;
+
 use std::thread;
 use std::time::{Duration, Instant};
+use support::{get, masters};
 
 use redlock_mux::local::{AdminReply, LocalMasters};
 use redlock_mux::{Error, Lock, Outcome, Redlock};
-
-fn masters(n: usize) -> LocalMasters {
-    LocalMasters::start(n).unwrap_or_else(|e| panic!("cannot start {n} redis-server masters: {e}"))
-}
 
 fn client(m: &LocalMasters) -> Redlock {
     Redlock::builder()
@@ -17,13 +16,6 @@ fn client(m: &LocalMasters) -> Redlock {
         .retry_count(0)
         .build()
         .expect("client")
-}
-
-fn get(m: &LocalMasters, i: usize, key: &str) -> Option<Vec<u8>> {
-    match m[i].cmd(&[b"GET", key.as_bytes()]).expect("GET") {
-        AdminReply::Bulk(v) => v,
-        other => panic!("GET {key}: {other:?}"),
-    }
 }
 
 fn pttl(m: &LocalMasters, i: usize, key: &str) -> i64 {

@@ -1,39 +1,22 @@
 //! Production lock lifecycle against real masters: auto-extension and the lost-lock
 //! signal, deadlines and cancellation, multi-resource locks, fencing tokens, amnesia guard.
 
+mod support;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
+use support::{get, masters, wait_until};
 
-use redlock_mux::local::{AdminReply, LocalMasters};
+use redlock_mux::local::LocalMasters;
 use redlock_mux::{Error, Fault, HoldOptions, Outcome, Redlock};
-
-fn masters(n: usize) -> LocalMasters {
-    LocalMasters::start(n).unwrap_or_else(|e| panic!("cannot start {n} redis-server masters: {e}"))
-}
 
 fn builder(m: &LocalMasters) -> redlock_mux::Builder {
     Redlock::builder()
         .masters(m.urls())
         .node_timeout(Duration::from_millis(150))
         .retry_count(0)
-}
-
-fn get(m: &LocalMasters, i: usize, key: &str) -> Option<Vec<u8>> {
-    match m[i].cmd(&[b"GET", key.as_bytes()]).expect("GET") {
-        AdminReply::Bulk(v) => v,
-        other => panic!("GET {key}: {other:?}"),
-    }
-}
-
-/// Poll (bounded) until `cond` holds.
-fn eventually(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        thread::sleep(Duration::from_millis(10));
-    }
 }
 
 #[test]
@@ -242,7 +225,7 @@ fn cancel_mid_round_releases_the_partial_lock() {
     assert!(matches!(r, Err(Error::Cancelled)), "{r:?}");
     assert!(t.elapsed() < Duration::from_secs(2));
     // Master 0 said OK before the cancel; the cleanup release removes it.
-    eventually(
+    wait_until(
         "partial lock released on master 0",
         Duration::from_secs(3),
         || get(&m, 0, "partial").is_none(),
@@ -251,7 +234,7 @@ fn cancel_mid_round_releases_the_partial_lock() {
     m[2].thaw().unwrap();
     // The frozen masters run the queued SET then the queued release, in order.
     for i in [1, 2] {
-        eventually(
+        wait_until(
             "no partial lock on a thawed master",
             Duration::from_secs(3),
             || get(&m, i, "partial").is_none(),

@@ -139,3 +139,11 @@ pub fn read_raw(stream: &mut TcpStream, want: usize, limit: Duration) -> (Vec<u8
     }
     (out, ReadEnd::Enough)
 }
+
+/// `GET key` on master `i`: the value, or `None` when the key is absent.
+pub fn get(m: &LocalMasters, i: usize, key: &str) -> Option<Vec<u8>> {
+    match m[i].cmd(&[b"GET", key.as_bytes()]).expect("GET") {
+        AdminReply::Bulk(v) => v,
+        other => panic!("GET {key} on master {i}: {other:?}"),
+    }
+}
