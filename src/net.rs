@@ -113,6 +113,8 @@ pub(crate) struct Node {
     in_start: usize,
     in_end: usize,
     parser: resp::Parser,
+    /// The resumable parser holds a partial frame: continue with it, not the fast path.
+    resuming: bool,
     pending: VecDeque<Tag>,
     /// Consecutive connections that failed before answering anything.
     failures: u32,
@@ -170,6 +172,7 @@ impl Node {
             in_start: 0,
             in_end: 0,
             parser: resp::Parser::new(limits),
+            resuming: false,
             pending: VecDeque::with_capacity(256),
             failures: 0,
             answered: false,
@@ -481,6 +484,7 @@ impl Engine {
                 node.in_start = 0;
                 node.in_end = 0;
                 node.parser.reset();
+                node.resuming = false;
                 node.votes_from = None;
                 write_handshake(node, self.cfg.amnesia_guard.is_some());
                 Ok(())
@@ -525,6 +529,7 @@ impl Engine {
         node.in_start = 0;
         node.in_end = 0;
         node.parser.reset();
+        node.resuming = false;
         let answered = node.answered;
         let mut pending = std::mem::take(&mut node.pending);
         for tag in pending.drain(..) {
@@ -686,6 +691,13 @@ impl Engine {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(()),
             Err(e) => return Err(e),
         }
+        if self.events.is_empty() && timeout == Some(Duration::ZERO) {
+            // Busy-poll found nothing: give the core away for a moment. Where the masters
+            // share the machine (tests, benches, small hosts), a pure spin would steal the
+            // very CPU the replies need; with a core to spare this costs one cheap syscall.
+            std::thread::yield_now();
+            return Ok(());
+        }
         let now = Instant::now();
         // Collect first: handling an event needs `&mut self`.
         let mut ready: SmallVec<[(usize, bool, bool, bool); 16]> = SmallVec::new();
@@ -815,7 +827,19 @@ impl Engine {
                 node.in_end = 0;
                 return true;
             }
-            let parsed = node.parser.parse(&node.inbuf[node.in_start..node.in_end]);
+            // Whole small replies (nearly all of them) take the stateless fast path; once a
+            // frame is seen partial, the resumable parser takes over until it completes, so
+            // a large reply arriving in pieces is still scanned once.
+            let buf = &node.inbuf[node.in_start..node.in_end];
+            let parsed = if node.resuming {
+                node.parser.parse(buf)
+            } else {
+                match resp::parse(buf, node.parser.limits()) {
+                    Ok(resp::Status::Partial(_)) => node.parser.parse(buf),
+                    other => other,
+                }
+            };
+            node.resuming = matches!(parsed, Ok(resp::Status::Partial(_)));
             let (outcome_or_fault, used) = match parsed {
                 Ok(resp::Status::Complete((frame, used))) => {
                     let Some(tag) = node.pending.pop_front() else {
