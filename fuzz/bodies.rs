@@ -165,13 +165,6 @@ fn agg_eq(x: &Aggregate<'_>, y: &Aggregate<'_>, depth: usize) -> bool {
             .all(|(p, q)| deep_eq(&p, &q, depth + 1))
 }
 
-fn same_outcome(a: &Parsed<'_>, b: &Parsed<'_>) -> bool {
-    match (a, b) {
-        (Ok(Status::Partial(_)), Ok(Status::Partial(_))) => true,
-        _ => a == b,
-    }
-}
-
 // ---------------------------------------------------------------------------------------
 // Target `parse`.
 // ---------------------------------------------------------------------------------------
@@ -233,14 +226,20 @@ pub fn parse_body(data: &[u8]) {
         let mut p = Parser::new(limits);
         assert_eq!(p.limits(), &limits);
         let first = p.parse(data);
-        assert!(same_outcome(&first, &r), "Parser {first:?} != parse {r:?}");
+        assert_eq!(first, r, "Parser {first:?} != parse {r:?}");
         if !matches!(first, Ok(Status::Partial(_))) {
             let again = p.parse(data);
-            assert!(same_outcome(&again, &r), "Parser reused {again:?} != {r:?}");
+            assert_eq!(again, r, "Parser reused {again:?} != {r:?}");
         }
         p.reset();
         let after_reset = p.parse(data);
-        assert!(same_outcome(&after_reset, &r), "Parser after reset differs");
+        assert_eq!(after_reset, r, "Parser after reset differs");
+        p.reset();
+        assert_eq!(
+            p.parse_with_attribute(data),
+            wa,
+            "Parser::parse_with_attribute differs"
+        );
 
         results.push(r);
     }
@@ -275,18 +274,28 @@ enum End {
     Error(Error),
 }
 
-/// Parse `input` as a pipeline, whole, with the stateless `parse`.
-fn pipeline_whole<'a>(input: &'a [u8], limits: &Limits) -> (Vec<(Frame<'a>, usize)>, End) {
+type WithAttr<'a> = (Option<Aggregate<'a>>, Frame<'a>, usize);
+
+/// A `parse` result in the shape of a `parse_with_attribute` one (no attribute).
+fn strip(r: Parsed<'_>) -> Result<Status<WithAttr<'_>>, Error> {
+    r.map(|s| match s {
+        Status::Complete((f, c)) => Status::Complete((None, f, c)),
+        Status::Partial(n) => Status::Partial(n),
+    })
+}
+
+/// Parse `input` as a pipeline, whole, with the stateless `parse_with_attribute`.
+fn pipeline_whole<'a>(input: &'a [u8], limits: &Limits) -> (Vec<WithAttr<'a>>, End) {
     let mut frames = Vec::new();
     let mut pos = 0;
     loop {
         if pos == input.len() {
             return (frames, End::Exhausted);
         }
-        match parse(&input[pos..], limits) {
-            Ok(Status::Complete((f, c))) => {
+        match parse_with_attribute(&input[pos..], limits) {
+            Ok(Status::Complete((a, f, c))) => {
                 assert!(c > 0 && c <= input.len() - pos);
-                frames.push((f, c));
+                frames.push((a, f, c));
                 pos += c;
             }
             Ok(Status::Partial(_)) => return (frames, End::Partial),
@@ -295,18 +304,21 @@ fn pipeline_whole<'a>(input: &'a [u8], limits: &Limits) -> (Vec<(Frame<'a>, usiz
     }
 }
 
-/// The first byte picks a chunk size (low 6 bits, 1..=64), whether to `reset()` the parser
-/// before every call (bit 6), and tight limits (bit 7). The rest is fed to a `Parser` in
-/// growing prefixes of that chunk size, frame after frame; the frames, their lengths and the
-/// final error must be exactly those of parsing the whole input with `parse`. Each `Partial`
-/// must also be `Partial` for the stateless parser, and its byte count a true lower bound.
+/// The first byte picks a chunk size (1 + low 5 bits), `Parser::parse_with_attribute`
+/// instead of `Parser::parse` (bit 5), `reset()` before every call (bit 6) and tight limits
+/// (bit 7). The rest is fed to a `Parser` in growing prefixes of that chunk size, frame after
+/// frame; the frames, their lengths (and attributes) and the final error must be exactly
+/// those of parsing the whole input with the stateless functions. Each intermediate result
+/// must be exactly what the stateless function gives on the same bytes (the documented
+/// contract of `Parser`), and each `Partial(n)` a true lower bound.
 pub fn fragment_body(data: &[u8]) {
     if data.is_empty() || data.len() > MAX_INPUT {
         return;
     }
     let sel = data[0];
     let input = &data[1..];
-    let chunk = 1 + (sel & 0x3f) as usize;
+    let chunk = 1 + (sel & 0x1f) as usize;
+    let with_attr = sel & 0x20 != 0;
     let reset_each = sel & 0x40 != 0;
     let limits = if sel & 0x80 != 0 {
         TIGHT
@@ -333,11 +345,24 @@ pub fn fragment_body(data: &[u8]) {
             parser.reset();
         }
         let buf = &input[pos..avail];
-        match parser.parse(buf) {
-            Ok(Status::Complete((f, c))) => {
+        let (r, stateless) = if with_attr {
+            (
+                parser.parse_with_attribute(buf),
+                parse_with_attribute(buf, &limits),
+            )
+        } else {
+            (strip(parser.parse(buf)), strip(parse(buf, &limits)))
+        };
+        assert_eq!(r, stateless, "Parser differs from the stateless parse");
+        match r {
+            Ok(Status::Complete((a, f, c))) => {
                 assert!(c > 0 && c <= buf.len(), "consumed {c} of {}", buf.len());
                 assert!(got < want.len(), "chunked parse found an extra frame {f:?}");
-                assert_eq!((f, c), want[got], "frame {got} differs when chunked");
+                let (wa, wf, wc) = want[got];
+                assert_eq!((f, c), (wf, wc), "frame {got} differs when chunked");
+                if with_attr {
+                    assert_eq!(a, wa, "attribute of frame {got} differs when chunked");
+                }
                 for &(fed, need) in &partials {
                     assert!(
                         fed + need <= c,
@@ -351,22 +376,13 @@ pub fn fragment_body(data: &[u8]) {
             }
             Ok(Status::Partial(need)) => {
                 assert!(need >= 1, "Partial(0)");
-                let stateless = parse(buf, &limits);
-                assert!(
-                    matches!(stateless, Ok(Status::Partial(_))),
-                    "Parser said Partial where parse said {stateless:?}"
-                );
                 partials.push((buf.len(), need));
                 if avail == input.len() {
                     break End::Partial;
                 }
                 avail = (avail + chunk).min(input.len());
             }
-            Err(e) => {
-                let stateless = parse(buf, &limits);
-                assert_eq!(stateless, Err(e), "Parser error differs from parse");
-                break End::Error(e);
-            }
+            Err(e) => break End::Error(e),
         }
     };
     assert_eq!(got, want.len(), "chunked parse found fewer frames");

@@ -123,9 +123,9 @@ CASES = {
     "pipeline_resp3": b"_\r\n#t\r\n,1.5\r\n>2\r\n+invalidate\r\n*1\r\n$3\r\nkey\r\n:1\r\n",
 }
 
-# The fragment target reads its first byte as: chunk size (1 + low 6 bits), reset before
-# every call (bit 6), tight limits (bit 7).
-FRAGMENT_SELECTORS = [0x00, 0x02, 0x06, 0x40, 0x83, 0xC0]
+# The fragment target reads its first byte as: chunk size (1 + low 5 bits),
+# parse_with_attribute (bit 5), reset before every call (bit 6), tight limits (bit 7).
+FRAGMENT_SELECTORS = [0x00, 0x22, 0x06, 0x40, 0x83, 0xE0, 0x3F]
 FRAGMENT_CASES = [
     "ok", "null_bulk", "lock_pipeline", "lock_pipeline_x3", "array", "nested", "map",
     "push", "attribute", "attribute_in_array", "hello3_reply", "doubles", "verbatim",
