@@ -580,12 +580,17 @@ impl Redlock {
         self.check_ttl(ttl)?;
         self.take_cancel()?;
         let mut attempt = 1u32;
+        let mut last: Option<Box<Report>> = None;
         loop {
             let err = match self.attempt(keys, ttl, attempt, deadline) {
                 Ok(lock) => return Ok(lock),
                 Err(e @ (Error::Taken(_) | Error::NoQuorum(_) | Error::ValidityUsedUp(_))) => e,
+                // The deadline cut the round short: its report says nothing; the previous
+                // attempt's does (e.g. "taken", not "timed out").
+                Err(Error::DeadlineExceeded(None)) => return Err(Error::DeadlineExceeded(last)),
                 Err(e) => return Err(e),
             };
+            last = err.report().cloned().map(Box::new);
             if attempt > self.cfg.retry_count {
                 return Err(err);
             }
@@ -871,7 +876,10 @@ impl Redlock {
         }
         if let Some(d) = deadline {
             if Instant::now() >= d {
-                return Err(Error::DeadlineExceeded(Some(report)));
+                // A round whose timeout the deadline clipped reports masters as timed out
+                // that may simply not have had time to answer: no report then.
+                let clipped = d.saturating_duration_since(t1) < self.round_timeout(ttl);
+                return Err(Error::DeadlineExceeded((!clipped).then_some(report)));
             }
         }
         Err(match verdict {
