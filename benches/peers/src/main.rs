@@ -131,14 +131,32 @@ fn current_thread_runtime() -> Runtime {
         .expect("tokio current-thread runtime")
 }
 
-/// Number of keys on every master (all locks released: 0 each).
-fn keys_left(m: &LocalMasters) -> Vec<i64> {
-    m.iter()
+/// Prints the number of keys on every master (all locks released: 0 each), and names a
+/// few of the keys left behind, if any.
+fn report_keys_left(m: &LocalMasters) {
+    let counts: Vec<i64> = m
+        .iter()
         .map(|x| match x.cmd(&[b"DBSIZE"]) {
             Ok(AdminReply::Int(n)) => n,
             other => panic!("DBSIZE: {other:?}"),
         })
-        .collect()
+        .collect();
+    println!("\nkeys left on the masters after the pass: {counts:?}");
+    for (i, x) in m.iter().enumerate().filter(|(i, _)| counts[*i] > 0) {
+        let mut names: Vec<String> = match x.cmd(&[b"KEYS", b"*"]) {
+            Ok(AdminReply::Array(v)) => v
+                .iter()
+                .filter_map(|k| k.as_str().map(str::to_string))
+                .collect(),
+            other => vec![format!("{other:?}")],
+        };
+        names.sort_unstable();
+        println!(
+            "  master {i}: {} keys, e.g. {:?}",
+            names.len(),
+            &names[..names.len().min(6)]
+        );
+    }
 }
 
 fn redis_version(m: &LocalMasters) -> String {
@@ -160,19 +178,54 @@ fn redis_version(m: &LocalMasters) -> String {
 // Latency pass
 // ---------------------------------------------------------------------------------------
 
-/// Runs `n` lock+release cycles, pushing each cycle's duration in ns.
-type Block<'a> = Box<dyn FnMut(usize, &mut Vec<u64>) + 'a>;
+/// Runs `n` lock+release cycles, pushing the duration in ns of each cycle that got its
+/// lock; returns the number of cycles whose lock was refused or failed.
+type Block<'a> = Box<dyn FnMut(usize, &mut Vec<u64>) -> u64 + 'a>;
 
 struct LatVariant<'a> {
     name: &'static str,
     block: Block<'a>,
     ns: Vec<u64>,
+    failed: u64,
     cpu: Cpu,
 }
 
+impl<'a> LatVariant<'a> {
+    fn new(name: &'static str, block: Block<'a>) -> Self {
+        LatVariant {
+            name,
+            block,
+            ns: Vec::new(),
+            failed: 0,
+            cpu: Cpu::default(),
+        }
+    }
+}
+
 fn pct(v: &[u64], p: f64) -> u64 {
+    if v.is_empty() {
+        return 0;
+    }
     let i = ((v.len() as f64 - 1.0) * p).round() as usize;
     v[i]
+}
+
+/// One redlock-mux lock+release cycle; `None` when the lock was not granted.
+fn mux_cycle(c: &mut Redlock, key: &str) -> Option<u64> {
+    let t0 = Instant::now();
+    let lock = c.try_lock(key, TTL).ok()?;
+    // A release without quorum still ends the cycle (the keys expire with the TTL).
+    let _ = c.release(lock);
+    Some(t0.elapsed().as_nanos() as u64)
+}
+
+/// Connects beyond the first per master: a reconnect means the client dropped a connection
+/// (and whatever it still owed on it) during the pass.
+fn reconnects(c: &Redlock) -> Vec<u64> {
+    c.stats()
+        .iter()
+        .map(|s| s.connects.saturating_sub(1))
+        .collect()
 }
 
 fn latency_pass(m: &LocalMasters, rt: &Runtime, cycles: usize, block: usize) {
@@ -184,78 +237,80 @@ fn latency_pass(m: &LocalMasters, rt: &Runtime, cycles: usize, block: usize) {
     let rl = RedLock::new(m.urls());
 
     let mut variants: Vec<LatVariant> = vec![
-        LatVariant {
-            name: "floor (std sockets)",
-            block: Box::new(move |n, out| {
+        LatVariant::new(
+            "floor (std sockets)",
+            Box::new(|n, out| {
                 for _ in 0..n {
                     let (a, r) = fl.cycle();
                     out.push((a + r).as_nanos() as u64);
                 }
+                0
             }),
-            ns: Vec::new(),
-            cpu: Cpu::default(),
-        },
-        LatVariant {
-            name: "redlock-mux",
-            block: Box::new(move |n, out| {
+        ),
+        LatVariant::new(
+            "redlock-mux",
+            Box::new(|n, out| {
+                let mut failed = 0;
                 for _ in 0..n {
-                    let t0 = Instant::now();
-                    let lock = ours.try_lock("peers:mux", TTL).expect("redlock-mux lock");
-                    ours.release(lock).expect("redlock-mux release");
-                    out.push(t0.elapsed().as_nanos() as u64);
+                    match mux_cycle(&mut ours, "peers:mux") {
+                        Some(ns) => out.push(ns),
+                        None => failed += 1,
+                    }
                 }
+                failed
             }),
-            ns: Vec::new(),
-            cpu: Cpu::default(),
-        },
-        LatVariant {
-            name: "redlock-mux busy-poll",
-            block: Box::new(move |n, out| {
+        ),
+        LatVariant::new(
+            "redlock-mux busy-poll",
+            Box::new(|n, out| {
+                let mut failed = 0;
                 for _ in 0..n {
-                    let t0 = Instant::now();
-                    let lock = ours_busy
-                        .try_lock("peers:muxbusy", TTL)
-                        .expect("redlock-mux busy lock");
-                    ours_busy.release(lock).expect("redlock-mux busy release");
-                    out.push(t0.elapsed().as_nanos() as u64);
+                    match mux_cycle(&mut ours_busy, "peers:muxbusy") {
+                        Some(ns) => out.push(ns),
+                        None => failed += 1,
+                    }
                 }
+                failed
             }),
-            ns: Vec::new(),
-            cpu: Cpu::default(),
-        },
-        LatVariant {
-            name: "rslock (tokio 1 thread)",
+        ),
+        LatVariant::new(
+            "rslock (tokio 1 thread)",
             // One `block_on` per block: the cycles of a block run in one async loop on the
             // current-thread runtime, which also drives redis-rs's connection tasks.
-            block: Box::new(move |n, out| {
+            Box::new(|n, out| {
                 rt.block_on(async {
+                    let mut failed = 0;
                     for _ in 0..n {
                         let t0 = Instant::now();
-                        let lock = rs.lock("peers:rslock", TTL).await.expect("rslock lock");
-                        rs.unlock(&lock).await;
-                        out.push(t0.elapsed().as_nanos() as u64);
+                        match rs.lock("peers:rslock", TTL).await {
+                            Ok(lock) => {
+                                rs.unlock(&lock).await;
+                                out.push(t0.elapsed().as_nanos() as u64);
+                            }
+                            Err(_) => failed += 1,
+                        }
                     }
+                    failed
                 })
             }),
-            ns: Vec::new(),
-            cpu: Cpu::default(),
-        },
-        LatVariant {
-            name: "redlock 2.x (sync)",
-            block: Box::new(move |n, out| {
+        ),
+        LatVariant::new(
+            "redlock 2.x (sync)",
+            Box::new(|n, out| {
+                let mut failed = 0;
                 for _ in 0..n {
                     let t0 = Instant::now();
-                    let lock = rl
-                        .lock(b"peers:redlock", TTL.as_millis() as usize)
-                        .expect("redlock 2.x lock: redis error")
-                        .expect("redlock 2.x lock: not acquired");
-                    rl.unlock(&lock);
-                    out.push(t0.elapsed().as_nanos() as u64);
+                    match rl.lock(b"peers:redlock", TTL.as_millis() as usize) {
+                        Ok(Some(lock)) => {
+                            rl.unlock(&lock);
+                            out.push(t0.elapsed().as_nanos() as u64);
+                        }
+                        Ok(None) | Err(_) => failed += 1,
+                    }
                 }
+                failed
             }),
-            ns: Vec::new(),
-            cpu: Cpu::default(),
-        },
+        ),
     ];
 
     // Warm up: connections, script caches, allocator, branch predictors.
@@ -270,7 +325,7 @@ fn latency_pass(m: &LocalMasters, rt: &Runtime, cycles: usize, block: usize) {
         let k = block.min(cycles - done);
         for v in variants.iter_mut() {
             let c0 = cpu_now();
-            (v.block)(k, &mut v.ns);
+            v.failed += (v.block)(k, &mut v.ns);
             v.cpu.add(cpu_now().since(c0));
         }
         done += k;
@@ -287,23 +342,24 @@ fn latency_pass(m: &LocalMasters, rt: &Runtime, cycles: usize, block: usize) {
         "\n### Lock+release cycle, {n_masters} master{}: {cycles} cycles per variant, interleaved in blocks of {block}\n",
         if n_masters == 1 { "" } else { "s" }
     );
-    println!("| variant | p50 µs | p90 | p99 | p99.9 | max | p50/floor | p99/floor | user µs/cyc | sys µs/cyc | cpu/floor |");
-    println!("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+    println!("| variant | p50 µs | p90 | p99 | p99.9 | max | p50/floor | p99/floor | user µs/cyc | sys µs/cyc | cpu/floor | failed |");
+    println!("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
     let us = |ns: u64| ns as f64 / 1000.0;
     for v in &variants {
         println!(
-            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} | {:.1} | {:.1} | {:.2} |",
+            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} | {:.1} | {:.1} | {:.2} | {} |",
             v.name,
             us(pct(&v.ns, 0.5)),
             us(pct(&v.ns, 0.9)),
             us(pct(&v.ns, 0.99)),
             us(pct(&v.ns, 0.999)),
-            us(*v.ns.last().expect("samples")),
+            us(v.ns.last().copied().unwrap_or(0)),
             pct(&v.ns, 0.5) as f64 / f50,
             pct(&v.ns, 0.99) as f64 / f99,
             us_per(v.cpu.user, n),
             us_per(v.cpu.sys, n),
             v.cpu.total().as_secs_f64() / fcpu.as_secs_f64(),
+            v.failed,
         );
     }
     let other: Vec<String> = variants
@@ -319,25 +375,43 @@ fn latency_pass(m: &LocalMasters, rt: &Runtime, cycles: usize, block: usize) {
     }
     drop(variants);
     println!(
-        "\nkeys left on the masters after the pass: {:?}",
-        keys_left(m)
+        "\nredlock-mux reconnects per master during the pass: {:?}, busy-poll {:?}",
+        reconnects(&ours),
+        reconnects(&ours_busy)
     );
+    report_keys_left(m);
 }
 
 // ---------------------------------------------------------------------------------------
 // Throughput pass
 // ---------------------------------------------------------------------------------------
 
-/// Runs lock+release cycles until `slice` has passed; returns the cycles completed.
-type Slice<'a> = Box<dyn FnMut(Duration) -> u64 + 'a>;
+/// Runs lock+release cycles until `slice` has passed; returns the cycles that got their
+/// lock and the ones whose lock was refused or failed.
+type Slice<'a> = Box<dyn FnMut(Duration) -> (u64, u64) + 'a>;
 
 struct TputVariant<'a> {
     name: &'static str,
     in_flight: &'static str,
     run: Slice<'a>,
     cycles: u64,
+    failed: u64,
     time: Duration,
     cpu: Cpu,
+}
+
+impl<'a> TputVariant<'a> {
+    fn new(name: &'static str, in_flight: &'static str, run: Slice<'a>) -> Self {
+        TputVariant {
+            name,
+            in_flight,
+            run,
+            cycles: 0,
+            failed: 0,
+            time: Duration::ZERO,
+            cpu: Cpu::default(),
+        }
+    }
 }
 
 fn throughput_pass(m: &LocalMasters, rt: &Runtime, secs: f64) {
@@ -352,52 +426,48 @@ fn throughput_pass(m: &LocalMasters, rt: &Runtime, secs: f64) {
     let mut rel = Vec::with_capacity(K);
 
     let mut variants: Vec<TputVariant> = vec![
-        TputVariant {
-            name: "floor (pipelined)",
-            in_flight: "64",
-            run: Box::new(move |slice| {
+        TputVariant::new(
+            "floor (pipelined)",
+            "64",
+            Box::new(|slice| {
                 let t = Instant::now();
                 let mut c = 0;
                 while t.elapsed() < slice {
                     fl.cycle_k(K);
                     c += K as u64;
                 }
-                c
+                (c, 0)
             }),
-            cycles: 0,
-            time: Duration::ZERO,
-            cpu: Cpu::default(),
-        },
-        TputVariant {
-            name: "redlock-mux batch",
-            in_flight: "64",
-            run: Box::new(move |slice| {
+        ),
+        TputVariant::new(
+            "redlock-mux batch",
+            "64",
+            Box::new(|slice| {
                 let t = Instant::now();
-                let mut c = 0;
+                let (mut c, mut failed) = (0, 0);
                 while t.elapsed() < slice {
                     ours.try_lock_batch(&names, TTL, &mut out)
                         .expect("redlock-mux batch");
-                    locks.extend(out.drain(..).map(|r| r.expect("redlock-mux batch lock")));
+                    for r in out.drain(..) {
+                        match r {
+                            Ok(lock) => locks.push(lock),
+                            Err(_) => failed += 1,
+                        }
+                    }
+                    c += locks.len() as u64;
                     ours.release_batch(locks.drain(..), &mut rel)
                         .expect("redlock-mux release batch");
-                    for r in rel.drain(..) {
-                        r.expect("redlock-mux batch release");
-                    }
-                    c += K as u64;
                 }
-                c
+                (c, failed)
             }),
-            cycles: 0,
-            time: Duration::ZERO,
-            cpu: Cpu::default(),
-        },
-        TputVariant {
-            name: "rslock, 64 tasks",
-            in_flight: "64",
+        ),
+        TputVariant::new(
+            "rslock, 64 tasks",
+            "64",
             // 64 tasks spawned on the current-thread runtime, each looping lock+release on
             // its own resource until the slice's deadline; the slice ends when all have
             // finished their last cycle.
-            run: Box::new(move |slice| {
+            Box::new(|slice| {
                 let deadline = Instant::now() + slice;
                 rt.block_on(async {
                     let mut set = tokio::task::JoinSet::new();
@@ -405,47 +475,47 @@ fn throughput_pass(m: &LocalMasters, rt: &Runtime, secs: f64) {
                         let rs = rs.clone();
                         set.spawn(async move {
                             let key = format!("peers:rslock:tput:{j}");
-                            let mut c = 0u64;
+                            let (mut c, mut failed) = (0u64, 0u64);
                             while Instant::now() < deadline {
-                                let lock =
-                                    rs.lock(key.as_str(), TTL).await.expect("rslock tput lock");
-                                rs.unlock(&lock).await;
-                                c += 1;
+                                match rs.lock(key.as_str(), TTL).await {
+                                    Ok(lock) => {
+                                        rs.unlock(&lock).await;
+                                        c += 1;
+                                    }
+                                    Err(_) => failed += 1,
+                                }
                             }
-                            c
+                            (c, failed)
                         });
                     }
-                    let mut total = 0;
+                    let (mut c, mut failed) = (0, 0);
                     while let Some(r) = set.join_next().await {
-                        total += r.expect("rslock task");
+                        let (a, b) = r.expect("rslock task");
+                        c += a;
+                        failed += b;
                     }
-                    total
+                    (c, failed)
                 })
             }),
-            cycles: 0,
-            time: Duration::ZERO,
-            cpu: Cpu::default(),
-        },
-        TputVariant {
-            name: "redlock 2.x (sequential)",
-            in_flight: "1",
-            run: Box::new(move |slice| {
+        ),
+        TputVariant::new(
+            "redlock 2.x (sequential)",
+            "1",
+            Box::new(|slice| {
                 let t = Instant::now();
-                let mut c = 0;
+                let (mut c, mut failed) = (0, 0);
                 while t.elapsed() < slice {
-                    let lock = rl
-                        .lock(b"peers:redlock:tput", TTL.as_millis() as usize)
-                        .expect("redlock 2.x lock: redis error")
-                        .expect("redlock 2.x lock: not acquired");
-                    rl.unlock(&lock);
-                    c += 1;
+                    match rl.lock(b"peers:redlock:tput", TTL.as_millis() as usize) {
+                        Ok(Some(lock)) => {
+                            rl.unlock(&lock);
+                            c += 1;
+                        }
+                        Ok(None) | Err(_) => failed += 1,
+                    }
                 }
-                c
+                (c, failed)
             }),
-            cycles: 0,
-            time: Duration::ZERO,
-            cpu: Cpu::default(),
-        },
+        ),
     ];
 
     for v in variants.iter_mut() {
@@ -456,9 +526,11 @@ fn throughput_pass(m: &LocalMasters, rt: &Runtime, secs: f64) {
         for v in variants.iter_mut() {
             let c0 = cpu_now();
             let t = Instant::now();
-            v.cycles += (v.run)(slice);
+            let (c, failed) = (v.run)(slice);
             v.time += t.elapsed();
             v.cpu.add(cpu_now().since(c0));
+            v.cycles += c;
+            v.failed += failed;
         }
     }
 
@@ -470,11 +542,11 @@ fn throughput_pass(m: &LocalMasters, rt: &Runtime, secs: f64) {
         "\n### Throughput from one thread, {} masters: ~{secs} s per variant in {SLICES} interleaved slices\n",
         m.len()
     );
-    println!("| variant | in flight | cycles/s | x floor | x rslock | user µs/cyc | sys µs/cyc | cpu/floor |");
-    println!("|---|--:|--:|--:|--:|--:|--:|--:|");
+    println!("| variant | in flight | cycles/s | x floor | x rslock | user µs/cyc | sys µs/cyc | cpu/floor | failed |");
+    println!("|---|--:|--:|--:|--:|--:|--:|--:|--:|");
     for v in &variants {
         println!(
-            "| {} | {} | {:.0} | {:.2} | {:.2} | {:.1} | {:.1} | {:.2} |",
+            "| {} | {} | {:.0} | {:.2} | {:.2} | {:.1} | {:.1} | {:.2} | {} |",
             v.name,
             v.in_flight,
             rate(v),
@@ -483,6 +555,7 @@ fn throughput_pass(m: &LocalMasters, rt: &Runtime, secs: f64) {
             us_per(v.cpu.user, v.cycles),
             us_per(v.cpu.sys, v.cycles),
             cpu_per(v) / f_cpu,
+            v.failed,
         );
     }
     let other: Vec<String> = variants
@@ -498,9 +571,10 @@ fn throughput_pass(m: &LocalMasters, rt: &Runtime, secs: f64) {
     }
     drop(variants);
     println!(
-        "\nkeys left on the masters after the pass: {:?}",
-        keys_left(m)
+        "\nredlock-mux reconnects per master during the pass: {:?}",
+        reconnects(&ours)
     );
+    report_keys_left(m);
 }
 
 // ---------------------------------------------------------------------------------------
