@@ -507,15 +507,30 @@ impl Redlock {
     /// every master, decide as soon as a quorum said OK (or can no longer), and on failure
     /// release wherever the key may have been set.
     pub fn try_lock(&mut self, resource: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
-        self.scratch_keys.clear();
-        self.scratch_keys.push(resource.as_ref());
-        check_keys(&self.scratch_keys)?;
-        self.check_ttl(ttl)?;
-        self.take_cancel()?;
-        let keys = std::mem::take(&mut self.scratch_keys);
-        let r = self.attempt(&keys, ttl, 1, None);
+        self.with_key(resource.as_ref(), |this, keys| {
+            this.check_call(keys, ttl)?;
+            this.attempt(keys, ttl, 1, None)
+        })
+    }
+
+    /// Run `f` with `resource` as a one-key list, in reused storage (no allocation).
+    fn with_key<T>(&mut self, resource: &[u8], f: impl FnOnce(&mut Self, &KeyList) -> T) -> T {
+        let mut keys = std::mem::take(&mut self.scratch_keys);
+        keys.clear();
+        keys.push(resource);
+        let r = f(self, &keys);
         self.scratch_keys = keys;
         r
+    }
+
+    /// The checks every lock call makes first: resources, TTL, a pending cancel.
+    fn check_call(&self, keys: &KeyList, ttl: Duration) -> Result<(), Error> {
+        if keys.len() == 0 {
+            return Err(Error::InvalidArgument("no resource given".into()));
+        }
+        check_resources(keys.iter())?;
+        self.check_ttl(ttl)?;
+        self.take_cancel()
     }
 
     /// Take `resource` for `ttl`, retrying after a random delay while it is taken or no
@@ -541,12 +556,9 @@ impl Redlock {
         ttl: Duration,
         deadline: Option<Instant>,
     ) -> Result<Lock, Error> {
-        self.scratch_keys.clear();
-        self.scratch_keys.push(resource.as_ref());
-        let keys = std::mem::take(&mut self.scratch_keys);
-        let r = self.lock_keys(&keys, ttl, deadline);
-        self.scratch_keys = keys;
-        r
+        self.with_key(resource.as_ref(), |this, keys| {
+            this.lock_keys(keys, ttl, deadline)
+        })
     }
 
     /// Take several resources as one lock: on each master all keys are set only if none
@@ -576,9 +588,7 @@ impl Redlock {
         ttl: Duration,
         deadline: Option<Instant>,
     ) -> Result<Lock, Error> {
-        check_keys(keys)?;
-        self.check_ttl(ttl)?;
-        self.take_cancel()?;
+        self.check_call(keys, ttl)?;
         let mut attempt = 1u32;
         let mut last: Option<Box<Report>> = None;
         loop {
@@ -604,7 +614,7 @@ impl Redlock {
                 }
             }
             // Wait on the event loop, not in `sleep`: late replies are read meanwhile.
-            let flag = self.cancel.flag.clone();
+            let flag = &self.cancel.flag;
             self.engine
                 .drive(Some(wake), |_| false, || flag.load(Ordering::Relaxed))?;
             self.take_cancel()?;
@@ -695,7 +705,7 @@ impl Redlock {
             req,
             Request::Acquire | Request::AcquireMany | Request::AcquireFenced
         );
-        let flag = self.cancel.flag.clone();
+        let flag = &self.cancel.flag;
         let engine = &mut self.engine;
         let decided = engine.drive(
             None,
@@ -903,15 +913,8 @@ impl Redlock {
         out: &mut Vec<Result<Lock, Error>>,
     ) -> Result<(), Error> {
         out.clear();
+        check_resources(resources.iter().map(AsRef::as_ref))?;
         self.check_ttl(ttl)?;
-        for r in resources {
-            let r = r.as_ref();
-            if r.is_empty() || r.len() > MAX_RESOURCE_LEN {
-                self.scratch_keys.clear();
-                self.scratch_keys.push(r);
-                check_keys(&self.scratch_keys)?;
-            }
-        }
         self.take_cancel()?;
         if self.cfg.fencing {
             for r in resources {
@@ -938,7 +941,7 @@ impl Redlock {
             batch.push((id, token));
         }
         self.engine.flush(t1);
-        let flag = self.cancel.flag.clone();
+        let flag = &self.cancel.flag;
         let driven = self.engine.drive(
             None,
             |e| batch.iter().all(|(id, _)| e.op(*id).is_decided()),
@@ -1083,11 +1086,8 @@ impl Redlock {
     }
 }
 
-fn check_keys(keys: &KeyList) -> Result<(), Error> {
-    if keys.len() == 0 {
-        return Err(Error::InvalidArgument("no resource given".into()));
-    }
-    for k in keys.iter() {
+fn check_resources<'k>(keys: impl IntoIterator<Item = &'k [u8]>) -> Result<(), Error> {
+    for k in keys {
         if k.is_empty() {
             return Err(Error::InvalidArgument("resource name is empty".into()));
         }

@@ -194,41 +194,31 @@ impl Redlock {
                 let _done = Done(&signal);
                 work(&signal)
             });
+            // Keep the lock until the work is done; after a loss there is nothing left to
+            // keep, and `join` below waits for the work.
             loop {
                 let may_extend = opts.max_extensions.is_none_or(|m| extensions < m)
                     && opts.max_hold.is_none_or(|h| started.elapsed() + ttl <= h);
-                let wake = if may_extend && lost.is_none() {
-                    lock.valid_until()
-                        .checked_sub(margin)
-                        .unwrap_or(lock.valid_until())
+                let until = lock.valid_until();
+                let wake = if may_extend {
+                    until.checked_sub(margin).unwrap_or(until)
                 } else {
-                    lock.valid_until()
-                };
-                let wake = if lost.is_some() {
-                    // Nothing left to keep: just wait for the work.
-                    Instant::now() + Duration::from_secs(3600)
-                } else {
-                    wake
+                    until
                 };
                 if signal.wait_done(wake) {
                     break;
                 }
-                if lost.is_some() {
-                    continue;
-                }
-                if !lock.is_valid() {
-                    lost = Some(Error::Expired);
+                let kept = if !lock.is_valid() {
+                    Err(Error::Expired)
+                } else if may_extend {
+                    self.extend(&mut lock, ttl).map(|()| extensions += 1)
+                } else {
+                    Ok(()) // woke early: wait on
+                };
+                if let Err(e) = kept {
+                    lost = Some(e);
                     signal.mark_lost();
-                    continue;
-                }
-                if may_extend {
-                    match self.extend(&mut lock, ttl) {
-                        Ok(()) => extensions += 1,
-                        Err(e) => {
-                            lost = Some(e);
-                            signal.mark_lost();
-                        }
-                    }
+                    break;
                 }
             }
             match worker.join() {

@@ -189,6 +189,16 @@ impl Node {
     pub(crate) fn is_up(&self) -> bool {
         matches!(self.conn, Conn::Up(_))
     }
+
+    /// Forget every byte queued or buffered for the (old) connection.
+    fn clear_streams(&mut self) {
+        self.out.clear();
+        self.out_pos = 0;
+        self.in_start = 0;
+        self.in_end = 0;
+        self.parser.reset();
+        self.resuming = false;
+    }
 }
 
 /// A handle to an op: slot index plus generation, so a stale handle never aliases.
@@ -479,12 +489,7 @@ impl Engine {
                 node.connect_deadline = now + self.cfg.connect_timeout;
                 node.last_progress = now;
                 node.answered = false;
-                node.out.clear();
-                node.out_pos = 0;
-                node.in_start = 0;
-                node.in_end = 0;
-                node.parser.reset();
-                node.resuming = false;
+                node.clear_streams();
                 node.votes_from = None;
                 write_handshake(node, self.cfg.amnesia_guard.is_some());
                 Ok(())
@@ -524,12 +529,7 @@ impl Engine {
             Conn::Down => {}
         }
         let node = &mut self.nodes[i];
-        node.out.clear();
-        node.out_pos = 0;
-        node.in_start = 0;
-        node.in_end = 0;
-        node.parser.reset();
-        node.resuming = false;
+        node.clear_streams();
         let answered = node.answered;
         let mut pending = std::mem::take(&mut node.pending);
         for tag in pending.drain(..) {

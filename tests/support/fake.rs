@@ -280,13 +280,7 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                     }
                 }
             }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
-                ) => {}
+            Err(e) if super::is_transient(&e) => {}
             Err(_) => thread::sleep(TICK),
         }
     }
@@ -313,13 +307,7 @@ fn write_all(stream: &mut TcpStream, mut bytes: &[u8], shared: &Shared) -> io::R
         match stream.write(bytes) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => bytes = &bytes[n..],
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
-                ) => {}
+            Err(e) if super::is_transient(&e) => {}
             Err(e) => return Err(e),
         }
     }
@@ -420,13 +408,7 @@ fn serve(mut stream: TcpStream, conn: usize, shared: &Shared) -> io::Result<()> 
                     return Ok(());
                 }
             }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
-                ) => {}
+            Err(e) if super::is_transient(&e) => {}
             Err(e) => return Err(e),
         }
     }

@@ -127,13 +127,7 @@ pub fn read_raw(stream: &mut TcpStream, want: usize, limit: Duration) -> (Vec<u8
         match stream.read(&mut buf[..room]) {
             Ok(0) => return (out, ReadEnd::Eof),
             Ok(n) => out.extend_from_slice(&buf[..n]),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
-                ) => {}
+            Err(e) if is_transient(&e) => {}
             Err(e) => return (out, ReadEnd::Error(e.kind())),
         }
     }
@@ -146,4 +140,12 @@ pub fn get(m: &LocalMasters, i: usize, key: &str) -> Option<Vec<u8>> {
         AdminReply::Bulk(v) => v,
         other => panic!("GET {key} on master {i}: {other:?}"),
     }
+}
+
+/// A socket error that only means "nothing yet" (non-blocking or timed-out read/accept).
+pub fn is_transient(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+    )
 }

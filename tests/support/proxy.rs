@@ -264,13 +264,7 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                     eprintln!("proxy {}: {e}", shared.upstream);
                 }
             }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
-                ) => {}
+            Err(e) if super::is_transient(&e) => {}
             // EMFILE and the like: back off one tick, the loop stays bounded by `stop`.
             Err(_) => thread::sleep(TICK),
         }
@@ -376,13 +370,7 @@ fn write_all(
         match to.write(bytes) {
             Ok(0) => return Err(End::Close),
             Ok(n) => bytes = &bytes[n..],
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
-                ) => {}
+            Err(e) if super::is_transient(&e) => {}
             Err(_) => return Err(End::Close),
         }
     }
@@ -441,16 +429,7 @@ fn pump_loop(
         let n = match from.read(&mut buf) {
             Ok(0) => return End::Close,
             Ok(n) => n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
-                ) =>
-            {
-                continue
-            }
+            Err(e) if super::is_transient(&e) => continue,
             Err(_) => return End::Close,
         };
         let chunk = &buf[..n];
