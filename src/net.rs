@@ -41,6 +41,8 @@ use crate::token::{Token, TOKEN_LEN};
 pub(crate) const WAKER: MioToken = MioToken(usize::MAX);
 
 const INBUF_START: usize = 16 * 1024;
+/// Idle gaps between `drive` calls shorter than this do not shift the stall clocks.
+const IDLE_SHIFT_MIN: Duration = Duration::from_millis(1);
 
 /// Tuning of the shell (set from the builder).
 #[derive(Debug, Clone)]
@@ -281,6 +283,10 @@ pub(crate) struct Engine {
     left_loop: Instant,
     /// Slots of the ops in the `Active` state (undecided): all `tick` has to look at.
     active: Vec<u32>,
+    /// No timer is due before this instant (`None`: no timer at all). A lower bound: every
+    /// place that creates a deadline lowers it, progress only moves deadlines later, and
+    /// `tick` recomputes it exactly. The loop skips `tick` until it passes.
+    next_due: Option<Instant>,
 }
 
 impl Engine {
@@ -300,6 +306,7 @@ impl Engine {
             waker,
             left_loop: Instant::now(),
             active: Vec::with_capacity(64),
+            next_due: None,
         };
         // Pre-build a few slots so the first cycles do not allocate either.
         for _ in 0..4 {
@@ -314,6 +321,11 @@ impl Engine {
 
     pub(crate) fn quorum(&self) -> usize {
         self.quorum
+    }
+
+    /// A timer at `t` exists now: make sure the loop looks at it.
+    fn due_by(&mut self, t: Instant) {
+        self.next_due = Some(self.next_due.map_or(t, |n| n.min(t)));
     }
 
     fn new_slot(&mut self) -> u32 {
@@ -372,7 +384,8 @@ impl Engine {
         op.req = req;
         op.tally.reset(n, quorum);
         op.started = now;
-        op.deadline = now + timeout;
+        let deadline = now + timeout;
+        op.deadline = deadline;
         op.decided_at = now;
         op.outstanding = 0;
         op.max_value = 0;
@@ -380,6 +393,9 @@ impl Engine {
         op.collected = false;
         fill(&mut op.args);
         let id = OpId { slot, gen: op.gen };
+        self.due_by(deadline);
+        // A master whose queue was empty starts its stall clock now.
+        let mut stall_clock_started = false;
         // Encode once, copy to every master.
         self.scratch.clear();
         encode_request(&mut self.scratch, req, &self.ops[slot as usize].args, false);
@@ -400,6 +416,7 @@ impl Engine {
                     let node = &mut self.nodes[i];
                     if node.pending.is_empty() {
                         node.last_progress = now;
+                        stall_clock_started = true;
                     }
                     node.out.extend_from_slice(&self.scratch);
                     node.pending.push_back(Tag::Op {
@@ -411,6 +428,9 @@ impl Engine {
                 }
                 Err(fault) => self.record(id, i, Outcome::Failed(fault), now),
             }
+        }
+        if stall_clock_started {
+            self.due_by(now + self.cfg.stall_timeout);
         }
         self.check_decided(id, now);
         id
@@ -488,10 +508,12 @@ impl Engine {
                 node.conn = Conn::Connecting(stream);
                 node.connect_deadline = now + self.cfg.connect_timeout;
                 node.last_progress = now;
+                let first = node.connect_deadline.min(now + self.cfg.stall_timeout);
                 node.answered = false;
                 node.clear_streams();
                 node.votes_from = None;
                 write_handshake(node, self.cfg.amnesia_guard.is_some());
+                self.due_by(first);
                 Ok(())
             }
             Err(e) => {
@@ -600,54 +622,64 @@ impl Engine {
         mut interrupted: impl FnMut() -> bool,
     ) -> io::Result<bool> {
         // Time the client spent outside the loop (idle between calls) is no sign of a hung
-        // master: replies may be waiting unread. Shift every stall clock by it.
+        // master: replies may be waiting unread. Shift every stall clock by it. Gaps under
+        // a millisecond are left alone: a client back in the loop that often reads every
+        // reply within that millisecond, so its stall clocks are right to within one.
         let entered = Instant::now();
         let idle = entered.saturating_duration_since(self.left_loop);
-        if !idle.is_zero() {
+        if idle >= IDLE_SHIFT_MIN {
             for node in self.nodes.iter_mut() {
                 node.last_progress = (node.last_progress + idle).min(entered);
             }
         }
-        let r = self.drive_inner(until, &mut done, &mut interrupted);
-        self.left_loop = Instant::now();
+        let r = self.drive_inner(entered, until, &mut done, &mut interrupted);
+        let (r, left) = match r {
+            Ok((done, at)) => (Ok(done), at),
+            Err(e) => (Err(e), Instant::now()),
+        };
+        self.left_loop = left;
         r
     }
 
+    /// The loop of [`Engine::drive`]; also returns the last instant it read the clock (the
+    /// loop reads it once per poll, not once per step).
     fn drive_inner(
         &mut self,
+        mut now: Instant,
         until: Option<Instant>,
         done: &mut impl FnMut(&Engine) -> bool,
         interrupted: &mut impl FnMut() -> bool,
-    ) -> io::Result<bool> {
+    ) -> io::Result<(bool, Instant)> {
         loop {
-            let now = Instant::now();
-            let next = self.tick(now);
+            if self.next_due.is_some_and(|d| now >= d) {
+                self.tick(now);
+            }
             if done(self) {
-                return Ok(true);
+                return Ok((true, now));
             }
             if interrupted() {
-                return Ok(false);
+                return Ok((false, now));
             }
-            let wake = match (next, until) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
             if let Some(u) = until {
                 if now >= u {
-                    return Ok(false);
+                    return Ok((false, now));
                 }
             }
             let timeout = if self.cfg.busy_poll {
                 Some(Duration::ZERO)
             } else {
+                let wake = match (self.next_due, until) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
                 wake.map(|w| w.saturating_duration_since(now))
             };
-            self.poll_once(timeout)?;
+            now = self.poll_once(timeout)?;
         }
     }
 
-    /// Handle timers; returns the next instant something is due.
-    fn tick(&mut self, now: Instant) -> Option<Instant> {
+    /// Handle timers and recompute [`Engine::next_due`].
+    fn tick(&mut self, now: Instant) {
         let mut next: Option<Instant> = None;
         let mut due = |t: Instant| next = Some(next.map_or(t, |n: Instant| n.min(t)));
         // Backwards: expiring an op swap-removes it from `active`.
@@ -682,13 +714,15 @@ impl Engine {
                 _ => {}
             }
         }
-        next
+        self.next_due = next;
     }
 
-    fn poll_once(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+    /// Wait for readiness (up to `timeout`) and handle it; returns the instant the wait
+    /// ended.
+    fn poll_once(&mut self, timeout: Option<Duration>) -> io::Result<Instant> {
         match self.poll.poll(&mut self.events, timeout) {
             Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(Instant::now()),
             Err(e) => return Err(e),
         }
         if self.events.is_empty() && timeout == Some(Duration::ZERO) {
@@ -696,26 +730,21 @@ impl Engine {
             // share the machine (tests, benches, small hosts), a pure spin would steal the
             // very CPU the replies need; with a core to spare this costs one cheap syscall.
             std::thread::yield_now();
-            return Ok(());
+            return Ok(Instant::now());
         }
         let now = Instant::now();
-        // Collect first: handling an event needs `&mut self`.
-        let mut ready: SmallVec<[(usize, bool, bool, bool); 16]> = SmallVec::new();
-        for ev in self.events.iter() {
-            if ev.token() == WAKER {
-                continue;
-            }
-            ready.push((
-                ev.token().0,
-                ev.is_readable() || ev.is_read_closed() || ev.is_error(),
-                ev.is_writable() || ev.is_write_closed() || ev.is_error(),
-                ev.is_read_closed() || ev.is_error(),
-            ));
-        }
-        for (i, readable, writable, closed) in ready {
+        // Handling an event needs `&mut self`: borrow the events out for the walk (an
+        // empty `Events` allocates nothing) and put them back after.
+        let events = std::mem::replace(&mut self.events, Events::with_capacity(0));
+        for ev in events.iter() {
+            let i = ev.token().0;
             if i >= self.nodes.len() {
-                continue; // spurious
+                continue; // the waker, or spurious
             }
+            let error = ev.is_error();
+            let closed = ev.is_read_closed() || error;
+            let readable = ev.is_readable() || closed;
+            let writable = ev.is_writable() || ev.is_write_closed() || error;
             if matches!(self.nodes[i].conn, Conn::Connecting(_)) {
                 if !writable && !readable {
                     continue;
@@ -739,7 +768,8 @@ impl Engine {
                 self.read_node(i, closed, now);
             }
         }
-        Ok(())
+        self.events = events;
+        Ok(now)
     }
 
     /// The documented non-blocking connect steps: a pending error means failure; a
@@ -947,6 +977,8 @@ impl Engine {
             req,
             eval: true,
         });
+        let stall = node.last_progress + self.cfg.stall_timeout;
+        self.due_by(stall);
         self.flush_node(i, now);
         true
     }
