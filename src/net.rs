@@ -111,6 +111,9 @@ pub(crate) struct Node {
     conn: Conn,
     out: Vec<u8>,
     out_pos: usize,
+    /// Requests queued for this master that still sit in the engine's shared buffer, from
+    /// this offset on (see [`Engine::shared`]); `out` is empty meanwhile.
+    shared_from: Option<usize>,
     inbuf: Vec<u8>,
     in_start: usize,
     in_end: usize,
@@ -170,6 +173,7 @@ impl Node {
             conn: Conn::Down,
             out: Vec::with_capacity(4096),
             out_pos: 0,
+            shared_from: None,
             inbuf: vec![0; INBUF_START],
             in_start: 0,
             in_end: 0,
@@ -275,7 +279,12 @@ pub(crate) struct Engine {
     pub nodes: Vec<Node>,
     ops: Vec<Op>,
     free: Vec<u32>,
-    scratch: Vec<u8>,
+    /// Requests encoded once for every master that takes them. A master whose own queue
+    /// was empty is written straight from here (no per-master copy); one that already had
+    /// bytes queued, or misses a request, gets its share copied into its own queue.
+    shared: Vec<u8>,
+    /// How many masters have bytes waiting in `shared`; it is cleared when none has.
+    sharing: usize,
     pub cfg: NetConfig,
     quorum: usize,
     waker: Arc<Waker>,
@@ -300,7 +309,8 @@ impl Engine {
             nodes,
             ops: Vec::with_capacity(64),
             free: Vec::with_capacity(64),
-            scratch: Vec::with_capacity(1024),
+            shared: Vec::with_capacity(1024),
+            sharing: 0,
             cfg,
             quorum,
             waker,
@@ -396,10 +406,21 @@ impl Engine {
         self.due_by(deadline);
         // A master whose queue was empty starts its stall clock now.
         let mut stall_clock_started = false;
-        // Encode once, copy to every master.
-        self.scratch.clear();
-        encode_request(&mut self.scratch, req, &self.ops[slot as usize].args, false);
+        // Encode once, into the shared buffer.
+        if self.sharing == 0 {
+            self.shared.clear();
+        }
+        let at = self.shared.len();
+        encode_request(&mut self.shared, req, &self.ops[slot as usize].args, false);
         for i in 0..n {
+            // A master that does not take this request must not send it either: its
+            // earlier shared bytes go to its own queue first.
+            let takes = target(i)
+                && (req == Request::Release
+                    || self.nodes[i].pending.len() < self.cfg.backlog_limit);
+            if !takes {
+                self.unshare(i, at);
+            }
             if !target(i) {
                 // Not asked: counts as a no, so the tally still decides.
                 self.record(id, i, Outcome::NotHeld, now);
@@ -411,14 +432,28 @@ impl Engine {
                 self.record(id, i, Outcome::Failed(Fault::Backlogged), now);
                 continue;
             }
-            match self.ensure_connection(i, now) {
+            // The common case (connected, queue not full) without the call.
+            let node = &self.nodes[i];
+            let ready = node.is_up() && node.pending.len() < self.cfg.max_pending;
+            match if ready {
+                Ok(())
+            } else {
+                self.ensure_connection(i, now)
+            } {
                 Ok(()) => {
                     let node = &mut self.nodes[i];
                     if node.pending.is_empty() {
                         node.last_progress = now;
                         stall_clock_started = true;
                     }
-                    node.out.extend_from_slice(&self.scratch);
+                    if node.shared_from.is_none() {
+                        if node.out.is_empty() {
+                            node.shared_from = Some(at);
+                            self.sharing += 1;
+                        } else {
+                            node.out.extend_from_slice(&self.shared[at..]);
+                        }
+                    }
                     node.pending.push_back(Tag::Op {
                         id,
                         req,
@@ -426,7 +461,10 @@ impl Engine {
                     });
                     self.ops[slot as usize].outstanding += 1;
                 }
-                Err(fault) => self.record(id, i, Outcome::Failed(fault), now),
+                Err(fault) => {
+                    self.unshare(i, at);
+                    self.record(id, i, Outcome::Failed(fault), now)
+                }
             }
         }
         if stall_clock_started {
@@ -442,6 +480,15 @@ impl Engine {
         if op.gen == id.gen {
             op.collected = true;
             self.maybe_free(id.slot);
+        }
+    }
+
+    /// Move master `i`'s shared bytes before `upto` into its own queue.
+    fn unshare(&mut self, i: usize, upto: usize) {
+        let node = &mut self.nodes[i];
+        if let Some(from) = node.shared_from.take() {
+            node.out.extend_from_slice(&self.shared[from..upto]);
+            self.sharing -= 1;
         }
     }
 
@@ -551,6 +598,10 @@ impl Engine {
             Conn::Down => {}
         }
         let node = &mut self.nodes[i];
+        if node.shared_from.take().is_some() {
+            self.sharing -= 1;
+        }
+        let node = &mut self.nodes[i];
         node.clear_streams();
         let answered = node.answered;
         let mut pending = std::mem::take(&mut node.pending);
@@ -593,6 +644,36 @@ impl Engine {
         let Conn::Up(stream) = &mut node.conn else {
             return;
         };
+        if let Some(from) = node.shared_from.take() {
+            // Straight from the shared buffer; whatever the kernel does not take now goes
+            // to the master's own queue.
+            self.sharing -= 1;
+            let bytes = &self.shared[from..];
+            node.stats.writes += 1;
+            let written = match stream.write(bytes) {
+                Ok(0) => {
+                    self.fail_node(i, Fault::Closed(io::ErrorKind::WriteZero), now);
+                    return;
+                }
+                Ok(n) => n,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                    ) =>
+                {
+                    0
+                }
+                Err(e) => {
+                    self.fail_node(i, Fault::Closed(e.kind()), now);
+                    return;
+                }
+            };
+            if written == bytes.len() {
+                return;
+            }
+            node.out.extend_from_slice(&bytes[written..]);
+        }
         while node.out_pos < node.out.len() {
             node.stats.writes += 1;
             match stream.write(&node.out[node.out_pos..]) {
@@ -969,6 +1050,9 @@ impl Engine {
         if op.gen != id.gen || op.state == OpState::Free {
             return false;
         }
+        let upto = self.shared.len();
+        self.unshare(i, upto);
+        let op = &self.ops[id.slot as usize];
         let node = &mut self.nodes[i];
         node.stats.noscript += 1;
         encode_request(&mut node.out, req, &op.args, true);

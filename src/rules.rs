@@ -220,8 +220,15 @@ impl Tally {
         self.need = need;
         self.yes = 0;
         self.no = 0;
-        self.outcomes.clear();
-        self.outcomes.resize(n, Outcome::Pending);
+        if self.outcomes.len() == n {
+            // The common case (same master count): overwrite in place.
+            for o in self.outcomes.iter_mut() {
+                *o = Outcome::Pending;
+            }
+        } else {
+            self.outcomes.clear();
+            self.outcomes.resize(n, Outcome::Pending);
+        }
     }
 
     /// Record master `node`'s outcome. Only the first answer per master counts; returns

@@ -526,6 +526,72 @@ fn batch_pipelines_many_locks_in_one_write_per_master() {
 }
 
 #[test]
+fn batch_cleanups_to_different_subsets_of_masters_leave_no_key() {
+    // Refused resources get their cleanup release only where our SET may have landed, so
+    // one batch queues requests for different subsets of masters back to back (the
+    // shared-buffer write path must give each master exactly its own requests, in order).
+    let m = masters(5);
+    let mut a = client(&m);
+    let majorities: [[usize; 3]; 3] = [[0, 1, 2], [2, 3, 4], [0, 3, 4]];
+    let names: Vec<String> = (0..12).map(|k| format!("subsets:{k}")).collect();
+    let mut foreign = 0;
+    for (k, name) in names.iter().enumerate() {
+        if k % 2 == 1 {
+            // Odd resources: someone else holds a majority, a different one each time.
+            for &i in &majorities[(k / 2) % 3] {
+                let r = m[i].cmd(&[b"SET", name.as_bytes(), b"someone-else", b"PX", b"60000"]);
+                assert!(r.unwrap().is_ok());
+                foreign += 1;
+            }
+        }
+    }
+    let mut out = Vec::new();
+    a.try_lock_batch(&names, Duration::from_secs(10), &mut out)
+        .unwrap();
+    let mut locks = Vec::new();
+    for (k, r) in out.drain(..).enumerate() {
+        if k % 2 == 1 {
+            assert!(matches!(&r, Err(e) if e.is_taken()), "{k}: {r:?}");
+        } else {
+            let lock = r.unwrap();
+            assert_eq!(holders(&m, &names[k], &lock), 5, "{k}");
+            locks.push(lock);
+        }
+    }
+    let mut rel = Vec::new();
+    a.release_batch(locks, &mut rel).unwrap();
+    assert!(rel.iter().all(|r| r.is_ok()), "{rel:?}");
+    // Cleanups and releases decided at quorum may still be on their way to the slower
+    // masters (written, not yet run): wait, bounded, for the key count to settle.
+    let count = || -> i64 {
+        (0..5)
+            .map(|i| match m[i].cmd(&[b"DBSIZE"]).unwrap() {
+                AdminReply::Int(n) => n,
+                other => panic!("DBSIZE: {other:?}"),
+            })
+            .sum()
+    };
+    let until = Instant::now() + Duration::from_secs(5);
+    let mut keys = count();
+    while keys != foreign && Instant::now() < until {
+        // Reading again drives nothing on our side: the requests were written already.
+        thread::sleep(Duration::from_millis(10));
+        keys = count();
+    }
+    // Only the foreign keys are left, untouched.
+    assert_eq!(keys, foreign, "keys left behind");
+    for (k, name) in names.iter().enumerate().filter(|(k, _)| k % 2 == 1) {
+        for &i in &majorities[(k / 2) % 3] {
+            assert_eq!(
+                get(&m, i, name).as_deref(),
+                Some(&b"someone-else"[..]),
+                "{k} on {i}"
+            );
+        }
+    }
+}
+
+#[test]
 fn an_idle_client_does_not_mistake_unread_replies_for_a_stall() {
     let m = masters(5);
     let mut c = Redlock::builder()
