@@ -32,9 +32,14 @@ pub const fn quorum(n: usize) -> usize {
     n / 2 + 1
 }
 
-/// The clock-drift allowance for a TTL: `ttl * drift_factor + 2 ms`.
+/// The clock-drift allowance for a TTL: `ttl * drift_factor + 2 ms`, the product computed
+/// in nanoseconds and rounded up (within 1 ns of `ttl.mul_f64(drift_factor)`).
 pub fn drift(ttl: Duration, drift_factor: f64) -> Duration {
-    ttl.mul_f64(drift_factor) + DRIFT_FIXED
+    // Whole nanoseconds as f64 are exact below 2^53 ns (104 days; TTLs stop at 2^31 ms).
+    // Cheaper than `Duration::mul_f64`, which goes through `from_secs_f64`; `as u64`
+    // saturates and maps NaN to 0, so this cannot panic.
+    let ns = ttl.as_secs() as f64 * 1e9 + f64::from(ttl.subsec_nanos());
+    Duration::from_nanos((ns * drift_factor).ceil() as u64) + DRIFT_FIXED
 }
 
 /// How long a lock taken with `ttl`, whose round took `elapsed`, can still be trusted:
@@ -390,6 +395,40 @@ mod tests {
         for (n, q) in [(1, 1), (2, 2), (3, 2), (4, 3), (5, 3), (6, 4), (7, 4)] {
             assert_eq!(quorum(n), q, "n={n}");
             assert!(2 * quorum(n) > n, "two quorums of {n} must intersect");
+        }
+    }
+
+    #[test]
+    fn drift_is_the_product_rounded_up_to_the_nanosecond() {
+        let mut rng = fastrand_like(7);
+        for _ in 0..20_000 {
+            let ttl = Duration::from_nanos(rng() % (1u64 << 31) * 1_000_000 + rng() % 1_000_000);
+            let f = (rng() % 1_000_000) as f64 / 1e7; // 0 .. 0.1
+            let d = drift(ttl, f) - DRIFT_FIXED;
+            let reference = ttl.mul_f64(f);
+            assert!(
+                d + Duration::from_nanos(1) >= reference,
+                "{ttl:?} * {f}: {d:?} < {reference:?}"
+            );
+            assert!(
+                d <= reference + Duration::from_nanos(1),
+                "{ttl:?} * {f}: {d:?} > {reference:?}"
+            );
+        }
+        assert_eq!(
+            drift(Duration::from_secs(10), 0.01),
+            Duration::from_millis(102)
+        );
+        assert_eq!(drift(Duration::from_secs(1), 0.0), DRIFT_FIXED);
+    }
+
+    /// A small xorshift, so this test needs no dependency.
+    fn fastrand_like(mut x: u64) -> impl FnMut() -> u64 {
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
         }
     }
 
