@@ -958,6 +958,19 @@ impl Engine {
                         self.fail_node(i, Fault::Unexpected, now);
                         return false;
                     };
+                    // The hot path: a reply to a lock request, straight to its op.
+                    if let Tag::Op { id, req, eval } = tag {
+                        if let Ok(outcome) = rules::classify(req, &frame) {
+                            let value = match frame {
+                                Frame::Integer(v) => v,
+                                _ => 0,
+                            };
+                            node.in_start += used;
+                            node.answered = true;
+                            self.op_reply(i, id, req, eval, outcome, value, now);
+                            continue;
+                        }
+                    }
                     (interpret(tag, &frame), used)
                 }
                 Ok(resp::Status::Partial(_)) => return true,
@@ -1005,42 +1018,60 @@ impl Engine {
                     id,
                     req,
                     eval,
-                    mut outcome,
+                    outcome,
                     value,
-                } => {
-                    let grants = matches!(
-                        req,
-                        Request::Acquire
-                            | Request::AcquireMany
-                            | Request::AcquireFenced
-                            | Request::Extend
-                    );
-                    if grants && outcome.is_ok() && self.cfg.amnesia_guard.is_some() {
-                        let trusted = node.votes_from.is_some_and(|t| now >= t);
-                        if !trusted {
-                            outcome = Outcome::Failed(Fault::Amnesiac);
-                        }
-                    }
-                    if outcome.is_ok() {
-                        let op = &mut self.ops[id.slot as usize];
-                        if op.gen == id.gen && value > op.max_value {
-                            op.max_value = value;
-                        }
-                    }
-                    if let Outcome::Failed(Fault::Redis(t)) = outcome {
-                        if t.starts_with(b"NOSCRIPT")
-                            && !eval
-                            && self.retry_with_eval(i, id, req, now)
-                        {
-                            continue;
-                        }
-                    }
-                    self.owed_reply_arrived(id);
-                    self.record(id, i, outcome, now);
-                    self.maybe_free(id.slot);
+                } => self.op_reply(i, id, req, eval, outcome, value, now),
+            }
+        }
+    }
+
+    /// Master `i` answered op `id`: apply the amnesia guard, retry `-NOSCRIPT` with `EVAL`,
+    /// count the vote, decide and free the op when due. One lookup of the op.
+    #[allow(clippy::too_many_arguments)]
+    fn op_reply(
+        &mut self,
+        i: usize,
+        id: OpId,
+        req: Request,
+        eval: bool,
+        mut outcome: Outcome,
+        value: i64,
+        now: Instant,
+    ) {
+        if outcome.is_ok() && self.cfg.amnesia_guard.is_some() {
+            let grants = matches!(
+                req,
+                Request::Acquire | Request::AcquireMany | Request::AcquireFenced | Request::Extend
+            );
+            let trusted = self.nodes[i].votes_from.is_some_and(|t| now >= t);
+            if grants && !trusted {
+                outcome = Outcome::Failed(Fault::Amnesiac);
+            }
+        }
+        if let Outcome::Failed(Fault::Redis(t)) = outcome {
+            if t.starts_with(b"NOSCRIPT") && !eval && self.retry_with_eval(i, id, req, now) {
+                return;
+            }
+        }
+        let op = &mut self.ops[id.slot as usize];
+        if op.gen != id.gen {
+            return;
+        }
+        op.outstanding = op.outstanding.saturating_sub(1);
+        if op.state != OpState::Free {
+            if outcome.is_ok() && value > op.max_value {
+                op.max_value = value;
+            }
+            op.tally.record(i, outcome);
+            if op.state == OpState::Active && op.tally.decision() != Decision::Open {
+                op.state = OpState::Decided;
+                op.decided_at = now;
+                if let Some(k) = self.active.iter().position(|s| *s == id.slot) {
+                    self.active.swap_remove(k);
                 }
             }
         }
+        self.maybe_free(id.slot);
     }
 
     /// `-NOSCRIPT` (the master restarted or its script cache was flushed): send the same
