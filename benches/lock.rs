@@ -11,8 +11,15 @@
 //!
 //! `cargo bench --bench lock` (all); `LOCK_BENCH_CYCLES=20000 cargo bench --bench lock --
 //! --skip-criterion` style knobs: `LOCK_BENCH_CYCLES` (percentile pass cycles per variant,
-//! default 4000), `LOCK_BENCH_SKIP_CRITERION=1`.
+//! default 4000), `LOCK_BENCH_SKIP_CRITERION=1`, `LOCK_BENCH_PIN=1`.
+//!
+//! `LOCK_BENCH_PIN=1` models a client that has a core to itself (what busy-poll is for):
+//! the measuring thread, which runs every client variant, is pinned to the first CPU it may
+//! use, and the masters are started on the others (Linux, at least 2 CPUs). Unpinned (the
+//! default), the scheduler puts client and masters anywhere, so on a small machine a
+//! spinning client competes with the masters it waits for. The output says which it was.
 
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, Criterion};
@@ -20,10 +27,65 @@ use criterion::{criterion_group, Criterion};
 #[path = "common/floor.rs"]
 mod floor;
 use floor::Floor;
-use redlock_mux::local::LocalMasters;
+use redlock_mux::local::{pin_current_thread, split_cpus, LocalMasters};
 use redlock_mux::Redlock;
 
 const TTL: Duration = Duration::from_secs(10);
+
+/// Where client and masters run with `LOCK_BENCH_PIN=1`.
+struct Pin {
+    client: usize,
+    masters: Vec<usize>,
+}
+
+/// Set once in `main`, before any master starts: `None` = unpinned.
+static PIN: OnceLock<Option<Pin>> = OnceLock::new();
+
+fn pin() -> Option<&'static Pin> {
+    PIN.get().and_then(Option::as_ref)
+}
+
+/// `LOCK_BENCH_PIN` set to anything but empty or `0`: pin this thread, pick the masters'
+/// CPUs. Panics with the reason when that is impossible (one CPU, not Linux).
+fn pin_from_env() -> Option<Pin> {
+    let on = std::env::var("LOCK_BENCH_PIN").is_ok_and(|v| !v.is_empty() && v != "0");
+    if !on {
+        return None;
+    }
+    let (client, masters) = split_cpus(1).unwrap_or_else(|e| panic!("LOCK_BENCH_PIN: {e}"));
+    pin_current_thread(client[0]).unwrap_or_else(|e| panic!("LOCK_BENCH_PIN: {e}"));
+    Some(Pin {
+        client: client[0],
+        masters,
+    })
+}
+
+fn placement() -> String {
+    match pin() {
+        Some(p) => format!(
+            "pinned: client thread on CPU {}, masters on CPU {}",
+            p.client,
+            cpu_list(&p.masters)
+        ),
+        None => "unpinned: client and masters on any CPU (LOCK_BENCH_PIN=1 to pin)".into(),
+    }
+}
+
+fn cpu_list(cpus: &[usize]) -> String {
+    cpus.iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// `n` local masters, on the masters' CPUs when pinned.
+fn start_masters(n: usize) -> LocalMasters {
+    match pin() {
+        Some(p) => LocalMasters::start_on_cpus(n, &p.masters),
+        None => LocalMasters::start(n),
+    }
+    .expect("local masters (is redis-server installed?)")
+}
 
 fn ours(m: &LocalMasters, busy: bool) -> Redlock {
     Redlock::builder()
@@ -66,7 +128,7 @@ fn pct(v: &[u64], p: f64) -> u64 {
 }
 
 fn percentile_pass(n_masters: usize) {
-    let m = LocalMasters::start(n_masters).expect("local masters (is redis-server installed?)");
+    let m = start_masters(n_masters);
     let cycles: usize = if smoke() {
         20
     } else {
@@ -133,7 +195,8 @@ fn percentile_pass(n_masters: usize) {
     let f99 = pct(&stats[0].cycle, 0.99) as f64;
     let fcpu = (stats[0].user + stats[0].sys).as_nanos() as f64 / cycles as f64;
     println!(
-        "\nlock+release cycle, {n_masters} local masters, {cycles} cycles per variant (interleaved)"
+        "\nlock+release cycle, {n_masters} local masters, {cycles} cycles per variant (interleaved), {}",
+        placement()
     );
     println!(
         "{:<24} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>8} {:>8} {:>7}",
@@ -172,7 +235,7 @@ fn percentile_pass(n_masters: usize) {
 /// Many locks in flight from one thread: `k` independent lock+release cycles per batch,
 /// ours (`try_lock_batch` + `release_batch`) next to the pipelined floor at the same `k`.
 fn throughput_pass(n_masters: usize) {
-    let m = LocalMasters::start(n_masters).expect("local masters");
+    let m = start_masters(n_masters);
     let secs: f64 = if smoke() {
         0.05
     } else {
@@ -182,7 +245,8 @@ fn throughput_pass(n_masters: usize) {
             .unwrap_or(2.0)
     };
     println!(
-        "\nmany in flight from one thread, {n_masters} local masters, ~{secs} s per variant (interleaved)"
+        "\nmany in flight from one thread, {n_masters} local masters, ~{secs} s per variant (interleaved), {}",
+        placement()
     );
     println!(
         "{:<6} {:>14} {:>14} {:>7} {:>12} {:>12} {:>9} {:>9}",
@@ -257,8 +321,10 @@ fn throughput_pass(n_masters: usize) {
 
 fn criterion_cycles(c: &mut Criterion) {
     for n in [1usize, 5] {
-        let m = LocalMasters::start(n).expect("local masters");
-        let mut g = c.benchmark_group(format!("cycle/{n}-masters"));
+        let m = start_masters(n);
+        // A group of its own when pinned, so criterion does not compare it with unpinned runs.
+        let pinned = if pin().is_some() { "-pinned" } else { "" };
+        let mut g = c.benchmark_group(format!("cycle/{n}-masters{pinned}"));
         g.measurement_time(Duration::from_secs(3));
         g.warm_up_time(Duration::from_millis(500));
         let mut floor = Floor::new(&m.addrs(), false);
@@ -282,6 +348,9 @@ fn smoke() -> bool {
 }
 
 fn main() {
+    // Pin before any master starts or client connects.
+    let _ = PIN.set(pin_from_env());
+    println!("placement: {}", placement());
     for n in [5usize, 1] {
         percentile_pass(n);
     }

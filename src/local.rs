@@ -21,6 +21,13 @@
 //!
 //! Everything here is Unix-only (signals) and talks to `127.0.0.1` only.
 //!
+//! For benchmarks that give the client a core of its own, [`LocalMasters::start_on_cpus`]
+//! starts the masters on a chosen CPU set (Linux): `redis-server` inherits the CPU affinity
+//! of the thread that spawns it, so the spawning thread takes the masters' set for the
+//! moment of the spawn and gets its own back right after (also for
+//! [`restart`](LocalMaster::restart), which keeps the pinning). [`pin_current_thread`]
+//! puts the client on its CPU; [`split_cpus`] picks both sets.
+//!
 //! If the process that owns the handles is killed without unwinding (SIGKILL), the servers
 //! outlive it. An interactive Ctrl-C reaches them too (they share the terminal's process
 //! group, and `redis-server` shuts down on SIGINT), except a frozen one.
@@ -45,6 +52,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+
+pub use self::affinity::{
+    current_thread_cpus, pin_current_thread, set_current_thread_cpus, split_cpus,
+};
 
 /// What the error says when `redis-server` cannot be found.
 pub const INSTALL_HINT: &str = "redis-server not found on PATH: install it with \
@@ -388,6 +399,8 @@ pub struct LocalMaster {
     port: u16,
     extra_args: Vec<String>,
     password: Option<String>,
+    /// The CPUs every spawn of this server is restricted to (`None`: inherited).
+    cpus: Option<Vec<usize>>,
     child: Option<Child>,
     frozen: bool,
 }
@@ -398,6 +411,7 @@ impl fmt::Debug for LocalMaster {
             .field("addr", &self.addr())
             .field("pid", &self.pid())
             .field("frozen", &self.frozen)
+            .field("cpus", &self.cpus)
             .field("dir", &self.dir)
             .field("extra_args", &self.extra_args.len())
             .finish()
@@ -443,6 +457,33 @@ impl LocalMaster {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn start_with(extra_args: &[&str]) -> io::Result<LocalMaster> {
+        Self::start_inner(extra_args, None)
+    }
+
+    /// Like [`start`](Self::start), on the CPUs `cpus` only (Linux): the server and its
+    /// threads may run on these CPUs and no other, also after [`restart`](Self::restart).
+    /// The calling thread's own CPU affinity is the same after the call as before.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` when `cpus` is empty, names a CPU that is not online (an index at or
+    /// above the number of online CPUs) or one this process may not use (a cgroup cpuset);
+    /// `Unsupported` off Linux; otherwise as [`start`](Self::start).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use redlock_mux::local::LocalMaster;
+    ///
+    /// let master = LocalMaster::start_on_cpus(&[1])?;
+    /// assert_eq!(master.cpus(), Some(&[1][..]));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn start_on_cpus(cpus: &[usize]) -> io::Result<LocalMaster> {
+        Self::start_inner(&[], Some(affinity::checked(cpus)?))
+    }
+
+    fn start_inner(extra_args: &[&str], cpus: Option<Vec<usize>>) -> io::Result<LocalMaster> {
         let bin = redis_server_path()?;
         let dir = make_temp_dir()?;
         let extra_args: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
@@ -458,6 +499,7 @@ impl LocalMaster {
             port: 0,
             extra_args,
             password,
+            cpus,
             child: None,
             frozen: false,
         };
@@ -500,6 +542,13 @@ impl LocalMaster {
     /// The password given with `--requirepass`, if any.
     pub fn password(&self) -> Option<&str> {
         self.password.as_deref()
+    }
+
+    /// The CPUs the server was started on with [`start_on_cpus`](Self::start_on_cpus)
+    /// (sorted, no duplicates), or `None` when it inherited the affinity of the thread that
+    /// started it.
+    pub fn cpus(&self) -> Option<&[usize]> {
+        self.cpus.as_deref()
     }
 
     /// The PID of the process this handle started and has not reaped yet; `None` after
@@ -755,6 +804,12 @@ impl LocalMaster {
             .append(true)
             .open(self.dir.join("stderr.log"))?;
         let port = self.port.to_string();
+        // The child inherits this thread's CPU affinity: take the server's CPUs for the
+        // spawn, and our own back when the guard drops.
+        let _affinity = match &self.cpus {
+            Some(cpus) => Some(affinity::Scoped::set(cpus)?),
+            None => None,
+        };
         let child = Command::new(&self.bin)
             .args(["--port", &port, "--bind", "127.0.0.1", "--save", ""])
             .args([
@@ -912,11 +967,45 @@ impl LocalMasters {
     /// Starts `n` masters, each with the same extra arguments (see
     /// [`LocalMaster::start_with`]). On error the ones already started are stopped.
     pub fn start_with(n: usize, extra_args: &[&str]) -> io::Result<LocalMasters> {
+        Self::start_inner(n, extra_args, None)
+    }
+
+    /// Starts `n` masters without persistence, all on the CPUs `cpus` (see
+    /// [`LocalMaster::start_on_cpus`]); the calling thread keeps its own CPU affinity.
+    ///
+    /// # Errors
+    ///
+    /// As [`LocalMaster::start_on_cpus`], checked once before any server starts.
+    ///
+    /// # Examples
+    ///
+    /// A benchmark that gives the client a core to itself: the client thread on the first
+    /// CPU it may use, the masters on the others.
+    ///
+    /// ```no_run
+    /// use redlock_mux::local::{pin_current_thread, split_cpus, LocalMasters};
+    ///
+    /// let (client_cpus, master_cpus) = split_cpus(1)?; // e.g. [0] and [1, 2, 3]
+    /// let masters = LocalMasters::start_on_cpus(5, &master_cpus)?;
+    /// pin_current_thread(client_cpus[0])?;
+    /// assert!(masters.iter().all(|m| m.cpus() == Some(&master_cpus[..])));
+    /// // ... build the client on this thread and measure ...
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn start_on_cpus(n: usize, cpus: &[usize]) -> io::Result<LocalMasters> {
+        Self::start_inner(n, &[], Some(affinity::checked(cpus)?))
+    }
+
+    fn start_inner(
+        n: usize,
+        extra_args: &[&str],
+        cpus: Option<Vec<usize>>,
+    ) -> io::Result<LocalMasters> {
         // Fail fast, once, when the binary is missing.
         redis_server_path()?;
         let results: Vec<io::Result<LocalMaster>> = thread::scope(|scope| {
             let handles: Vec<_> = (0..n)
-                .map(|_| scope.spawn(|| LocalMaster::start_with(extra_args)))
+                .map(|_| scope.spawn(|| LocalMaster::start_inner(extra_args, cpus.clone())))
                 .collect();
             handles
                 .into_iter()
@@ -991,6 +1080,275 @@ impl<'a> IntoIterator for &'a mut LocalMasters {
     }
 }
 
+/// CPU affinity of the calling thread, and the temporary pinning used to start
+/// `redis-server` on chosen CPUs (Linux only; elsewhere every call is `Unsupported`).
+mod affinity {
+    use std::io;
+
+    /// Restores the calling thread's CPU affinity when dropped.
+    pub(super) struct Scoped {
+        saved: Vec<usize>,
+    }
+
+    impl Scoped {
+        /// Restricts the calling thread to `cpus` until the guard drops.
+        pub(super) fn set(cpus: &[usize]) -> io::Result<Scoped> {
+            let saved = sys::get()?;
+            set_current_thread_cpus(cpus)?;
+            Ok(Scoped { saved })
+        }
+    }
+
+    impl Drop for Scoped {
+        fn drop(&mut self) {
+            // The saved set was valid a moment ago; nothing useful to do if it is not now.
+            let _ = sys::set(&self.saved);
+        }
+    }
+
+    /// `1-3,5` style, as in `/proc/<pid>/status` `Cpus_allowed_list`.
+    pub(super) fn list(cpus: &[usize]) -> String {
+        let mut out = String::new();
+        let mut i = 0;
+        while i < cpus.len() {
+            let mut j = i;
+            while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
+                j += 1;
+            }
+            if !out.is_empty() {
+                out.push(',');
+            }
+            if j == i {
+                out.push_str(&cpus[i].to_string());
+            } else {
+                out.push_str(&format!("{}-{}", cpus[i], cpus[j]));
+            }
+            i = j + 1;
+        }
+        out
+    }
+
+    fn invalid_input(msg: String) -> io::Error {
+        io::Error::new(io::ErrorKind::InvalidInput, msg)
+    }
+
+    /// `cpus` sorted and without duplicates, each below the number of online CPUs.
+    pub(super) fn checked(cpus: &[usize]) -> io::Result<Vec<usize>> {
+        let mut cpus = cpus.to_vec();
+        cpus.sort_unstable();
+        cpus.dedup();
+        if cpus.is_empty() {
+            return Err(invalid_input("empty CPU set: name at least one CPU".into()));
+        }
+        let online = sys::online()?;
+        if let Some(&bad) = cpus.iter().find(|&&c| c >= online) {
+            return Err(invalid_input(format!(
+                "CPU {bad} is not available: this machine has {online} online CPU{} \
+                 (indices 0-{})",
+                if online == 1 { "" } else { "s" },
+                online.saturating_sub(1)
+            )));
+        }
+        Ok(cpus)
+    }
+
+    /// The CPUs the calling thread may run on, sorted.
+    ///
+    /// # Errors
+    ///
+    /// `Unsupported` off Linux; the `sched_getaffinity` error otherwise.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let cpus = redlock_mux::local::current_thread_cpus()?;
+    /// assert!(!cpus.is_empty());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn current_thread_cpus() -> io::Result<Vec<usize>> {
+        sys::get()
+    }
+
+    /// Restricts the calling thread (not the whole process) to the CPUs `cpus`. Threads
+    /// and processes it starts afterwards inherit the restriction.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` when `cpus` is empty, names a CPU at or above the number of online
+    /// CPUs, or names CPUs this process may not use (a cgroup cpuset): then the thread's
+    /// affinity is left as it was. `Unsupported` off Linux.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use redlock_mux::local::{current_thread_cpus, set_current_thread_cpus};
+    ///
+    /// let before = current_thread_cpus()?;
+    /// set_current_thread_cpus(&before[..1])?;
+    /// assert_eq!(current_thread_cpus()?, &before[..1]);
+    /// set_current_thread_cpus(&before)?; // back to where it was
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn set_current_thread_cpus(cpus: &[usize]) -> io::Result<()> {
+        let cpus = checked(cpus)?;
+        let before = sys::get()?;
+        if let Err(e) = sys::set(&cpus) {
+            let msg = if e.kind() == io::ErrorKind::InvalidInput {
+                format!(
+                    "none of CPUs {} is available to this process (a cgroup cpuset?)",
+                    list(&cpus)
+                )
+            } else {
+                format!(
+                    "setting the CPU affinity of this thread to {}: {e}",
+                    list(&cpus)
+                )
+            };
+            return Err(io::Error::new(e.kind(), msg));
+        }
+        let now = sys::get()?;
+        if now != cpus {
+            // The kernel silently drops CPUs the cpuset does not allow: undo and say so.
+            let _ = sys::set(&before);
+            let missing: Vec<usize> = cpus.iter().filter(|c| !now.contains(c)).copied().collect();
+            return Err(invalid_input(format!(
+                "CPU {} not available to this process (a cgroup cpuset?): asked for {}, \
+                 the kernel allowed {}",
+                list(&missing),
+                list(&cpus),
+                list(&now)
+            )));
+        }
+        Ok(())
+    }
+
+    /// Restricts the calling thread to the one CPU `cpu`: a client thread that is to have a
+    /// core to itself (start the masters on the other CPUs with
+    /// [`LocalMasters::start_on_cpus`](super::LocalMasters::start_on_cpus)).
+    ///
+    /// # Errors
+    ///
+    /// As [`set_current_thread_cpus`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// redlock_mux::local::pin_current_thread(0)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
+        set_current_thread_cpus(&[cpu])
+    }
+
+    /// Splits the CPUs the calling thread may run on (sorted) for a run that gives each of
+    /// `clients` client threads a CPU of its own: the first `clients` CPUs for the clients
+    /// (one each, to pass to [`pin_current_thread`]), the rest for the masters (to pass to
+    /// [`LocalMasters::start_on_cpus`](super::LocalMasters::start_on_cpus)).
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` when the thread may run on fewer than `clients + 1` CPUs (no CPU
+    /// would be left for the masters) or `clients` is 0; `Unsupported` off Linux.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// // On a 4-CPU machine: ([0], [1, 2, 3]).
+    /// let (clients, masters) = redlock_mux::local::split_cpus(1)?;
+    /// assert_eq!(clients.len(), 1);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn split_cpus(clients: usize) -> io::Result<(Vec<usize>, Vec<usize>)> {
+        let mut cpus = sys::get()?;
+        if clients == 0 || cpus.len() <= clients {
+            return Err(invalid_input(format!(
+                "cannot give {clients} client thread{} a CPU each and keep one for the \
+                 masters: this thread may run on {} CPU{} ({})",
+                if clients == 1 { "" } else { "s" },
+                cpus.len(),
+                if cpus.len() == 1 { "" } else { "s" },
+                list(&cpus)
+            )));
+        }
+        let masters = cpus.split_off(clients);
+        Ok((cpus, masters))
+    }
+
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    mod sys {
+        use std::io;
+
+        use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
+        use nix::unistd::{sysconf, Pid, SysconfVar};
+
+        pub(super) fn online() -> io::Result<usize> {
+            match sysconf(SysconfVar::_NPROCESSORS_ONLN) {
+                Ok(Some(n)) if n > 0 => Ok(n as usize),
+                Ok(_) => Err(io::Error::other(
+                    "sysconf(_SC_NPROCESSORS_ONLN) gave no count",
+                )),
+                Err(e) => Err(io::Error::new(
+                    io::Error::from(e).kind(),
+                    format!("counting online CPUs: {e}"),
+                )),
+            }
+        }
+
+        pub(super) fn get() -> io::Result<Vec<usize>> {
+            let set = sched_getaffinity(Pid::from_raw(0)).map_err(|e| {
+                io::Error::new(
+                    io::Error::from(e).kind(),
+                    format!("reading the CPU affinity of this thread: {e}"),
+                )
+            })?;
+            Ok((0..CpuSet::count())
+                .filter(|&c| set.is_set(c).unwrap_or(false))
+                .collect())
+        }
+
+        /// The raw call: errors keep their kind (`InvalidInput` for EINVAL).
+        pub(super) fn set(cpus: &[usize]) -> io::Result<()> {
+            let mut set = CpuSet::new();
+            for &c in cpus {
+                set.set(c).map_err(|_| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!(
+                            "CPU {c} is beyond the {} a CPU set can hold",
+                            CpuSet::count()
+                        ),
+                    )
+                })?;
+            }
+            sched_setaffinity(Pid::from_raw(0), &set).map_err(io::Error::from)
+        }
+    }
+
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    mod sys {
+        use std::io;
+
+        fn unsupported() -> io::Error {
+            io::Error::new(
+                io::ErrorKind::Unsupported,
+                "CPU affinity is only supported on Linux",
+            )
+        }
+
+        pub(super) fn online() -> io::Result<usize> {
+            Err(unsupported())
+        }
+
+        pub(super) fn get() -> io::Result<Vec<usize>> {
+            Err(unsupported())
+        }
+
+        pub(super) fn set(_: &[usize]) -> io::Result<()> {
+            Err(unsupported())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1043,6 +1401,32 @@ mod tests {
         let mut out = Vec::new();
         encode_command(&[b"GET", b"k"], &mut out);
         assert_eq!(out, b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n");
+    }
+
+    #[test]
+    fn cpu_lists_read_like_proc_status() {
+        assert_eq!(affinity::list(&[]), "");
+        assert_eq!(affinity::list(&[1]), "1");
+        assert_eq!(affinity::list(&[0, 1, 2, 5, 7, 8]), "0-2,5,7-8");
+    }
+
+    #[test]
+    fn cpu_sets_are_checked_before_use() {
+        let e = affinity::checked(&[]).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert!(e.to_string().contains("empty CPU set"), "{e}");
+        if cfg!(target_os = "linux") {
+            assert_eq!(affinity::checked(&[0, 0]).unwrap(), vec![0]);
+            let e = affinity::checked(&[0, 100_000]).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+            assert!(e.to_string().contains("CPU 100000 is not available"), "{e}");
+            // A failed pin leaves the thread as it was.
+            let before = current_thread_cpus().unwrap();
+            assert!(pin_current_thread(100_000).is_err());
+            assert_eq!(current_thread_cpus().unwrap(), before);
+            assert!(split_cpus(0).is_err());
+            assert!(split_cpus(before.len()).is_err());
+        }
     }
 
     #[test]

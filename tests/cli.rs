@@ -594,6 +594,60 @@ fn bench_with_locks_in_flight_reports_no_violations() {
 }
 
 #[test]
+fn bench_pin_puts_the_client_and_the_local_masters_on_separate_cpus() {
+    // Only for the masters it starts itself.
+    let out = output(
+        redlock(
+            None,
+            &[
+                "bench",
+                "--pin",
+                "--masters",
+                "redis://127.0.0.1:1",
+                "-d",
+                "1s",
+            ],
+        ),
+        Duration::from_secs(10),
+    );
+    assert_eq!(code(&out), 64, "stderr: {}", stderr(&out));
+    assert!(stderr(&out).contains("--pin only works with the local masters"));
+    // A CPU per client and one left for the masters, or a usage error before any start.
+    let cpus = redlock_mux::local::current_thread_cpus().expect("CPU affinity");
+    let too_many = cpus.len().to_string();
+    let out = output(
+        redlock(
+            None,
+            &["bench", "--pin", "--clients", &too_many, "-d", "1s"],
+        ),
+        Duration::from_secs(10),
+    );
+    assert_eq!(code(&out), 64, "stderr: {}", stderr(&out));
+    assert!(
+        stderr(&out).contains("keep one for the masters"),
+        "{}",
+        stderr(&out)
+    );
+    if cpus.len() < 2 {
+        return; // nothing to pin apart on one CPU
+    }
+    let (_, j) = bench(&["--pin", "--busy-poll"]);
+    assert_sane(&j);
+    assert_eq!(
+        j["pinned"]["client_cpus"],
+        serde_json::json!([cpus[0]]),
+        "{j}"
+    );
+    assert_eq!(
+        j["pinned"]["master_cpus"],
+        serde_json::json!(cpus[1..]),
+        "{j}"
+    );
+    let (_, j) = bench(&[]);
+    assert!(j["pinned"].is_null(), "unpinned by default: {j}");
+}
+
+#[test]
 fn bench_ctrl_c_stops_the_local_masters_and_exits_130() {
     let mut run = redlock(None, &["bench", "--local", "3", "--duration", "60s"])
         .stdout(Stdio::null())

@@ -208,6 +208,85 @@ fn several_masters() {
     assert!(pids.iter().all(|&p| !pid_exists(p)));
 }
 
+/// `Cpus_allowed_list` of every thread of process `pid`, parsed (`0-2,5` -> [0, 1, 2, 5]).
+#[cfg(target_os = "linux")]
+fn thread_cpus_of(pid: u32) -> Vec<Vec<usize>> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+    tasks
+        .map(|t| {
+            let status = std::fs::read_to_string(t.unwrap().path().join("status")).unwrap();
+            let list = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .unwrap()
+                .trim();
+            list.split(',')
+                .flat_map(|part| match part.split_once('-') {
+                    Some((a, b)) => (a.parse().unwrap()..=b.parse().unwrap()).collect(),
+                    None => vec![part.parse::<usize>().unwrap()],
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+#[cfg(target_os = "linux")]
+fn masters_start_on_the_cpus_asked_for_and_the_caller_keeps_its_own() {
+    use redlock_mux::local::{current_thread_cpus, pin_current_thread, set_current_thread_cpus};
+    let mine = current_thread_cpus().unwrap();
+    // As a bench does: the caller on its first CPU, the masters on the others (on a
+    // one-CPU machine, the same one: the restore is still checked).
+    let want: Vec<usize> = if mine.len() > 1 {
+        mine[1..].to_vec()
+    } else {
+        mine.clone()
+    };
+    pin_current_thread(mine[0]).unwrap();
+    let check = |ms: &LocalMasters| {
+        for m in ms {
+            assert_eq!(m.cpus(), Some(&want[..]));
+            let pid = m.pid().unwrap();
+            for cpus in thread_cpus_of(pid) {
+                assert_eq!(cpus, want, "a thread of redis-server {pid}");
+            }
+        }
+        assert_eq!(current_thread_cpus().unwrap(), [mine[0]], "caller restored");
+    };
+    let mut ms = LocalMasters::start_on_cpus(2, &want).unwrap();
+    check(&ms);
+    // A restart keeps the pinning; so does one started from another CPU set.
+    let old = ms[0].pid().unwrap();
+    ms[0].kill().unwrap();
+    set_current_thread_cpus(&mine).unwrap();
+    ms[0].restart().unwrap();
+    assert_ne!(ms[0].pid(), Some(old));
+    pin_current_thread(mine[0]).unwrap();
+    check(&ms);
+    assert_eq!(ms[0].cmd(&[b"PING"]).unwrap(), pong());
+    drop(ms);
+    // Unpinned masters inherit the caller's set, as before.
+    let plain = master();
+    assert_eq!(plain.cpus(), None);
+    assert_eq!(thread_cpus_of(plain.pid().unwrap())[0], [mine[0]]);
+    set_current_thread_cpus(&mine).unwrap();
+}
+
+#[test]
+fn masters_on_cpus_that_do_not_exist_are_refused_before_starting() {
+    for cpus in [&[][..], &[100_000][..]] {
+        let err = LocalMasters::start_on_cpus(2, cpus).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+        let err = LocalMaster::start_on_cpus(cpus).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+    }
+    let err = LocalMaster::start_on_cpus(&[100_000]).unwrap_err();
+    assert!(
+        err.to_string().contains("CPU 100000 is not available"),
+        "{err}"
+    );
+}
+
 /// Runs one of the `child_*` tests below in a child process with `env`, so that changing
 /// REDIS_SERVER or PATH cannot disturb the tests running in parallel in this process.
 fn run_child(test: &str, env: &[(&str, &str)], remove: &[&str]) {

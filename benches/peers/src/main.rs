@@ -13,9 +13,11 @@
 //!
 //! Knobs: `PEERS_CYCLES` (latency cycles per variant and master count, default 8000),
 //! `PEERS_SECS` (throughput seconds per variant, default 3), `PEERS_BLOCK` (latency cycles
-//! per interleaved block, default 200).
+//! per interleaved block, default 200), `--pin` or `PEERS_PIN=1` (the measuring thread on
+//! the first CPU it may use, the masters on the others; Linux, 2 CPUs or more; default
+//! unpinned).
 //!
-//! `cargo run --release --manifest-path benches/peers/Cargo.toml`
+//! `cargo run --release --manifest-path benches/peers/Cargo.toml [-- --pin]`
 
 use std::str::FromStr;
 use std::time::{Duration, Instant};
@@ -24,7 +26,7 @@ use std::time::{Duration, Instant};
 mod floor;
 
 use floor::Floor;
-use redlock_mux::local::{AdminReply, LocalMasters};
+use redlock_mux::local::{pin_current_thread, split_cpus, AdminReply, LocalMasters};
 use redlock_mux::Redlock;
 use redlock_rs::RedLock;
 use rslock::LockManager;
@@ -585,14 +587,63 @@ fn loadavg() -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
+const USAGE: &str = "usage: redlock-mux-peers [--pin]\n\n  --pin   the measuring thread (every variant) on the first CPU it may use, the masters\n          on the others (also PEERS_PIN=1)\n\nKnobs: PEERS_CYCLES, PEERS_SECS, PEERS_BLOCK (see README.md)";
+
+/// `--pin` or `PEERS_PIN` set to anything but empty or `0`.
+fn pin_requested() -> bool {
+    let mut pin = std::env::var("PEERS_PIN").is_ok_and(|v| !v.is_empty() && v != "0");
+    for arg in std::env::args().skip(1) {
+        match arg.as_str() {
+            "--pin" => pin = true,
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => {
+                eprintln!("unknown argument `{other}`\n\n{USAGE}");
+                std::process::exit(64);
+            }
+        }
+    }
+    pin
+}
+
 fn main() {
+    let pin = pin_requested();
     let cycles: usize = env("PEERS_CYCLES", 8000);
     let secs: f64 = env("PEERS_SECS", 3.0);
     let block: usize = env("PEERS_BLOCK", 200).max(1);
     let started = Instant::now();
 
-    let m5 = LocalMasters::start(5).expect("local masters (is redis-server installed?)");
-    let m1 = LocalMasters::start(1).expect("local master");
+    // Pinned: this thread (every variant runs on it) on one CPU, the masters on the others.
+    // Before anything starts, so that later threads inherit the pinning.
+    let (placement, master_cpus) = if pin {
+        let (client, masters) = split_cpus(1).unwrap_or_else(|e| panic!("--pin: {e}"));
+        pin_current_thread(client[0]).unwrap_or_else(|e| panic!("--pin: {e}"));
+        let list = |c: &[usize]| c.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+        (
+            format!(
+                "pinned (--pin): the measuring thread on CPU {}, the masters on CPU {}",
+                client[0],
+                list(&masters)
+            ),
+            Some(masters),
+        )
+    } else {
+        (
+            "unpinned: measuring thread and masters on any CPU (--pin to pin)".to_string(),
+            None,
+        )
+    };
+    let start = |n: usize| {
+        match &master_cpus {
+            Some(cpus) => LocalMasters::start_on_cpus(n, cpus),
+            None => LocalMasters::start(n),
+        }
+        .expect("local masters (is redis-server installed?)")
+    };
+    let m5 = start(5);
+    let m1 = start(1);
     // Every variant runs on this thread: the sync ones directly, rslock's futures and
     // redis-rs's connection driver tasks inside `block_on` of this current-thread runtime.
     let rt = current_thread_runtime();
@@ -607,6 +658,7 @@ fn main() {
         "- masters: local redis-server {} on 127.0.0.1, no persistence; 5-master set and a separate 1-master set",
         redis_version(&m5)
     );
+    println!("- placement: {placement}");
     println!(
         "- every lock: TTL 10 s, a distinct free resource per variant (per task for rslock), so no retry ever runs; CPU from getrusage(RUSAGE_THREAD) around each block on the one measuring thread"
     );
@@ -633,9 +685,10 @@ fn main() {
     throughput_pass(&m5, &rt, secs);
 
     println!(
-        "\nthreads in this process at the end: {}; load average at end {}; run took {:.0} s (PEERS_CYCLES={cycles}, PEERS_SECS={secs}, PEERS_BLOCK={block})",
+        "\nthreads in this process at the end: {}; load average at end {}; run took {:.0} s (PEERS_CYCLES={cycles}, PEERS_SECS={secs}, PEERS_BLOCK={block}, {})",
         std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count()),
         loadavg(),
-        started.elapsed().as_secs_f64()
+        started.elapsed().as_secs_f64(),
+        if pin { "pinned" } else { "unpinned" }
     );
 }

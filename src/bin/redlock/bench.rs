@@ -12,7 +12,7 @@ use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use nix::sys::resource::{getrusage, UsageWho};
 use nix::sys::time::TimeValLike;
-use redlock_mux::local::LocalMasters;
+use redlock_mux::local::{pin_current_thread, set_current_thread_cpus, split_cpus, LocalMasters};
 use redlock_mux::{Error, Redlock};
 use signal_hook::consts::{SIGINT, SIGTERM};
 
@@ -26,6 +26,11 @@ included. Each client is a thread with its own Redlock client (one connection pe
 that loops: try_lock (retried at once while taken), a tiny critical section, release.
 With --in-flight K above 1, a client takes K locks per round trip (try_lock_batch) and
 releases them together (release_batch).
+
+--pin (Linux, local masters only) gives every client thread a CPU of its own, the first C
+CPUs this process may use, and starts the masters on the others (the main thread, which
+only draws the progress bar, joins the masters). It models a client with a core to itself,
+which is what --busy-poll is for; it needs at least C + 1 CPUs.
 
   acquire   from the first attempt to the grant, refused attempts included
   release   one release round
@@ -42,6 +47,7 @@ Exit status:
   64   usage or configuration error
   69   redis-server missing, masters unreachable, or no lock acquired at all
   70   a client thread panicked
+  71   an OS error (signal handlers; --pin could not pin a client thread)
   130  interrupted (Ctrl-C); local masters are stopped first";
 
 #[derive(Args, Debug)]
@@ -77,6 +83,24 @@ pub struct BenchArgs {
     /// Poll without sleeping in the kernel: lower latency, one busy core per client.
     #[arg(long)]
     busy_poll: bool,
+    /// Pin each client thread to a CPU of its own and start the local masters on the
+    /// other CPUs (Linux; only with local masters; needs clients + 1 CPUs).
+    #[arg(long)]
+    pin: bool,
+}
+
+/// Where `--pin` puts the client threads (one CPU each) and the local masters.
+#[derive(Debug)]
+struct Pinning {
+    clients: Vec<usize>,
+    masters: Vec<usize>,
+}
+
+fn cpu_list(cpus: &[usize]) -> String {
+    cpus.iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// One hold of a resource, in nanoseconds since the bench epoch.
@@ -207,6 +231,23 @@ pub fn main(args: BenchArgs) -> u8 {
     }
 
     let mut urls = args.masters.urls();
+    let mut pinning = None;
+    if args.pin {
+        if !urls.is_empty() {
+            say!(
+                "--pin only works with the local masters the bench starts itself (it puts them \
+                 on the CPUs the clients do not use): drop --masters / REDLOCK_MASTERS"
+            );
+            return exit::USAGE;
+        }
+        match split_cpus(clients) {
+            Ok((clients, masters)) => pinning = Some(Pinning { clients, masters }),
+            Err(e) => {
+                say!("--pin: {e}");
+                return exit::USAGE;
+            }
+        }
+    }
     let mut local = None;
     if urls.is_empty() {
         if args.local == 0 {
@@ -214,9 +255,21 @@ pub fn main(args: BenchArgs) -> u8 {
             return exit::USAGE;
         }
         if !args.json {
-            say!("starting {} local redis-server masters", args.local);
+            match &pinning {
+                Some(p) => say!(
+                    "starting {} local redis-server masters on CPU {}; clients on CPU {}",
+                    args.local,
+                    cpu_list(&p.masters),
+                    cpu_list(&p.clients)
+                ),
+                None => say!("starting {} local redis-server masters", args.local),
+            }
         }
-        match LocalMasters::start(args.local) {
+        let started = match &pinning {
+            Some(p) => LocalMasters::start_on_cpus(args.local, &p.masters),
+            None => LocalMasters::start(args.local),
+        };
+        match started {
             Ok(m) => {
                 urls = m.urls();
                 local = Some(m);
@@ -227,7 +280,14 @@ pub fn main(args: BenchArgs) -> u8 {
             }
         }
     }
-    let code = bench(&args, &urls, local.is_some(), resources, &interrupted);
+    let code = bench(
+        &args,
+        &urls,
+        local.is_some(),
+        pinning.as_ref(),
+        resources,
+        &interrupted,
+    );
     // Stop the local masters before exiting (also after Ctrl-C).
     drop(local);
     code
@@ -237,6 +297,7 @@ fn bench(
     args: &BenchArgs,
     urls: &[String],
     local: bool,
+    pinning: Option<&Pinning>,
     resources: usize,
     interrupted: &AtomicBool,
 ) -> u8 {
@@ -286,12 +347,18 @@ fn bench(
         let shared = shared.clone();
         let barrier = barrier.clone();
         let client = build();
+        let cpu = pinning.map(|p| p.clients[id]);
         handles.push(
             thread::Builder::new()
                 .name(format!("bench-client-{id}"))
-                .spawn(move || client_thread(id, client, &shared, &barrier))
+                .spawn(move || client_thread(id, cpu, client, &shared, &barrier))
                 .expect("spawn a client thread"),
         );
+    }
+    if let Some(p) = pinning {
+        // Keep this thread's progress-bar wake-ups off the clients' CPUs. Only a nicety:
+        // the measurement does not depend on it.
+        let _ = set_current_thread_cpus(&p.masters);
     }
 
     barrier.wait();
@@ -342,8 +409,11 @@ fn bench(
         return exit::SOFTWARE;
     }
     if let Some(e) = setup_error {
-        say!("cannot lock on the masters: {e}");
-        return exit::UNAVAILABLE;
+        say!("{e}");
+        return match e {
+            SetupError::Pin(_) => exit::OSERR,
+            SetupError::Lock(_) => exit::UNAVAILABLE,
+        };
     }
 
     let cpu = match (usage0, usage1) {
@@ -363,6 +433,7 @@ fn bench(
         args,
         masters: &master_names,
         local,
+        pinning,
         quorum,
         round_timeout,
         resources,
@@ -423,19 +494,42 @@ fn progress_bar(args: &BenchArgs) -> ProgressBar {
     bar
 }
 
+/// Why a client thread could not start measuring.
+enum SetupError {
+    /// `--pin` could not pin the thread.
+    Pin(String),
+    /// No client, or the warm-up locks failed.
+    Lock(String),
+}
+
+impl std::fmt::Display for SetupError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SetupError::Pin(e) => write!(f, "--pin: {e}"),
+            SetupError::Lock(e) => write!(f, "cannot lock on the masters: {e}"),
+        }
+    }
+}
+
 fn client_thread(
     id: usize,
+    cpu: Option<usize>,
     client: Result<Redlock, Error>,
     shared: &Shared,
     barrier: &Barrier,
-) -> Result<ClientResult, String> {
+) -> Result<ClientResult, SetupError> {
     let resources = shared.names.len();
     let mut out = ClientResult::new(resources);
+    // Pinned before the warm-up, so the connections' first use is already on its CPU.
+    if let Some(Err(e)) = cpu.map(pin_current_thread) {
+        barrier.wait();
+        return Err(SetupError::Pin(format!("client thread {id}: {e}")));
+    }
     let mut client = match client {
         Ok(c) => c,
         Err(e) => {
             barrier.wait();
-            return Err(e.to_string());
+            return Err(SetupError::Lock(e.to_string()));
         }
     };
     // Warm up (connect, load the scripts) on a key of our own, outside the measurement.
@@ -457,7 +551,7 @@ fn client_thread(
     }
     barrier.wait();
     if let Some(e) = warm_error {
-        return Err(e);
+        return Err(SetupError::Lock(e));
     }
 
     if shared.in_flight == 1 {
@@ -695,6 +789,7 @@ struct Report<'a> {
     args: &'a BenchArgs,
     masters: &'a [String],
     local: bool,
+    pinning: Option<&'a Pinning>,
     quorum: usize,
     round_timeout: Duration,
     resources: usize,
@@ -739,6 +834,10 @@ impl Report<'_> {
         serde_json::json!({
             "masters": self.masters,
             "local_masters": self.local,
+            "pinned": self.pinning.map(|p| serde_json::json!({
+                "client_cpus": p.clients,
+                "master_cpus": p.masters,
+            })),
             "quorum": self.quorum,
             "clients": self.args.clients,
             "in_flight": self.args.in_flight,
@@ -789,6 +888,16 @@ impl Report<'_> {
             self.elapsed.as_secs_f64(),
             if a.busy_poll { ", busy-poll" } else { "" },
         );
+        if let Some(p) = self.pinning {
+            println!(
+                "pinned: client thread{} on CPU {}, masters on CPU {}",
+                if a.clients == 1 { "" } else { "s" },
+                cpu_list(&p.clients),
+                cpu_list(&p.masters)
+            );
+        } else if self.local {
+            println!("unpinned: clients and masters on any CPU (--pin to pin)");
+        }
         println!();
         print!("{:<10}", "latency");
         for (name, _) in QUANTILES {
