@@ -754,12 +754,25 @@ fn parse_aggregate<'a>(buf: &'a [u8], lim: &Limits) -> Parsed<'a> {
 /// [`Parser`] to resume instead when replies can be large).
 #[inline]
 pub fn parse<'a>(buf: &'a [u8], limits: &Limits) -> Result<Status<(Frame<'a>, usize)>, Error> {
-    // The replies a lock client lives on get their own small functions (each with its own
-    // minimal prologue); everything else goes through the general path.
+    // The five whole replies a lock client lives on (`+OK`, `$-1`, `:0`, `:1`, `_`) are
+    // compared as literals, inline in the caller, each in the arm of its type byte, so no
+    // other reply pays for them. A line limit under 2 (the longest of their lines) sends
+    // them the general way, which rejects what it must. Other replies of those types get
+    // their own small functions (each with its own minimal prologue); everything else goes
+    // through the general path.
+    let lit = limits.max_line_len >= 2;
     match buf.first() {
+        Some(b'+') if lit && line5(buf, OK_CR) => {
+            Ok(Status::Complete((Frame::Simple(&buf[1..3]), 5)))
+        }
         Some(b'+') => parse_simple(buf, limits),
+        Some(b'$') if lit && line5(buf, NULL_BULK_CR) => Ok(Status::Complete((Frame::NullBulk, 5))),
         Some(b'$') => parse_bulk(buf, limits),
-        Some(b':') => parse_integer(buf, limits),
+        Some(b':') => match zero_or_one(buf) {
+            Some(v) if lit => Ok(Status::Complete((Frame::Integer(v), 4))),
+            _ => parse_integer(buf, limits),
+        },
+        Some(b'_') if buf.get(1..3) == Some(b"\r\n") => Ok(Status::Complete((Frame::Null, 3))),
         Some(b'_') => parse_null(buf),
         Some(b'-') => parse_error(buf, limits),
         _ => parse_general(buf, limits),
@@ -767,6 +780,29 @@ pub fn parse<'a>(buf: &'a [u8], limits: &Limits) -> Result<Status<(Frame<'a>, us
 }
 
 type Parsed1<'a> = Result<Status<(Frame<'a>, usize)>, Error>;
+
+/// The first four bytes of a reply as one little-endian word.
+const fn word(b: &[u8; 4]) -> u32 {
+    u32::from_le_bytes(*b)
+}
+const OK_CR: u32 = word(b"+OK\r");
+const NULL_BULK_CR: u32 = word(b"$-1\r");
+const ZERO: u32 = word(b":0\r\n");
+
+/// `buf` starts with the 5-byte line `w` (its first 4 bytes as one word), then LF.
+#[inline(always)]
+fn line5(buf: &[u8], w: u32) -> bool {
+    buf.first_chunk::<4>()
+        .is_some_and(|h| u32::from_le_bytes(*h) == w)
+        && buf.get(4) == Some(&LF)
+}
+
+/// `:0\r\n` or `:1\r\n` (they differ in one bit): the value.
+#[inline(always)]
+fn zero_or_one(buf: &[u8]) -> Option<i64> {
+    let d = u32::from_le_bytes(*buf.first_chunk::<4>()?) ^ ZERO;
+    (d & !(1 << 8) == 0).then_some(i64::from(d >> 8))
+}
 
 #[inline(always)]
 fn leaf_status<'a>(r: Res<Item<'a>>, buf: &'a [u8], limits: &Limits) -> Parsed1<'a> {
