@@ -358,7 +358,69 @@ fn table() -> Vec<(&'static [u8], Want, Limits)> {
         (b"+123456789", E(Error::LineTooLong), t),
         (b"+123456789\r\n", E(Error::LineTooLong), t),
         (b",1.5000000\r\n", E(Error::LineTooLong), t),
+        // The literal fast paths (`+OK`, `$-1`, `:0`, `:1`, `_`) and their near misses.
+        (b":1\r\n:0\r\n", F(T::Int(1), 4), d),
+        (b":0\r\n+OK\r\n", F(T::Int(0), 4), d),
+        (b"$-1\r\n$-1\r\n", F(T::NullBulk, 5), d),
+        (b"_\r\n_\r\n", F(T::Null, 3), d),
+        (b"_\r\n:1", F(T::Null, 3), d),
+        (b":2\r\n", F(T::Int(2), 4), d),
+        (b":10\r\n", F(T::Int(10), 5), d),
+        (b":3\r\n", F(T::Int(3), 4), d),
+        (b":a\r\n", E(Error::BadInteger), d),
+        (b":q\r\n", E(Error::BadInteger), d),
+        (b";1\r\n", E(Error::Unsupported), d),
+        (b":1\r\x8a", E(Error::BadLineEnding), d),
+        (b":1\r\r", E(Error::BadLineEnding), d),
+        (b":0\n\r", E(Error::BadLineEnding), d),
+        (b"+OK\r\r", E(Error::BadLineEnding), d),
+        (b"+OKK\r\n", F(T::Simple(b"OKK"), 6), d),
+        (b"+Ok\r\n", F(T::Simple(b"Ok"), 5), d),
+        (b"$-1\r\r", E(Error::BadLineEnding), d),
+        (b"$-1\rX", E(Error::BadLineEnding), d),
+        (b"$-1\r", P(1), d),
+        (b"-OK\r\n", F(T::Err(b"OK"), 5), d),
+        // ... under line limits too small for their lines (the general path decides).
+        (b"+OK\r\n", E(Error::LineTooLong), lim_line(1)),
+        (b"+OK\r\n", F(T::Simple(b"OK"), 5), lim_line(2)),
+        (b"$-1\r\n", E(Error::LineTooLong), lim_line(1)),
+        (b"$-1\r\n", F(T::NullBulk, 5), lim_line(2)),
+        (b":1\r\n", E(Error::LineTooLong), lim_line(0)),
+        (b":0\r\n", F(T::Int(0), 4), lim_line(1)),
+        (b":1\r\n", F(T::Int(1), 4), lim_line(1)),
+        (b"_\r\n", F(T::Null, 3), lim_line(0)),
+        // Lines scanned a word at a time: control bytes other than CR/LF are content, a
+        // bare CR or LF anywhere (first word, middle, the last partial word) is refused.
+        (
+            b"+\tA\x00\x0b\x0c\x0e\x01\x7f\x8d\x8a\xff\r\n",
+            F(T::Simple(b"\tA\x00\x0b\x0c\x0e\x01\x7f\x8d\x8a\xff"), 14),
+            d,
+        ),
+        (
+            b"-ERR wrong number of arguments\r\n",
+            F(T::Err(b"ERR wrong number of arguments"), 32),
+            d,
+        ),
+        (b"+0123456789abcdef\rX", E(Error::BadLineEnding), d),
+        (b"+0123456789abcde\nX\r\n", E(Error::BadLineEnding), d),
+        (b"+0123456\x0b89\rabcdef\r\n", E(Error::BadLineEnding), d),
+        (b"+0123456789\t\nab\r\n", E(Error::BadLineEnding), d),
+        (b"+0123456789abcdefghij", P(2), d),
+        (b"+0123456789abcdefghij\r", P(1), d),
+        (b"+12345678\r\n", F(T::Simple(b"12345678"), 11), t),
+        (b"+1234567\t\r\n", F(T::Simple(b"1234567\t"), 11), t),
+        (b"+1234567\t9\r\n", E(Error::LineTooLong), t),
+        (b"+12345678\n", E(Error::BadLineEnding), t),
+        (b"+12345678\r\r", E(Error::BadLineEnding), t),
     ]
+}
+
+/// Default limits but for the line length.
+fn lim_line(max_line_len: usize) -> Limits {
+    Limits {
+        max_line_len,
+        ..Limits::default()
+    }
 }
 
 #[test]
@@ -687,6 +749,98 @@ fn random_inputs_agree_and_split_consistently() {
             }
             assert_eq!(parser.parse(&input[..k]), got, "Parser {show:?}[..{k}]");
         }
+    }
+}
+
+/// What a `+` or `-` line must give, one byte at a time: the reference for the word-at-a-time
+/// scan (partial sizes included: 2 while content is arriving, 1 after the CR).
+fn reference_line(input: &[u8], max_line_len: usize) -> Result<Status<(Frame<'_>, usize)>, Error> {
+    let mut i = 1;
+    loop {
+        let Some(&b) = input.get(i) else {
+            return Ok(Status::Partial(2));
+        };
+        match b {
+            b'\r' => break,
+            b'\n' => return Err(Error::BadLineEnding),
+            // Content byte number `i` (from 1) past the limit.
+            _ if i > max_line_len => return Err(Error::LineTooLong),
+            _ => i += 1,
+        }
+    }
+    match input.get(i + 1) {
+        None => Ok(Status::Partial(1)),
+        Some(b'\n') => {
+            let s = &input[1..i];
+            let f = if input[0] == b'+' {
+                Frame::Simple(s)
+            } else {
+                Frame::Error(s)
+            };
+            Ok(Status::Complete((f, i + 2)))
+        }
+        Some(_) => Err(Error::BadLineEnding),
+    }
+}
+
+/// Random simple and error lines (0 to 80 content bytes, CR/LF and other control bytes
+/// sprinkled at random, every length near a word boundary, random line limits) against
+/// the byte-at-a-time reference, whole, at every prefix, and through a `Parser` fed in
+/// random chunks.
+#[test]
+fn line_scan_matches_a_byte_loop() {
+    const BYTES: &[u8] = b"\r\n\t\x00\x0b\x0c\x0e\x01\x7f\x80\x8a\x8d\x8e\xffaZ09 ";
+    let mut rng = fastrand::Rng::with_seed(0x5a4a_0001);
+    let mut input = Vec::new();
+    for round in 0..rounds() {
+        input.clear();
+        input.push(if rng.bool() { b'+' } else { b'-' });
+        let len = rng.usize(0..80);
+        // Mostly plain text with rare control bytes, sometimes a soup of them.
+        let soup = round % 4 == 0;
+        for _ in 0..len {
+            input.push(if soup || rng.u8(..) < 8 {
+                BYTES[rng.usize(..BYTES.len())]
+            } else {
+                rng.u8(0x20..0x7f)
+            });
+        }
+        if rng.u8(..) < 200 {
+            input.extend_from_slice(b"\r\n");
+        }
+        if rng.bool() {
+            input.extend_from_slice(b"+OK\r\n");
+        }
+        let limits = match round % 3 {
+            0 => Limits::default(),
+            _ => lim_line(rng.usize(0..90)),
+        };
+        let show = String::from_utf8_lossy(&input);
+        for k in 0..=input.len() {
+            let want = reference_line(&input[..k], limits.max_line_len);
+            let want = match want {
+                // The reference has no notion of the empty input.
+                _ if k == 0 => parse(&[], &limits),
+                w => w,
+            };
+            assert_eq!(
+                parse(&input[..k], &limits),
+                want,
+                "{show:?}[..{k}] {limits:?}"
+            );
+        }
+        let whole = parse(&input, &limits);
+        let mut parser = Parser::new(limits);
+        let mut k = 0;
+        while k < input.len() {
+            k = (k + rng.usize(1..12)).min(input.len());
+            assert_eq!(
+                parser.parse(&input[..k]),
+                parse(&input[..k], &limits),
+                "{show:?}[..{k}]"
+            );
+        }
+        assert_eq!(parser.parse(&input), whole, "{show:?}");
     }
 }
 

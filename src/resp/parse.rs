@@ -213,13 +213,57 @@ fn crlf<T>(buf: &[u8], p: usize, v: T) -> Res<T> {
     }
 }
 
-/// Any byte of `w` equal to CR or LF (the classic has-zero-byte test on `w ^ pattern`).
+/// Index of the first CR or LF in `buf[p..stop]`, or `stop` when there is none.
+///
+/// Eight bytes at a time (SWAR): one has-less-than test per word flags the bytes below
+/// 14, CR (13) and LF (10) among them. The lowest flagged byte is exact (a borrow can only
+/// spoil the flags above a byte that really is below 14), so it is the first such byte;
+/// when it is some other control byte (a tab, say) it is content and the scan goes on
+/// right after it. Fewer than eight bytes before `stop`: the last word up to `stop` is
+/// read again with the bytes already scanned shifted out (0xFF comes in, never flagged).
+/// Only a line shorter than a word (or what follows a control byte in that last word)
+/// is read one byte at a time.
 #[inline(always)]
-fn has_cr_or_lf(w: u64) -> bool {
+fn line_end(buf: &[u8], p: usize, stop: usize) -> usize {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;
-    let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH;
-    (zero(w ^ (ONES * CR as u64)) | zero(w ^ (ONES * LF as u64))) != 0
+    // Bytes below 14 flagged in their high bit: exact up to the first such byte.
+    let flag = |w: u64| w.wrapping_sub(ONES * 14) & !w & HIGH;
+    let hay = buf.get(..stop).unwrap_or(buf);
+    let mut rest = hay.get(p..).unwrap_or_default();
+    let at = |rest: &[u8]| hay.len() - rest.len();
+    while let Some((word, tail)) = rest.split_first_chunk::<8>() {
+        let w = u64::from_le_bytes(*word);
+        let low = flag(w);
+        if low == 0 {
+            rest = tail;
+            continue;
+        }
+        let k = low.trailing_zeros() / 8;
+        if matches!((w >> (8 * k)) as u8, CR | LF) {
+            return at(rest) + k as usize;
+        }
+        rest = &rest[k as usize + 1..];
+    }
+    if let (Some(last), false) = (hay.last_chunk::<8>(), rest.is_empty()) {
+        // 1 to 7 bytes left (the shift is 8 to 56 bits): the last word, with the bytes
+        // already scanned shifted out and 0xFF (never flagged) shifted in.
+        let gone = 8 * (8 - rest.len()) as u32;
+        let w = (u64::from_le_bytes(*last) >> gone) | !(u64::MAX >> gone);
+        let low = flag(w);
+        if low == 0 {
+            return hay.len();
+        }
+        let k = low.trailing_zeros() / 8;
+        if matches!((w >> (8 * k)) as u8, CR | LF) {
+            return at(rest) + k as usize;
+        }
+        // A control byte that is content: the few bytes after it, one at a time.
+        rest = rest.get(k as usize + 1..).unwrap_or_default();
+    }
+    rest.iter()
+        .position(|&b| b <= CR && (b == CR || b == LF))
+        .map_or(hay.len(), |k| at(rest) + k)
 }
 
 /// A text line whose content starts at `start`, scanning from `from` (bytes in
@@ -229,30 +273,7 @@ fn line(buf: &[u8], start: usize, from: usize, max_len: usize) -> Res<usize> {
     let cap = start.saturating_add(max_len);
     let stop = buf.len().min(cap);
     // Never resume past the limit: the byte there still has to be looked at.
-    let mut p = from.max(start).min(stop);
-    while p + 8 <= stop {
-        let w = u64::from_le_bytes([
-            buf[p],
-            buf[p + 1],
-            buf[p + 2],
-            buf[p + 3],
-            buf[p + 4],
-            buf[p + 5],
-            buf[p + 6],
-            buf[p + 7],
-        ]);
-        if has_cr_or_lf(w) {
-            break;
-        }
-        p += 8;
-    }
-    while p < stop {
-        let b = buf[p];
-        if b <= CR && (b == CR || b == LF) {
-            break;
-        }
-        p += 1;
-    }
+    let p = line_end(buf, from.max(start).min(stop), stop);
     // `p` is at CR, LF, the end of the input, or the first byte past the limit.
     match buf.get(p) {
         Some(&CR) => crlf(buf, p, p),
@@ -733,12 +754,25 @@ fn parse_aggregate<'a>(buf: &'a [u8], lim: &Limits) -> Parsed<'a> {
 /// [`Parser`] to resume instead when replies can be large).
 #[inline]
 pub fn parse<'a>(buf: &'a [u8], limits: &Limits) -> Result<Status<(Frame<'a>, usize)>, Error> {
-    // The replies a lock client lives on get their own small functions (each with its own
-    // minimal prologue); everything else goes through the general path.
+    // The five whole replies a lock client lives on (`+OK`, `$-1`, `:0`, `:1`, `_`) are
+    // compared as literals, inline in the caller, each in the arm of its type byte, so no
+    // other reply pays for them. A line limit under 2 (the longest of their lines) sends
+    // them the general way, which rejects what it must. Other replies of those types get
+    // their own small functions (each with its own minimal prologue); everything else goes
+    // through the general path.
+    let lit = limits.max_line_len >= 2;
     match buf.first() {
+        Some(b'+') if lit && line5(buf, OK_CR) => {
+            Ok(Status::Complete((Frame::Simple(&buf[1..3]), 5)))
+        }
         Some(b'+') => parse_simple(buf, limits),
+        Some(b'$') if lit && line5(buf, NULL_BULK_CR) => Ok(Status::Complete((Frame::NullBulk, 5))),
         Some(b'$') => parse_bulk(buf, limits),
-        Some(b':') => parse_integer(buf, limits),
+        Some(b':') => match zero_or_one(buf) {
+            Some(v) if lit => Ok(Status::Complete((Frame::Integer(v), 4))),
+            _ => parse_integer(buf, limits),
+        },
+        Some(b'_') if buf.get(1..3) == Some(b"\r\n") => Ok(Status::Complete((Frame::Null, 3))),
         Some(b'_') => parse_null(buf),
         Some(b'-') => parse_error(buf, limits),
         _ => parse_general(buf, limits),
@@ -746,6 +780,29 @@ pub fn parse<'a>(buf: &'a [u8], limits: &Limits) -> Result<Status<(Frame<'a>, us
 }
 
 type Parsed1<'a> = Result<Status<(Frame<'a>, usize)>, Error>;
+
+/// The first four bytes of a reply as one little-endian word.
+const fn word(b: &[u8; 4]) -> u32 {
+    u32::from_le_bytes(*b)
+}
+const OK_CR: u32 = word(b"+OK\r");
+const NULL_BULK_CR: u32 = word(b"$-1\r");
+const ZERO: u32 = word(b":0\r\n");
+
+/// `buf` starts with the 5-byte line `w` (its first 4 bytes as one word), then LF.
+#[inline(always)]
+fn line5(buf: &[u8], w: u32) -> bool {
+    buf.first_chunk::<4>()
+        .is_some_and(|h| u32::from_le_bytes(*h) == w)
+        && buf.get(4) == Some(&LF)
+}
+
+/// `:0\r\n` or `:1\r\n` (they differ in one bit): the value.
+#[inline(always)]
+fn zero_or_one(buf: &[u8]) -> Option<i64> {
+    let d = u32::from_le_bytes(*buf.first_chunk::<4>()?) ^ ZERO;
+    (d & !(1 << 8) == 0).then_some(i64::from(d >> 8))
+}
 
 #[inline(always)]
 fn leaf_status<'a>(r: Res<Item<'a>>, buf: &'a [u8], limits: &Limits) -> Parsed1<'a> {
@@ -777,36 +834,29 @@ fn short_number(buf: &[u8], s: usize) -> Option<(u64, usize)> {
     (canonical && buf.get(q) == Some(&CR) && buf.get(q + 1) == Some(&LF)).then_some((n, q + 2))
 }
 
-/// Fast path for a short text line at 1: content bytes above CR, then CRLF. Returns the
-/// end of the content; otherwise how far it got (all content) for the general scan.
+/// A `+` or `-` line: the SWAR scan from the first content byte.
 #[inline(always)]
-fn short_line(buf: &[u8], max_len: usize) -> Result<usize, usize> {
-    let stop = buf.len().min(17);
-    let mut p = 1;
-    while p < stop && buf[p] > CR {
-        p += 1;
-    }
-    if buf.get(p) == Some(&CR) && buf.get(p + 1) == Some(&LF) && p - 1 <= max_len {
-        Ok(p)
-    } else {
-        Err(p)
+fn simple_line<'a>(buf: &'a [u8], limits: &Limits) -> Result<Status<(&'a [u8], usize)>, Error> {
+    match line(buf, 1, 1, limits.max_line_len)? {
+        Scan::Done(e, end) => Ok(Status::Complete((&buf[1..e], end))),
+        Scan::Need(k) => Ok(Status::Partial(k - buf.len())),
     }
 }
 
 #[inline(never)]
 fn parse_simple<'a>(buf: &'a [u8], limits: &Limits) -> Parsed1<'a> {
-    match short_line(buf, limits.max_line_len) {
-        Ok(e) => Ok(Status::Complete((Frame::Simple(&buf[1..e]), e + 2))),
-        Err(p) => leaf_status(text_line(buf, b'+', 1, p, limits.max_line_len), buf, limits),
-    }
+    Ok(match simple_line(buf, limits)? {
+        Status::Complete((s, n)) => Status::Complete((Frame::Simple(s), n)),
+        Status::Partial(n) => Status::Partial(n),
+    })
 }
 
 #[inline(never)]
 fn parse_error<'a>(buf: &'a [u8], limits: &Limits) -> Parsed1<'a> {
-    match short_line(buf, limits.max_line_len) {
-        Ok(e) => Ok(Status::Complete((Frame::Error(&buf[1..e]), e + 2))),
-        Err(p) => leaf_status(text_line(buf, b'-', 1, p, limits.max_line_len), buf, limits),
-    }
+    Ok(match simple_line(buf, limits)? {
+        Status::Complete((s, n)) => Status::Complete((Frame::Error(s), n)),
+        Status::Partial(n) => Status::Partial(n),
+    })
 }
 
 #[inline(never)]
