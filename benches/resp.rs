@@ -8,12 +8,13 @@
 //! implementation (ours walks lazily, the others have built a tree already).
 //!
 //! `cargo bench --bench resp` (about 2 s of measurement per function), or
-//! `cargo bench --bench resp -- --quick` for a fast look.
+//! `cargo bench --bench resp -- --quick` for a fast look. For instruction counts instead of
+//! times, see [`count_loop`] (`RESP_LOOP`).
 
 use std::hint::black_box;
 use std::time::Duration;
 
-use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
+use criterion::{criterion_group, BenchmarkGroup, Criterion, Throughput};
 use redis_protocol::resp2::types::RangeFrame as R2;
 use redis_protocol::resp3::types::RangeFrame as R3;
 use redlock_mux::resp::{parse, Frame, Limits, Status};
@@ -312,6 +313,28 @@ fn larger(c: &mut Criterion) {
     compare(c, "nested", &nested());
 }
 
+/// `RESP_LOOP=<name>:<n>` (a single reply's group name, or `lock_reply_mix`): parse that
+/// input `n` times exactly as the `ours` function of its group does, with no timing, and
+/// exit. Under `valgrind --tool=callgrind`, two values of `n` give instructions per
+/// iteration free of this VM's timing noise.
+fn count_loop(spec: &str) {
+    let (name, n) = spec.split_once(':').expect("RESP_LOOP=<name>:<n>");
+    let n: u64 = n.parse().expect("RESP_LOOP count");
+    let limits = Limits::default();
+    let inputs: Vec<&[u8]> = match SINGLE_NAMES.iter().position(|s| *s == name) {
+        Some(i) => vec![LOCK_REPLIES[i]],
+        None if name == "lock_reply_mix" => LOCK_REPLIES.to_vec(),
+        None => panic!("RESP_LOOP: unknown input {name:?}"),
+    };
+    let mut sum = 0u64;
+    for _ in 0..n {
+        for r in &inputs {
+            sum = sum.wrapping_add(ours_all(black_box(r), black_box(&limits)));
+        }
+    }
+    println!("{sum}");
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
@@ -320,4 +343,12 @@ criterion_group! {
         .sample_size(50);
     targets = singles, lock_mix, larger
 }
-criterion_main!(benches);
+// `criterion_main!(benches)`, plus the `RESP_LOOP` counting mode.
+fn main() {
+    if let Ok(spec) = std::env::var("RESP_LOOP") {
+        count_loop(&spec);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
