@@ -94,11 +94,19 @@ enum Conn {
 /// What a pending request was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Tag {
+    /// Part of the connection's handshake.
+    Setup(Setup),
+    /// A round's request.
+    Op { id: OpId, req: Request, eval: bool },
+}
+
+/// The handshake requests written ahead of the first op on a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Setup {
     Auth,
     Select,
     ScriptLoad(usize),
     Info,
-    Op { id: OpId, req: Request, eval: bool },
 }
 
 /// One master.
@@ -112,7 +120,7 @@ pub(crate) struct Node {
     out: Vec<u8>,
     out_pos: usize,
     /// Requests queued for this master that still sit in the engine's shared buffer, from
-    /// this offset on (see [`Engine::shared`]); `out` is empty meanwhile.
+    /// this offset on (see `Engine::shared`); `out` is empty meanwhile.
     shared_from: Option<usize>,
     inbuf: Vec<u8>,
     in_start: usize,
@@ -200,6 +208,7 @@ impl Node {
     fn clear_streams(&mut self) {
         self.out.clear();
         self.out_pos = 0;
+        self.shared_from = None;
         self.in_start = 0;
         self.in_end = 0;
         self.parser.reset();
@@ -282,13 +291,13 @@ pub(crate) struct Engine {
     /// Requests encoded once for every master that takes them. A master whose own queue
     /// was empty is written straight from here (no per-master copy); one that already had
     /// bytes queued, or misses a request, gets its share copied into its own queue.
+    /// [`Engine::flush`] empties it.
     shared: Vec<u8>,
-    /// How many masters have bytes waiting in `shared`; it is cleared when none has.
-    sharing: usize,
     pub cfg: NetConfig,
     quorum: usize,
     waker: Arc<Waker>,
-    /// When `drive` last returned: the client's idle time starts there.
+    /// The last clock reading inside `drive`, within one loop step of its return: the
+    /// client's idle time starts there.
     left_loop: Instant,
     /// Slots of the ops in the `Active` state (undecided): all `tick` has to look at.
     active: Vec<u32>,
@@ -310,7 +319,6 @@ impl Engine {
             ops: Vec::with_capacity(64),
             free: Vec::with_capacity(64),
             shared: Vec::with_capacity(1024),
-            sharing: 0,
             cfg,
             quorum,
             waker,
@@ -407,49 +415,36 @@ impl Engine {
         // A master whose queue was empty starts its stall clock now.
         let mut stall_clock_started = false;
         // Encode once, into the shared buffer.
-        if self.sharing == 0 {
-            self.shared.clear();
-        }
         let at = self.shared.len();
         encode_request(&mut self.shared, req, &self.ops[slot as usize].args, false);
         for i in 0..n {
             // A master that does not take this request must not send it either: its
-            // earlier shared bytes go to its own queue first.
-            let takes = target(i)
-                && (req == Request::Release
-                    || self.nodes[i].pending.len() < self.cfg.backlog_limit);
-            if !takes {
-                self.unshare(i, at);
-            }
+            // earlier shared bytes go to its own queue first (`unshare` below).
             if !target(i) {
                 // Not asked: counts as a no, so the tally still decides.
+                self.unshare(i, at);
                 self.record(id, i, Outcome::NotHeld, now);
                 continue;
             }
             // Releases always go out (the master may run an earlier SET of this lock
             // that is still queued); grants wait until a backlogged master catches up.
             if req != Request::Release && self.nodes[i].pending.len() >= self.cfg.backlog_limit {
+                self.unshare(i, at);
                 self.record(id, i, Outcome::Failed(Fault::Backlogged), now);
                 continue;
             }
-            // The common case (connected, queue not full) without the call.
-            let node = &self.nodes[i];
-            let ready = node.is_up() && node.pending.len() < self.cfg.max_pending;
-            match if ready {
-                Ok(())
-            } else {
-                self.ensure_connection(i, now)
-            } {
+            match self.ensure_connection(i, now) {
                 Ok(()) => {
                     let node = &mut self.nodes[i];
                     if node.pending.is_empty() {
                         node.last_progress = now;
                         stall_clock_started = true;
                     }
+                    // Already sharing: this request rides along. Empty queue: share from
+                    // here. Bytes queued: append a copy behind them.
                     if node.shared_from.is_none() {
                         if node.out.is_empty() {
                             node.shared_from = Some(at);
-                            self.sharing += 1;
                         } else {
                             node.out.extend_from_slice(&self.shared[at..]);
                         }
@@ -488,7 +483,6 @@ impl Engine {
         let node = &mut self.nodes[i];
         if let Some(from) = node.shared_from.take() {
             node.out.extend_from_slice(&self.shared[from..upto]);
-            self.sharing -= 1;
         }
     }
 
@@ -522,8 +516,19 @@ impl Engine {
     }
 
     /// Make sure master `i` has (or is getting) a connection; `Err` when it is backing off
-    /// or the connect failed at once.
+    /// or the connect failed at once. Inline: the common case is one test.
+    #[inline]
     fn ensure_connection(&mut self, i: usize, now: Instant) -> Result<(), Fault> {
+        let node = &self.nodes[i];
+        if node.is_up() && node.pending.len() < self.cfg.max_pending {
+            return Ok(());
+        }
+        self.connect_if_down(i, now)
+    }
+
+    /// The rest of [`Engine::ensure_connection`]: a full queue, or a (re)connect.
+    #[inline(never)]
+    fn connect_if_down(&mut self, i: usize, now: Instant) -> Result<(), Fault> {
         let node = &mut self.nodes[i];
         match node.conn {
             Conn::Up(_) | Conn::Connecting(_) => {
@@ -598,10 +603,6 @@ impl Engine {
             Conn::Down => {}
         }
         let node = &mut self.nodes[i];
-        if node.shared_from.take().is_some() {
-            self.sharing -= 1;
-        }
-        let node = &mut self.nodes[i];
         node.clear_streams();
         let answered = node.answered;
         let mut pending = std::mem::take(&mut node.pending);
@@ -637,55 +638,39 @@ impl Engine {
         for i in 0..self.nodes.len() {
             self.flush_node(i, now);
         }
+        // Every master took its shared bytes (wrote them, or queued what was left).
+        debug_assert!(self.nodes.iter().all(|n| n.shared_from.is_none()));
+        self.shared.clear();
     }
 
     fn flush_node(&mut self, i: usize, now: Instant) {
         let node = &mut self.nodes[i];
         let Conn::Up(stream) = &mut node.conn else {
+            // Not connected yet: its shared bytes wait in its own queue.
+            if let Some(from) = node.shared_from.take() {
+                node.out.extend_from_slice(&self.shared[from..]);
+            }
             return;
         };
         if let Some(from) = node.shared_from.take() {
             // Straight from the shared buffer; whatever the kernel does not take now goes
             // to the master's own queue.
-            self.sharing -= 1;
             let bytes = &self.shared[from..];
-            node.stats.writes += 1;
-            let written = match stream.write(bytes) {
-                Ok(0) => {
-                    self.fail_node(i, Fault::Closed(io::ErrorKind::WriteZero), now);
+            match write_some(stream, bytes, &mut node.stats) {
+                Ok(n) if n == bytes.len() => return,
+                Ok(n) => node.out.extend_from_slice(&bytes[n..]),
+                Err(f) => {
+                    self.fail_node(i, f, now);
                     return;
                 }
-                Ok(n) => n,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                    ) =>
-                {
-                    0
-                }
-                Err(e) => {
-                    self.fail_node(i, Fault::Closed(e.kind()), now);
-                    return;
-                }
-            };
-            if written == bytes.len() {
-                return;
             }
-            node.out.extend_from_slice(&bytes[written..]);
         }
         while node.out_pos < node.out.len() {
-            node.stats.writes += 1;
-            match stream.write(&node.out[node.out_pos..]) {
-                Ok(0) => {
-                    self.fail_node(i, Fault::Closed(io::ErrorKind::WriteZero), now);
-                    return;
-                }
+            match write_some(stream, &node.out[node.out_pos..], &mut node.stats) {
+                Ok(0) => return,
                 Ok(n) => node.out_pos += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    self.fail_node(i, Fault::Closed(e.kind()), now);
+                Err(f) => {
+                    self.fail_node(i, f, now);
                     return;
                 }
             }
@@ -713,37 +698,32 @@ impl Engine {
                 node.last_progress = (node.last_progress + idle).min(entered);
             }
         }
-        let r = self.drive_inner(entered, until, &mut done, &mut interrupted);
-        let (r, left) = match r {
-            Ok((done, at)) => (Ok(done), at),
-            Err(e) => (Err(e), Instant::now()),
-        };
-        self.left_loop = left;
-        r
+        self.left_loop = entered;
+        self.drive_inner(entered, until, &mut done, &mut interrupted)
     }
 
-    /// The loop of [`Engine::drive`]; also returns the last instant it read the clock (the
-    /// loop reads it once per poll, not once per step).
+    /// The loop of [`Engine::drive`]. It reads the clock once per poll, not once per step,
+    /// and keeps the last reading in `left_loop`.
     fn drive_inner(
         &mut self,
         mut now: Instant,
         until: Option<Instant>,
         done: &mut impl FnMut(&Engine) -> bool,
         interrupted: &mut impl FnMut() -> bool,
-    ) -> io::Result<(bool, Instant)> {
+    ) -> io::Result<bool> {
         loop {
             if self.next_due.is_some_and(|d| now >= d) {
                 self.tick(now);
             }
             if done(self) {
-                return Ok((true, now));
+                return Ok(true);
             }
             if interrupted() {
-                return Ok((false, now));
+                return Ok(false);
             }
             if let Some(u) = until {
                 if now >= u {
-                    return Ok((false, now));
+                    return Ok(false);
                 }
             }
             let timeout = if self.cfg.busy_poll {
@@ -756,6 +736,7 @@ impl Engine {
                 wake.map(|w| w.saturating_duration_since(now))
             };
             now = self.poll_once(timeout)?;
+            self.left_loop = now;
         }
     }
 
@@ -951,51 +932,50 @@ impl Engine {
                 }
             };
             node.resuming = matches!(parsed, Ok(resp::Status::Partial(_)));
-            let (outcome_or_fault, used) = match parsed {
-                Ok(resp::Status::Complete((frame, used))) => {
-                    let Some(tag) = node.pending.pop_front() else {
-                        // More replies than requests: the stream can not be trusted.
-                        self.fail_node(i, Fault::Unexpected, now);
-                        return false;
-                    };
-                    // The hot path: a reply to a lock request, straight to its op.
-                    if let Tag::Op { id, req, eval } = tag {
-                        if let Ok(outcome) = rules::classify(req, &frame) {
-                            let value = match frame {
-                                Frame::Integer(v) => v,
-                                _ => 0,
-                            };
-                            node.in_start += used;
-                            node.answered = true;
-                            self.op_reply(i, id, req, eval, outcome, value, now);
-                            continue;
-                        }
-                    }
-                    (interpret(tag, &frame), used)
-                }
+            let (frame, used) = match parsed {
+                Ok(resp::Status::Complete(complete)) => complete,
                 Ok(resp::Status::Partial(_)) => return true,
                 Err(e) => {
                     self.fail_node(i, Fault::Protocol(e), now);
                     return false;
                 }
             };
+            let Some(tag) = node.pending.pop_front() else {
+                // More replies than requests: the stream can not be trusted.
+                self.fail_node(i, Fault::Unexpected, now);
+                return false;
+            };
+            let setup = match tag {
+                Tag::Op { id, req, eval } => {
+                    let value = match frame {
+                        Frame::Integer(v) => v,
+                        _ => 0,
+                    };
+                    let classified = rules::classify(req, &frame);
+                    node.in_start += used;
+                    node.answered = true;
+                    match classified {
+                        Ok(outcome) => self.op_reply(i, id, req, eval, outcome, value, now),
+                        Err(()) => {
+                            // A reply that fits no request: the stream can not be trusted.
+                            let f = Fault::Unexpected;
+                            self.op_reply(i, id, req, eval, Outcome::Failed(f), 0, now);
+                            self.fail_node(i, f, now);
+                            return false;
+                        }
+                    }
+                    continue;
+                }
+                Tag::Setup(setup) => interpret(setup, &frame),
+            };
             node.in_start += used;
             node.answered = true;
-            match outcome_or_fault {
-                Reply::Handshake(Ok(())) => {
+            match setup {
+                SetupReply::Done(Ok(())) => {
                     node.failures = 0;
                     node.retry_at = None;
                 }
-                Reply::Poison(f, owed) => {
-                    if let Some(id) = owed {
-                        self.owed_reply_arrived(id);
-                        self.record(id, i, Outcome::Failed(f), now);
-                        self.maybe_free(id.slot);
-                    }
-                    self.fail_node(i, f, now);
-                    return false;
-                }
-                Reply::Handshake(Err(f)) => {
+                SetupReply::Done(Err(f)) => {
                     if matches!(f, Fault::Handshake(_)) {
                         // A refused handshake is a configuration problem: back off.
                         node.answered = false;
@@ -1003,7 +983,7 @@ impl Engine {
                     self.fail_node(i, f, now);
                     return false;
                 }
-                Reply::Info { uptime, run_id } => {
+                SetupReply::Info { uptime, run_id } => {
                     // Trust the master's yes votes only once it has been up for max_ttl:
                     // before that it may have forgotten locks that are still held.
                     // Redis computes `uptime_in_seconds` from a start time truncated to the
@@ -1014,19 +994,12 @@ impl Engine {
                     node.votes_from = Some(now + guard.saturating_sub(up));
                     node.run_id = Some(run_id);
                 }
-                Reply::Op {
-                    id,
-                    req,
-                    eval,
-                    outcome,
-                    value,
-                } => self.op_reply(i, id, req, eval, outcome, value, now),
             }
         }
     }
 
     /// Master `i` answered op `id`: apply the amnesia guard, retry `-NOSCRIPT` with `EVAL`,
-    /// count the vote, decide and free the op when due. One lookup of the op.
+    /// count the vote, decide and free the op when due.
     #[allow(clippy::too_many_arguments)]
     fn op_reply(
         &mut self,
@@ -1063,15 +1036,8 @@ impl Engine {
                 op.max_value = value;
             }
             op.tally.record(i, outcome);
-            if op.state == OpState::Active && op.tally.decision() != Decision::Open {
-                op.state = OpState::Decided;
-                op.decided_at = now;
-                if let Some(k) = self.active.iter().position(|s| *s == id.slot) {
-                    self.active.swap_remove(k);
-                }
-            }
         }
-        self.maybe_free(id.slot);
+        self.check_decided(id, now);
     }
 
     /// `-NOSCRIPT` (the master restarted or its script cache was flushed): send the same
@@ -1104,64 +1070,41 @@ impl Engine {
     }
 }
 
-enum Reply {
-    Handshake(Result<(), Fault>),
-    Op {
-        id: OpId,
-        req: Request,
-        eval: bool,
-        outcome: Outcome,
-        value: i64,
-    },
-    Info {
-        uptime: u64,
-        run_id: [u8; 40],
-    },
-    /// The connection can not be trusted; the op that was owed this reply (if any) gets
-    /// the fault too.
-    Poison(Fault, Option<OpId>),
+/// What a handshake reply means.
+enum SetupReply {
+    /// Accepted, or refused with this fault.
+    Done(Result<(), Fault>),
+    /// `INFO server`: how long the master has been up, and its run id.
+    Info { uptime: u64, run_id: [u8; 40] },
 }
 
-fn interpret(tag: Tag, frame: &Frame<'_>) -> Reply {
+fn interpret(setup: Setup, frame: &Frame<'_>) -> SetupReply {
     let refused = |f: &Frame<'_>| match f {
         Frame::Error(m) | Frame::BulkError(m) => Fault::Handshake(ErrorText::new(m)),
         _ => Fault::Unexpected,
     };
-    match tag {
-        Tag::Auth | Tag::Select => match frame {
-            Frame::Simple(b"OK") => Reply::Handshake(Ok(())),
-            f => Reply::Handshake(Err(refused(f))),
+    match setup {
+        Setup::Auth | Setup::Select => match frame {
+            Frame::Simple(b"OK") => SetupReply::Done(Ok(())),
+            f => SetupReply::Done(Err(refused(f))),
         },
-        Tag::ScriptLoad(k) => match frame {
+        Setup::ScriptLoad(k) => match frame {
             Frame::Bulk(sha) if sha.eq_ignore_ascii_case(scripts::ALL[k].sha.as_bytes()) => {
-                Reply::Handshake(Ok(()))
+                SetupReply::Done(Ok(()))
             }
-            Frame::Bulk(_) => Reply::Handshake(Err(Fault::Handshake(ErrorText::new(
+            Frame::Bulk(_) => SetupReply::Done(Err(Fault::Handshake(ErrorText::new(
                 b"SCRIPT LOAD returned an unexpected SHA1",
             )))),
-            f => Reply::Handshake(Err(refused(f))),
+            f => SetupReply::Done(Err(refused(f))),
         },
-        Tag::Info => match frame {
+        Setup::Info => match frame {
             Frame::Bulk(text) | Frame::Verbatim { text, .. } => match parse_info(text) {
-                Some((uptime, run_id)) => Reply::Info { uptime, run_id },
-                None => Reply::Handshake(Err(Fault::Handshake(ErrorText::new(
+                Some((uptime, run_id)) => SetupReply::Info { uptime, run_id },
+                None => SetupReply::Done(Err(Fault::Handshake(ErrorText::new(
                     b"INFO server lacks uptime_in_seconds or run_id",
                 )))),
             },
-            f => Reply::Handshake(Err(refused(f))),
-        },
-        Tag::Op { id, req, eval } => match rules::classify(req, frame) {
-            Err(()) => Reply::Poison(Fault::Unexpected, Some(id)),
-            Ok(outcome) => Reply::Op {
-                id,
-                req,
-                eval,
-                outcome,
-                value: match frame {
-                    Frame::Integer(v) => *v,
-                    _ => 0,
-                },
-            },
+            f => SetupReply::Done(Err(refused(f))),
         },
     }
 }
@@ -1170,6 +1113,22 @@ fn interpret(tag: Tag, frame: &Frame<'_>) -> Reply {
 const EINPROGRESS: i32 = 115;
 #[cfg(not(target_os = "linux"))]
 const EINPROGRESS: i32 = 36;
+
+/// One `write`: the bytes the kernel took (0 when it would block), or why the connection
+/// is broken.
+#[inline]
+fn write_some(stream: &mut TcpStream, bytes: &[u8], stats: &mut NodeStats) -> Result<usize, Fault> {
+    loop {
+        stats.writes += 1;
+        return match stream.write(bytes) {
+            Ok(0) => Err(Fault::Closed(io::ErrorKind::WriteZero)),
+            Ok(n) => Ok(n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => Err(Fault::Closed(e.kind())),
+        };
+    }
+}
 
 fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
     let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
@@ -1204,14 +1163,14 @@ fn write_handshake(node: &mut Node, info: bool) {
                 &[Arg::Bytes(b"AUTH"), Arg::Bytes(pw.as_bytes())],
             ),
         }
-        node.pending.push_back(Tag::Auth);
+        node.pending.push_back(Tag::Setup(Setup::Auth));
     }
     if node.db != 0 {
         resp::encode_command(
             &mut node.out,
             &[Arg::Bytes(b"SELECT"), Arg::Uint(node.db as u64)],
         );
-        node.pending.push_back(Tag::Select);
+        node.pending.push_back(Tag::Setup(Setup::Select));
     }
     for (k, s) in scripts::ALL.iter().enumerate() {
         resp::encode_command(
@@ -1222,11 +1181,11 @@ fn write_handshake(node: &mut Node, info: bool) {
                 Arg::Bytes(s.src.as_bytes()),
             ],
         );
-        node.pending.push_back(Tag::ScriptLoad(k));
+        node.pending.push_back(Tag::Setup(Setup::ScriptLoad(k)));
     }
     if info {
         resp::encode_command(&mut node.out, &[Arg::Bytes(b"INFO"), Arg::Bytes(b"server")]);
-        node.pending.push_back(Tag::Info);
+        node.pending.push_back(Tag::Setup(Setup::Info));
     }
 }
 
