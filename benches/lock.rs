@@ -27,7 +27,7 @@ use criterion::{criterion_group, Criterion};
 #[path = "common/floor.rs"]
 mod floor;
 use floor::Floor;
-use redlock_mux::local::{pin_current_thread, split_cpus, LocalMasters};
+use redlock_mux::local::{cpu_list, pin_current_thread, split_cpus, LocalMasters};
 use redlock_mux::Redlock;
 
 const TTL: Duration = Duration::from_secs(10);
@@ -69,13 +69,6 @@ fn placement() -> String {
         ),
         None => "unpinned: client and masters on any CPU (LOCK_BENCH_PIN=1 to pin)".into(),
     }
-}
-
-fn cpu_list(cpus: &[usize]) -> String {
-    cpus.iter()
-        .map(usize::to_string)
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 /// `n` local masters, on the masters' CPUs when pinned.

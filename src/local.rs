@@ -54,7 +54,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 pub use self::affinity::{
-    current_thread_cpus, pin_current_thread, set_current_thread_cpus, split_cpus,
+    cpu_list, current_thread_cpus, pin_current_thread, set_current_thread_cpus, split_cpus,
 };
 
 /// What the error says when `redis-server` cannot be found.
@@ -1106,8 +1106,13 @@ mod affinity {
         }
     }
 
-    /// `1-3,5` style, as in `/proc/<pid>/status` `Cpus_allowed_list`.
-    pub(super) fn list(cpus: &[usize]) -> String {
+    /// A sorted CPU set written `0-2,5` style, as `/proc/<pid>/status` writes
+    /// `Cpus_allowed_list` (for messages and bench headers).
+    ///
+    /// ```
+    /// assert_eq!(redlock_mux::local::cpu_list(&[0, 1, 2, 5]), "0-2,5");
+    /// ```
+    pub fn cpu_list(cpus: &[usize]) -> String {
         let mut out = String::new();
         let mut i = 0;
         while i < cpus.len() {
@@ -1196,12 +1201,12 @@ mod affinity {
             let msg = if e.kind() == io::ErrorKind::InvalidInput {
                 format!(
                     "none of CPUs {} is available to this process (a cgroup cpuset?)",
-                    list(&cpus)
+                    cpu_list(&cpus)
                 )
             } else {
                 format!(
                     "setting the CPU affinity of this thread to {}: {e}",
-                    list(&cpus)
+                    cpu_list(&cpus)
                 )
             };
             return Err(io::Error::new(e.kind(), msg));
@@ -1214,9 +1219,9 @@ mod affinity {
             return Err(invalid_input(format!(
                 "CPU {} not available to this process (a cgroup cpuset?): asked for {}, \
                  the kernel allowed {}",
-                list(&missing),
-                list(&cpus),
-                list(&now)
+                cpu_list(&missing),
+                cpu_list(&cpus),
+                cpu_list(&now)
             )));
         }
         Ok(())
@@ -1267,7 +1272,7 @@ mod affinity {
                 if clients == 1 { "" } else { "s" },
                 cpus.len(),
                 if cpus.len() == 1 { "" } else { "s" },
-                list(&cpus)
+                cpu_list(&cpus)
             )));
         }
         let masters = cpus.split_off(clients);
@@ -1405,9 +1410,9 @@ mod tests {
 
     #[test]
     fn cpu_lists_read_like_proc_status() {
-        assert_eq!(affinity::list(&[]), "");
-        assert_eq!(affinity::list(&[1]), "1");
-        assert_eq!(affinity::list(&[0, 1, 2, 5, 7, 8]), "0-2,5,7-8");
+        assert_eq!(affinity::cpu_list(&[]), "");
+        assert_eq!(affinity::cpu_list(&[1]), "1");
+        assert_eq!(affinity::cpu_list(&[0, 1, 2, 5, 7, 8]), "0-2,5,7-8");
     }
 
     #[test]

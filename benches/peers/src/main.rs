@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 mod floor;
 
 use floor::Floor;
-use redlock_mux::local::{pin_current_thread, split_cpus, AdminReply, LocalMasters};
+use redlock_mux::local::{cpu_list, pin_current_thread, split_cpus, AdminReply, LocalMasters};
 use redlock_mux::Redlock;
 use redlock_rs::RedLock;
 use rslock::LockManager;
@@ -620,12 +620,11 @@ fn main() {
     let (placement, master_cpus) = if pin {
         let (client, masters) = split_cpus(1).unwrap_or_else(|e| panic!("--pin: {e}"));
         pin_current_thread(client[0]).unwrap_or_else(|e| panic!("--pin: {e}"));
-        let list = |c: &[usize]| c.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
         (
             format!(
                 "pinned (--pin): the measuring thread on CPU {}, the masters on CPU {}",
                 client[0],
-                list(&masters)
+                cpu_list(&masters)
             ),
             Some(masters),
         )

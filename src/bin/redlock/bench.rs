@@ -12,7 +12,9 @@ use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use nix::sys::resource::{getrusage, UsageWho};
 use nix::sys::time::TimeValLike;
-use redlock_mux::local::{pin_current_thread, set_current_thread_cpus, split_cpus, LocalMasters};
+use redlock_mux::local::{
+    cpu_list, pin_current_thread, set_current_thread_cpus, split_cpus, LocalMasters,
+};
 use redlock_mux::{Error, Redlock};
 use signal_hook::consts::{SIGINT, SIGTERM};
 
@@ -94,13 +96,6 @@ pub struct BenchArgs {
 struct Pinning {
     clients: Vec<usize>,
     masters: Vec<usize>,
-}
-
-fn cpu_list(cpus: &[usize]) -> String {
-    cpus.iter()
-        .map(usize::to_string)
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 /// One hold of a resource, in nanoseconds since the bench epoch.
