@@ -204,6 +204,12 @@ impl Node {
         matches!(self.conn, Conn::Up(_))
     }
 
+    /// Bytes for this master not yet handed to the kernel: a share of the shared buffer,
+    /// or its own queue.
+    fn has_unwritten(&self) -> bool {
+        self.shared_from.is_some() || self.out_pos < self.out.len()
+    }
+
     /// Forget every byte queued or buffered for the (old) connection.
     fn clear_streams(&mut self) {
         self.out.clear();
@@ -591,6 +597,8 @@ impl Engine {
 
     /// Close master `i`'s connection: every request still owed an answer fails with
     /// `fault`.
+    #[cold]
+    #[inline(never)]
     pub(crate) fn fail_node(&mut self, i: usize, fault: Fault, now: Instant) {
         let node = &mut self.nodes[i];
         node.stats.disconnects += 1;
@@ -634,16 +642,24 @@ impl Engine {
 
     /// Write every master's queued bytes: one `write` per master when the kernel takes
     /// them all (the normal case).
-    pub(crate) fn flush(&mut self, now: Instant) {
+    ///
+    /// Nothing to do when no request was started since the last flush: every request goes
+    /// through the shared buffer, and bytes a master's queue still holds from before are
+    /// waiting for its writable event (the kernel refused them) or for its connect.
+    pub(crate) fn flush(&mut self) {
+        if self.shared.is_empty() {
+            return;
+        }
         for i in 0..self.nodes.len() {
-            self.flush_node(i, now);
+            self.flush_node(i);
         }
         // Every master took its shared bytes (wrote them, or queued what was left).
         debug_assert!(self.nodes.iter().all(|n| n.shared_from.is_none()));
         self.shared.clear();
     }
 
-    fn flush_node(&mut self, i: usize, now: Instant) {
+    /// A write failure reads the clock itself: the normal path needs no time.
+    fn flush_node(&mut self, i: usize) {
         let node = &mut self.nodes[i];
         let Conn::Up(stream) = &mut node.conn else {
             // Not connected yet: its shared bytes wait in its own queue.
@@ -660,7 +676,7 @@ impl Engine {
                 Ok(n) if n == bytes.len() => return,
                 Ok(n) => node.out.extend_from_slice(&bytes[n..]),
                 Err(f) => {
-                    self.fail_node(i, f, now);
+                    self.fail_node(i, f, Instant::now());
                     return;
                 }
             }
@@ -670,7 +686,7 @@ impl Engine {
                 Ok(0) => return,
                 Ok(n) => node.out_pos += n,
                 Err(f) => {
-                    self.fail_node(i, f, now);
+                    self.fail_node(i, f, Instant::now());
                     return;
                 }
             }
@@ -815,7 +831,7 @@ impl Engine {
                     Ok(true) => {
                         let node = &mut self.nodes[i];
                         node.stats.connects += 1;
-                        self.flush_node(i, now);
+                        self.flush_node(i);
                     }
                     Ok(false) => continue,
                     Err(f) => {
@@ -823,8 +839,10 @@ impl Engine {
                         continue;
                     }
                 }
-            } else if writable {
-                self.flush_node(i, now);
+            } else if writable && self.nodes[i].has_unwritten() {
+                // Edge-triggered: every readable edge reports writable too; most of them
+                // find nothing to write.
+                self.flush_node(i);
             }
             if readable && self.nodes[i].is_up() {
                 self.read_node(i, closed, now);
@@ -1022,7 +1040,7 @@ impl Engine {
             }
         }
         if let Outcome::Failed(Fault::Redis(t)) = outcome {
-            if t.starts_with(b"NOSCRIPT") && !eval && self.retry_with_eval(i, id, req, now) {
+            if t.starts_with(b"NOSCRIPT") && !eval && self.retry_with_eval(i, id, req) {
                 return;
             }
         }
@@ -1042,7 +1060,7 @@ impl Engine {
 
     /// `-NOSCRIPT` (the master restarted or its script cache was flushed): send the same
     /// request again with `EVAL`, which also caches the script. The op keeps waiting.
-    fn retry_with_eval(&mut self, i: usize, id: OpId, req: Request, now: Instant) -> bool {
+    fn retry_with_eval(&mut self, i: usize, id: OpId, req: Request) -> bool {
         let op = &self.ops[id.slot as usize];
         if op.gen != id.gen || op.state == OpState::Free {
             return false;
@@ -1060,7 +1078,7 @@ impl Engine {
         });
         let stall = node.last_progress + self.cfg.stall_timeout;
         self.due_by(stall);
-        self.flush_node(i, now);
+        self.flush_node(i);
         true
     }
 

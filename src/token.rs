@@ -66,11 +66,10 @@ impl TokenSource {
         }
         let raw = &self.buf[self.pos..self.pos + TOKEN_BYTES];
         self.pos += TOKEN_BYTES;
-        const HEX: &[u8; 16] = b"0123456789abcdef";
         let mut out = [0u8; TOKEN_LEN];
-        for (i, b) in raw.iter().enumerate() {
-            out[2 * i] = HEX[(b >> 4) as usize];
-            out[2 * i + 1] = HEX[(b & 15) as usize];
+        for (src, dst) in raw.chunks_exact(4).zip(out.chunks_exact_mut(8)) {
+            let word = u32::from_le_bytes([src[0], src[1], src[2], src[3]]);
+            dst.copy_from_slice(&hex8(word).to_le_bytes());
         }
         // Consumed randomness is wiped so a later memory dump cannot replay it.
         self.buf[self.pos - TOKEN_BYTES..self.pos].fill(0);
@@ -82,6 +81,21 @@ impl TokenSource {
         let t = self.next()?;
         Ok(u64::from_str_radix(&t.as_str()[..16], 16).unwrap_or(0))
     }
+}
+
+/// Four bytes (little-endian in `word`) as eight lowercase hex digits, in byte order, high
+/// nibble first: the same as a table lookup per nibble, a few word operations instead.
+fn hex8(word: u32) -> u64 {
+    // Spread byte k to bits 16k..16k+8, then put its high nibble in the low byte of that
+    // 16-bit lane and its low nibble in the high byte (the output is little-endian).
+    let mut x = word as u64;
+    x = (x | (x << 16)) & 0x0000_ffff_0000_ffff;
+    x = (x | (x << 8)) & 0x00ff_00ff_00ff_00ff;
+    let nibbles = ((x >> 4) & 0x000f_000f_000f_000f) | ((x & 0x000f_000f_000f_000f) << 8);
+    // Every byte is 0..=15: add '0', and 'a' - '0' - 10 more where it is above 9. No byte
+    // overflows into the next (at most 15 + 6 before the shift, 15 + 48 + 39 after).
+    let above9 = ((nibbles + 0x0606_0606_0606_0606) >> 4) & 0x0101_0101_0101_0101;
+    nibbles + 0x3030_3030_3030_3030 + above9 * (b'a' - b'0' - 10) as u64
 }
 
 #[cfg(test)]
@@ -97,6 +111,35 @@ mod tests {
             let t = src.next().unwrap();
             assert!(t.as_bytes().iter().all(|b| b.is_ascii_hexdigit()));
             assert!(seen.insert(t), "duplicate token");
+        }
+    }
+
+    #[test]
+    fn hex8_matches_a_table_lookup_for_every_byte_value_in_every_position() {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let table = |bytes: [u8; 4]| {
+            let mut out = [0u8; 8];
+            for (i, b) in bytes.iter().enumerate() {
+                out[2 * i] = HEX[(b >> 4) as usize];
+                out[2 * i + 1] = HEX[(b & 15) as usize];
+            }
+            out
+        };
+        for b in 0..=255u8 {
+            for pos in 0..4 {
+                let mut bytes = [0x5au8; 4];
+                bytes[pos] = b;
+                assert_eq!(
+                    hex8(u32::from_le_bytes(bytes)).to_le_bytes(),
+                    table(bytes),
+                    "byte {b:#04x} at {pos}"
+                );
+            }
+        }
+        let mut rng = fastrand::Rng::with_seed(7);
+        for _ in 0..10_000 {
+            let bytes = rng.u32(..).to_le_bytes();
+            assert_eq!(hex8(u32::from_le_bytes(bytes)).to_le_bytes(), table(bytes));
         }
     }
 
