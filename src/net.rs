@@ -1271,6 +1271,15 @@ fn push_bulk_uint(out: &mut Vec<u8>, v: u64) {
 }
 
 fn push_decimal(out: &mut Vec<u8>, v: u64) {
+    // Lengths of keys and numbers: nearly always one or two digits.
+    if v < 10 {
+        out.push(b'0' + v as u8);
+        return;
+    }
+    if v < 100 {
+        out.extend_from_slice(&[b'0' + (v / 10) as u8, b'0' + (v % 10) as u8]);
+        return;
+    }
     let mut digits = [0u8; 20];
     let n = decimal(v, &mut digits);
     out.extend_from_slice(&digits[20 - n..]);
@@ -1376,9 +1385,12 @@ mod tests {
             &b"k"[..],
             b"orders:42",
             &[0u8, 13, 10, 255][..],
+            &[b'y'; 10][..],
+            &[b'z'; 99][..],
+            &[b'w'; 100][..],
             &[b'x'; 300][..],
         ] {
-            for ttl in [1u64, 9, 10, 30_000, (1 << 31) - 1] {
+            for ttl in [0u64, 1, 9, 10, 99, 100, 30_000, (1 << 31) - 1, u64::MAX] {
                 let mut a = OpArgs::default();
                 a.set([key], src.next().unwrap(), ttl);
                 for req in [Request::Acquire, Request::Release, Request::Extend] {
