@@ -3,7 +3,18 @@
 //! Starts its own local `redis-server` masters. First a percentile pass (criterion reports
 //! means and medians, not tails) that interleaves every variant in blocks, so machine noise
 //! hits them alike, and prints p50/p90/p99/p99.9, ratios to the floor, and client CPU per
-//! cycle from `getrusage`. Then the criterion groups.
+//! cycle. Then the criterion groups.
+//!
+//! Client CPU: every variant runs on a worker thread of its own for the whole pass, and
+//! the bench hands the workers their blocks in turn. Tick-based CPU accounting
+//! (`CONFIG_TICK_CPU_ACCOUNTING`, the usual default) splits a thread's exact runtime into
+//! user and system time by the thread's *cumulative* tick ratio. A
+//! `getrusage(RUSAGE_THREAD)` delta around one block on a thread shared by all variants
+//! would pull every variant's user figure toward the thread's average. So each worker sums
+//! its exact runtime per block (`CLOCK_THREAD_CPUTIME_ID`), and its own lifetime tick ratio
+//! splits that sum. `common/cpu.rs` has the details and the limits. The tables say how
+//! many cycles the figures average over. The user/system split rests on about one tick per
+//! 4 ms of CPU (HZ=250), so it needs long runs: `LOCK_BENCH_CYCLES=20000` or more.
 //!
 //! The floor: blocking std sockets, one per master; write `SET k v NX PX` to all, read all
 //! replies; write `EVALSHA release` to all, read all. The busy floor does the same on
@@ -14,18 +25,22 @@
 //! default 4000), `LOCK_BENCH_SKIP_CRITERION=1`, `LOCK_BENCH_PIN=1`.
 //!
 //! `LOCK_BENCH_PIN=1` models a client that has a core to itself (what busy-poll is for):
-//! the measuring thread, which runs every client variant, is pinned to the first CPU it may
-//! use, and the masters are started on the others (Linux, at least 2 CPUs). Unpinned (the
-//! default), the scheduler puts client and masters anywhere, so on a small machine a
-//! spinning client competes with the masters it waits for. The output says which it was.
+//! the main thread and every variant's measuring thread are pinned to the first CPU the
+//! bench may use, and the masters are started on the others (Linux, at least 2 CPUs).
+//! Unpinned (the default), the scheduler puts client and masters anywhere, so on a small
+//! machine a spinning client competes with the masters it waits for. The output says which
+//! it was.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, Criterion};
 
+#[path = "common/cpu.rs"]
+mod cpu;
 #[path = "common/floor.rs"]
 mod floor;
+use cpu::Cpu;
 use floor::Floor;
 use redlock_mux::local::{cpu_list, pin_current_thread, split_cpus, LocalMasters};
 use redlock_mux::Redlock;
@@ -60,10 +75,15 @@ fn pin_from_env() -> Option<Pin> {
     })
 }
 
+/// The CPU every measuring thread is pinned to, when pinned.
+fn client_cpu() -> Option<usize> {
+    pin().map(|p| p.client)
+}
+
 fn placement() -> String {
     match pin() {
         Some(p) => format!(
-            "pinned: client thread on CPU {}, masters on CPU {}",
+            "pinned: client threads on CPU {}, masters on CPU {}",
             p.client,
             cpu_list(&p.masters)
         ),
@@ -97,22 +117,10 @@ fn our_cycle(c: &mut Redlock, key: &str) -> (Duration, Duration) {
     (t1 - t0, t1.elapsed())
 }
 
-fn cpu_now() -> (Duration, Duration) {
-    // SAFETY: getrusage only writes the struct we pass; zeroed is a valid rusage.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointer to a local rusage.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
-    assert_eq!(rc, 0);
-    let tv =
-        |t: libc::timeval| Duration::from_micros(t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64);
-    (tv(ru.ru_utime), tv(ru.ru_stime))
-}
-
 struct Stats {
     name: String,
     cycle: Vec<u64>,
-    user: Duration,
-    sys: Duration,
+    cpu: Cpu,
 }
 
 fn pct(v: &[u64], p: f64) -> u64 {
@@ -130,7 +138,7 @@ fn percentile_pass(n_masters: usize) {
             .and_then(|v| v.parse().ok())
             .unwrap_or(4000)
     };
-    type Runner = Box<dyn FnMut() -> (Duration, Duration)>;
+    type Runner = Box<dyn FnMut() -> (Duration, Duration) + Send>;
     let mut variants: Vec<(String, Runner)> = Vec::new();
     let mut floor = Floor::new(&m.addrs(), false);
     variants.push((
@@ -154,45 +162,61 @@ fn percentile_pass(n_masters: usize) {
         .map(|(n, _)| Stats {
             name: n.clone(),
             cycle: Vec::with_capacity(cycles),
-            user: Duration::ZERO,
-            sys: Duration::ZERO,
+            cpu: Cpu::default(),
         })
         .collect();
-    // Warm up, then interleave blocks of 200 cycles per variant.
+    // Every variant on a measuring thread of its own (see the top of the file): warm up,
+    // then interleave blocks of 200 cycles per variant. The blocks can be short because a
+    // worker's user/system split comes from its whole life, not from one block.
     let warm = if smoke() { 5 } else { 500 };
-    for (_, run) in variants.iter_mut() {
-        for _ in 0..warm {
-            run();
-        }
-    }
     let block = 200;
-    let mut done = 0;
-    while done < cycles {
-        let k = block.min(cycles - done);
-        for (vi, (_, run)) in variants.iter_mut().enumerate() {
-            let (u0, s0) = cpu_now();
-            for _ in 0..k {
-                let (a, r) = run();
-                stats[vi].cycle.push((a + r).as_nanos() as u64);
-            }
-            let (u1, s1) = cpu_now();
-            stats[vi].user += u1 - u0;
-            stats[vi].sys += s1 - s0;
+    let cpus: Vec<Cpu> = std::thread::scope(|s| {
+        let workers: Vec<_> = variants
+            .iter_mut()
+            .zip(stats.iter_mut())
+            .map(|((_, run), st)| {
+                let out = &mut st.cycle;
+                // Job: (cycles, keep their times).
+                cpu::spawn(s, client_cpu(), move |(k, keep): (usize, bool)| {
+                    for _ in 0..k {
+                        let (a, r) = run();
+                        if keep {
+                            out.push((a + r).as_nanos() as u64);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for w in &workers {
+            w.run((warm, false));
         }
-        done += k;
-    }
-    for s in stats.iter_mut() {
+        let mut cpus = vec![Cpu::default(); workers.len()];
+        let mut done = 0;
+        while done < cycles {
+            let k = block.min(cycles - done);
+            for (w, c) in workers.iter().zip(cpus.iter_mut()) {
+                c.add(w.run((k, true)).1);
+            }
+            done += k;
+        }
+        for (w, c) in workers.into_iter().zip(cpus.iter_mut()) {
+            c.split_by(w.finish());
+        }
+        cpus
+    });
+    for (s, c) in stats.iter_mut().zip(cpus) {
         s.cycle.sort_unstable();
+        s.cpu = c;
     }
     let f50 = pct(&stats[0].cycle, 0.5) as f64;
     let f99 = pct(&stats[0].cycle, 0.99) as f64;
-    let fcpu = (stats[0].user + stats[0].sys).as_nanos() as f64 / cycles as f64;
+    let fcpu = stats[0].cpu.total().as_nanos() as f64 / cycles as f64;
     println!(
         "\nlock+release cycle, {n_masters} local masters, {cycles} cycles per variant (interleaved), {}",
         placement()
     );
     println!(
-        "{:<24} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>8} {:>8} {:>7}",
+        "{:<24} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>8} {:>8} {:>7} {:>8}",
         "variant",
         "p50 µs",
         "p90",
@@ -203,13 +227,14 @@ fn percentile_pass(n_masters: usize) {
         "p99/fl",
         "user µs",
         "sys µs",
-        "cpu/fl"
+        "cpu/fl",
+        "cpu over"
     );
     for s in &stats {
         let us = |ns: u64| ns as f64 / 1000.0;
-        let cpu = (s.user + s.sys).as_nanos() as f64 / cycles as f64;
+        let cpu = s.cpu.total().as_nanos() as f64 / cycles as f64;
         println!(
-            "{:<24} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>7.2} {:>7.2} {:>8.2} {:>8.2} {:>7.2}",
+            "{:<24} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>7.2} {:>7.2} {:>8.2} {:>8.2} {:>7.2} {:>8}",
             s.name,
             us(pct(&s.cycle, 0.5)),
             us(pct(&s.cycle, 0.9)),
@@ -218,10 +243,57 @@ fn percentile_pass(n_masters: usize) {
             us(*s.cycle.last().unwrap()),
             pct(&s.cycle, 0.5) as f64 / f50,
             pct(&s.cycle, 0.99) as f64 / f99,
-            s.user.as_nanos() as f64 / 1000.0 / cycles as f64,
-            s.sys.as_nanos() as f64 / 1000.0 / cycles as f64,
+            s.cpu.user().as_nanos() as f64 / 1000.0 / cycles as f64,
+            s.cpu.sys().as_nanos() as f64 / 1000.0 / cycles as f64,
             cpu / fcpu,
+            cycles,
         );
+    }
+    print_cpu_notes(stats.iter().map(|s| (s.name.as_str(), &s.cpu)));
+}
+
+/// The legend of the CPU columns, and the variants whose user/system split rests on too
+/// few ticks.
+fn print_cpu_notes<'a>(cpus: impl Iterator<Item = (&'a str, &'a Cpu)>) {
+    println!(
+        "(CPU: each variant on a thread of its own; user/sys split by that thread's tick ratio, \
+         ~1 tick per 4 ms at HZ=250; the \"over\" columns: cycles the CPU figures average over)"
+    );
+    let few: Vec<&str> = cpus
+        .filter(|(_, c)| c.few_ticks())
+        .map(|(n, _)| n)
+        .collect();
+    if !few.is_empty() {
+        println!(
+            "note: under {} ms of CPU (~10 ticks) for {}: that user/sys split is a guess",
+            cpu::FEW_TICKS.as_millis(),
+            few.join(", ")
+        );
+    }
+}
+
+/// A throughput worker's job: `None` = `warm` untimed batches, `Some(slice)` = batches until
+/// `slice` has passed. Result: (batches, time taken).
+fn timed(
+    warm: usize,
+    mut batch: impl FnMut() + Send,
+) -> impl FnMut(Option<Duration>) -> (u64, Duration) + Send {
+    move |job| match job {
+        None => {
+            for _ in 0..warm {
+                batch();
+            }
+            (0, Duration::ZERO)
+        }
+        Some(slice) => {
+            let t = Instant::now();
+            let mut n = 0;
+            while t.elapsed() < slice {
+                batch();
+                n += 1;
+            }
+            (n, t.elapsed())
+        }
     }
 }
 
@@ -242,7 +314,7 @@ fn throughput_pass(n_masters: usize) {
         placement()
     );
     println!(
-        "{:<6} {:>14} {:>14} {:>7} {:>12} {:>12} {:>9} {:>9}",
+        "{:<6} {:>14} {:>14} {:>7} {:>12} {:>12} {:>9} {:>9} {:>10} {:>10}",
         "K",
         "floor cyc/s",
         "ours cyc/s",
@@ -250,8 +322,14 @@ fn throughput_pass(n_masters: usize) {
         "floor cpu µs",
         "ours cpu µs",
         "ours usr",
-        "cpu/fl"
+        "cpu/fl",
+        "floor over",
+        "ours over"
     );
+    let warm = if smoke() { 2 } else { 200 };
+    let slices = 10;
+    let slice = Duration::from_secs_f64(secs / slices as f64);
+    let mut cpus = Vec::new();
     for k in [1usize, 8, 64] {
         let mut floor = Floor::new(&m.addrs(), false);
         let mut c = ours(&m, false);
@@ -259,57 +337,57 @@ fn throughput_pass(n_masters: usize) {
         let mut out = Vec::with_capacity(k);
         let mut rel = Vec::with_capacity(k);
         let mut locks = Vec::with_capacity(k);
-        let mut run_ours = |c: &mut Redlock| {
+        let mut run_ours = move || {
             c.try_lock_batch(&names, TTL, &mut out).unwrap();
             locks.extend(out.drain(..).map(|r| r.unwrap()));
             c.release_batch(locks.drain(..), &mut rel).unwrap();
         };
-        for _ in 0..if smoke() { 2 } else { 200 } {
-            floor.cycle_k(k);
-            run_ours(&mut c);
-        }
-        let slices = 10;
-        let slice = Duration::from_secs_f64(secs / slices as f64);
-        let (mut fb, mut ob) = (0u64, 0u64);
-        let (mut ft, mut ot) = (Duration::ZERO, Duration::ZERO);
-        let (mut fcpu, mut ocpu, mut ousr) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
-        for _ in 0..slices {
-            let (u0, s0) = cpu_now();
-            let t = Instant::now();
-            while t.elapsed() < slice {
-                floor.cycle_k(k);
-                fb += 1;
+        // Floor and ours each on a measuring thread of its own (see the top of the file),
+        // handed interleaved slices (see `timed`).
+        let ((fb, ft, fcpu), (ob, ot, ocpu)) = std::thread::scope(|s| {
+            let wf = cpu::spawn(s, client_cpu(), timed(warm, || floor.cycle_k(k)));
+            let wo = cpu::spawn(s, client_cpu(), timed(warm, &mut run_ours));
+            wf.run(None);
+            wo.run(None);
+            let (mut fb, mut ob) = (0u64, 0u64);
+            let (mut ft, mut ot) = (Duration::ZERO, Duration::ZERO);
+            let (mut fcpu, mut ocpu) = (Cpu::default(), Cpu::default());
+            for _ in 0..slices {
+                let ((n, t), smp) = wf.run(Some(slice));
+                fb += n;
+                ft += t;
+                fcpu.add(smp);
+                let ((n, t), smp) = wo.run(Some(slice));
+                ob += n;
+                ot += t;
+                ocpu.add(smp);
             }
-            ft += t.elapsed();
-            let (u1, s1) = cpu_now();
-            fcpu += (u1 - u0) + (s1 - s0);
-            let t = Instant::now();
-            while t.elapsed() < slice {
-                run_ours(&mut c);
-                ob += 1;
-            }
-            ot += t.elapsed();
-            let (u2, s2) = cpu_now();
-            ocpu += (u2 - u1) + (s2 - s1);
-            ousr += u2 - u1;
-        }
+            fcpu.split_by(wf.finish());
+            ocpu.split_by(wo.finish());
+            ((fb, ft, fcpu), (ob, ot, ocpu))
+        });
         let fr = (fb * k as u64) as f64 / ft.as_secs_f64();
         let or = (ob * k as u64) as f64 / ot.as_secs_f64();
         let per = |cpu: Duration, batches: u64| {
             cpu.as_nanos() as f64 / 1000.0 / (batches * k as u64) as f64
         };
         println!(
-            "{:<6} {:>14.0} {:>14.0} {:>7.2} {:>12.2} {:>12.2} {:>9.2} {:>9.2}",
+            "{:<6} {:>14.0} {:>14.0} {:>7.2} {:>12.2} {:>12.2} {:>9.2} {:>9.2} {:>10} {:>10}",
             k,
             fr,
             or,
             or / fr,
-            per(fcpu, fb),
-            per(ocpu, ob),
-            per(ousr, ob),
-            per(ocpu, ob) / per(fcpu, fb),
+            per(fcpu.total(), fb),
+            per(ocpu.total(), ob),
+            per(ocpu.user(), ob),
+            per(ocpu.total(), ob) / per(fcpu.total(), fb),
+            fb * k as u64,
+            ob * k as u64,
         );
+        cpus.push((format!("floor K={k}"), fcpu));
+        cpus.push((format!("ours K={k}"), ocpu));
     }
+    print_cpu_notes(cpus.iter().map(|(n, c)| (n.as_str(), c)));
 }
 
 fn criterion_cycles(c: &mut Criterion) {

@@ -5,26 +5,40 @@
 //!
 //! 1. Single-cycle latency (lock + release of one resource, TTL 10 s) on 5 masters, then
 //!    on 1 master: p50/p90/p99/p99.9/max, ratios to the floor's p50 and p99, and user and
-//!    system CPU per cycle from `getrusage(RUSAGE_THREAD)` around each block.
+//!    system CPU per cycle.
 //! 2. Throughput with 64 locks in flight from one thread on 5 masters: the pipelined floor
 //!    at K = 64, redlock-mux `try_lock_batch` + `release_batch` of 64, rslock with 64
 //!    concurrent tasks on the current-thread runtime, and `redlock` 2.x sequentially (it
 //!    has no way to keep more than one lock operation in flight).
 //!
+//! Client CPU: every variant runs on a worker thread of its own for the whole pass, and the
+//! bench hands the workers their blocks and slices in turn. Tick-based CPU accounting
+//! (`CONFIG_TICK_CPU_ACCOUNTING`, the usual default) splits a thread's exact runtime into
+//! user and system time by the thread's *cumulative* tick ratio. A
+//! `getrusage(RUSAGE_THREAD)` delta around one block on a thread shared by all variants
+//! would pull every variant's user figure toward the thread's average. So each worker sums
+//! its exact runtime per block (`CLOCK_THREAD_CPUTIME_ID`), and its own lifetime tick ratio
+//! splits that sum. `benches/common/cpu.rs` has the details and the limits. The tables say
+//! how many cycles the CPU figures average over. The split rests on about one tick per 4 ms
+//! of CPU (HZ=250), so it needs long runs.
+//!
 //! Knobs: `PEERS_CYCLES` (latency cycles per variant and master count, default 8000),
 //! `PEERS_SECS` (throughput seconds per variant, default 3), `PEERS_BLOCK` (latency cycles
-//! per interleaved block, default 200), `--pin` or `PEERS_PIN=1` (the measuring thread on
-//! the first CPU it may use, the masters on the others; Linux, 2 CPUs or more; default
-//! unpinned).
+//! per interleaved block, default 200), `--pin` or `PEERS_PIN=1` (the main thread and every
+//! measuring thread on the first CPU the bench may use, the masters on the others; Linux,
+//! 2 CPUs or more; default unpinned).
 //!
 //! `cargo run --release --manifest-path benches/peers/Cargo.toml [-- --pin]`
 
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
+#[path = "../../common/cpu.rs"]
+mod cpu;
 #[path = "../../common/floor.rs"]
 mod floor;
 
+use cpu::Cpu;
 use floor::Floor;
 use redlock_mux::local::{cpu_list, pin_current_thread, split_cpus, AdminReply, LocalMasters};
 use redlock_mux::Redlock;
@@ -46,71 +60,23 @@ fn env<T: FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
-// ---------------------------------------------------------------------------------------
-// CPU accounting
-// ---------------------------------------------------------------------------------------
-
-#[derive(Clone, Copy, Default)]
-struct Cpu {
-    /// User CPU of the calling thread.
-    user: Duration,
-    /// System CPU of the calling thread.
-    sys: Duration,
-    /// CPU of the whole process (to catch work on other threads, which there should be
-    /// none of: redis-rs and tokio run on the calling thread here).
-    process: Duration,
-}
-
-fn rusage(who: libc::c_int) -> (Duration, Duration) {
-    // SAFETY: getrusage only writes the struct we pass; zeroed is a valid rusage.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointer to a local rusage.
-    let rc = unsafe { libc::getrusage(who, &mut ru) };
-    assert_eq!(rc, 0, "getrusage");
-    let tv =
-        |t: libc::timeval| Duration::from_micros(t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64);
-    (tv(ru.ru_utime), tv(ru.ru_stime))
-}
-
-fn cpu_now() -> Cpu {
-    let (user, sys) = rusage(libc::RUSAGE_THREAD);
-    let (pu, ps) = rusage(libc::RUSAGE_SELF);
-    Cpu {
-        user,
-        sys,
-        process: pu + ps,
-    }
-}
-
-impl Cpu {
-    fn since(self, start: Cpu) -> Cpu {
-        Cpu {
-            user: self.user - start.user,
-            sys: self.sys - start.sys,
-            process: self.process - start.process,
-        }
-    }
-    fn add(&mut self, o: Cpu) {
-        self.user += o.user;
-        self.sys += o.sys;
-        self.process += o.process;
-    }
-    fn total(&self) -> Duration {
-        self.user + self.sys
-    }
-    /// CPU spent by threads other than the measuring one.
-    fn other(&self) -> Duration {
-        self.process.saturating_sub(self.total())
-    }
-    /// More CPU on other threads than the accounting noise between the thread and
-    /// process clocks (both are sampled, a few percent apart at most).
-    fn noticeable_other(&self) -> bool {
-        self.other().as_secs_f64() > 0.05 * self.total().as_secs_f64()
-    }
-}
-
 fn us_per(d: Duration, cycles: u64) -> f64 {
     d.as_nanos() as f64 / 1000.0 / cycles as f64
+}
+
+/// Names the variants whose user/system split rests on too few ticks to mean much.
+fn cpu_notes<'a>(cpus: impl Iterator<Item = (&'a str, &'a Cpu)>) {
+    let few: Vec<&str> = cpus
+        .filter(|(_, c)| c.few_ticks())
+        .map(|(n, _)| n)
+        .collect();
+    if !few.is_empty() {
+        println!(
+            "\nnote: under {} ms of CPU (~10 scheduler ticks at HZ=250) for {}: that user/sys split is a guess",
+            cpu::FEW_TICKS.as_millis(),
+            few.join(", ")
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -182,7 +148,7 @@ fn redis_version(m: &LocalMasters) -> String {
 
 /// Runs `n` lock+release cycles, pushing the duration in ns of each cycle that got its
 /// lock; returns the number of cycles whose lock was refused or failed.
-type Block<'a> = Box<dyn FnMut(usize, &mut Vec<u64>) -> u64 + 'a>;
+type Block<'a> = Box<dyn FnMut(usize, &mut Vec<u64>) -> u64 + Send + 'a>;
 
 struct LatVariant<'a> {
     name: &'static str,
@@ -230,7 +196,8 @@ fn reconnects(c: &Redlock) -> Vec<u64> {
         .collect()
 }
 
-fn latency_pass(m: &LocalMasters, rt: &Runtime, cycles: usize, block: usize) {
+/// `pin`: the CPU to pin every measuring thread to.
+fn latency_pass(m: &LocalMasters, rt: &Runtime, cycles: usize, block: usize, pin: Option<usize>) {
     let n_masters = m.len();
     let mut fl = Floor::new(&m.addrs(), false);
     let mut ours = mux(m, false);
@@ -315,24 +282,51 @@ fn latency_pass(m: &LocalMasters, rt: &Runtime, cycles: usize, block: usize) {
         ),
     ];
 
-    // Warm up: connections, script caches, allocator, branch predictors.
-    let mut scratch = Vec::with_capacity(block.max(500));
-    for v in variants.iter_mut() {
-        (v.block)(500, &mut scratch);
-        scratch.clear();
-        v.ns.reserve(cycles);
-    }
-    let mut done = 0;
-    while done < cycles {
-        let k = block.min(cycles - done);
-        for v in variants.iter_mut() {
-            let c0 = cpu_now();
-            v.failed += (v.block)(k, &mut v.ns);
-            v.cpu.add(cpu_now().since(c0));
+    // Every variant on a measuring thread of its own (see the top of the file), handed
+    // the blocks in turn. Blocks can stay short: a worker's user/system split comes from
+    // its whole life, not from one block. Job: (cycles, keep their times); result: the
+    // cycles that failed.
+    let results: Vec<(u64, Cpu)> = std::thread::scope(|s| {
+        let workers: Vec<_> = variants
+            .iter_mut()
+            .map(|v| {
+                let (run, ns) = (&mut v.block, &mut v.ns);
+                ns.reserve(cycles);
+                let mut scratch = Vec::with_capacity(500);
+                cpu::spawn(s, pin, move |(k, keep): (usize, bool)| {
+                    if keep {
+                        run(k, ns)
+                    } else {
+                        let failed = run(k, &mut scratch);
+                        scratch.clear();
+                        failed
+                    }
+                })
+            })
+            .collect();
+        // Warm up: connections, script caches, allocator, branch predictors.
+        for w in &workers {
+            w.run((500, false));
         }
-        done += k;
-    }
-    for v in variants.iter_mut() {
+        let mut results = vec![(0u64, Cpu::default()); workers.len()];
+        let mut done = 0;
+        while done < cycles {
+            let k = block.min(cycles - done);
+            for (w, (failed, cpu)) in workers.iter().zip(results.iter_mut()) {
+                let (f, smp) = w.run((k, true));
+                *failed += f;
+                cpu.add(smp);
+            }
+            done += k;
+        }
+        for (w, (_, cpu)) in workers.into_iter().zip(results.iter_mut()) {
+            cpu.split_by(w.finish());
+        }
+        results
+    });
+    for (v, (failed, cpu)) in variants.iter_mut().zip(results) {
+        v.failed = failed;
+        v.cpu = cpu;
         v.ns.sort_unstable();
     }
 
@@ -344,12 +338,12 @@ fn latency_pass(m: &LocalMasters, rt: &Runtime, cycles: usize, block: usize) {
         "\n### Lock+release cycle, {n_masters} master{}: {cycles} cycles per variant, interleaved in blocks of {block}\n",
         if n_masters == 1 { "" } else { "s" }
     );
-    println!("| variant | p50 µs | p90 | p99 | p99.9 | max | p50/floor | p99/floor | user µs/cyc | sys µs/cyc | cpu/floor | failed |");
-    println!("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+    println!("| variant | p50 µs | p90 | p99 | p99.9 | max | p50/floor | p99/floor | user µs/cyc | sys µs/cyc | cpu/floor | cpu over cycles | failed |");
+    println!("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
     let us = |ns: u64| ns as f64 / 1000.0;
     for v in &variants {
         println!(
-            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} | {:.1} | {:.1} | {:.2} | {} |",
+            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} | {:.1} | {:.1} | {:.2} | {} | {} |",
             v.name,
             us(pct(&v.ns, 0.5)),
             us(pct(&v.ns, 0.9)),
@@ -358,12 +352,14 @@ fn latency_pass(m: &LocalMasters, rt: &Runtime, cycles: usize, block: usize) {
             us(v.ns.last().copied().unwrap_or(0)),
             pct(&v.ns, 0.5) as f64 / f50,
             pct(&v.ns, 0.99) as f64 / f99,
-            us_per(v.cpu.user, n),
-            us_per(v.cpu.sys, n),
+            us_per(v.cpu.user(), n),
+            us_per(v.cpu.sys(), n),
             v.cpu.total().as_secs_f64() / fcpu.as_secs_f64(),
+            n,
             v.failed,
         );
     }
+    cpu_notes(variants.iter().map(|v| (v.name, &v.cpu)));
     let other: Vec<String> = variants
         .iter()
         .filter(|v| v.cpu.noticeable_other())
@@ -390,7 +386,7 @@ fn latency_pass(m: &LocalMasters, rt: &Runtime, cycles: usize, block: usize) {
 
 /// Runs lock+release cycles until `slice` has passed; returns the cycles that got their
 /// lock and the ones whose lock was refused or failed.
-type Slice<'a> = Box<dyn FnMut(Duration) -> (u64, u64) + 'a>;
+type Slice<'a> = Box<dyn FnMut(Duration) -> (u64, u64) + Send + 'a>;
 
 struct TputVariant<'a> {
     name: &'static str,
@@ -416,7 +412,8 @@ impl<'a> TputVariant<'a> {
     }
 }
 
-fn throughput_pass(m: &LocalMasters, rt: &Runtime, secs: f64) {
+/// `pin`: the CPU to pin every measuring thread to.
+fn throughput_pass(m: &LocalMasters, rt: &Runtime, secs: f64, pin: Option<usize>) {
     let mut fl = Floor::new(&m.addrs(), false);
     let mut ours = mux(m, false);
     let rs = LockManager::new(m.urls());
@@ -520,20 +517,45 @@ fn throughput_pass(m: &LocalMasters, rt: &Runtime, secs: f64) {
         ),
     ];
 
-    for v in variants.iter_mut() {
-        (v.run)(Duration::from_millis(200));
-    }
+    // Every variant on a measuring thread of its own (see the top of the file), handed
+    // the slices in turn. Job: the slice; result: (cycles, failed, time taken).
     let slice = Duration::from_secs_f64(secs / SLICES as f64);
-    for _ in 0..SLICES {
-        for v in variants.iter_mut() {
-            let c0 = cpu_now();
-            let t = Instant::now();
-            let (c, failed) = (v.run)(slice);
-            v.time += t.elapsed();
-            v.cpu.add(cpu_now().since(c0));
-            v.cycles += c;
-            v.failed += failed;
+    type Tally = (u64, u64, Duration, Cpu);
+    let results: Vec<Tally> = std::thread::scope(|s| {
+        let workers: Vec<_> = variants
+            .iter_mut()
+            .map(|v| {
+                let run = &mut v.run;
+                cpu::spawn(s, pin, move |slice: Duration| {
+                    let t = Instant::now();
+                    let (c, failed) = run(slice);
+                    (c, failed, t.elapsed())
+                })
+            })
+            .collect();
+        for w in &workers {
+            w.run(Duration::from_millis(200));
         }
+        let mut results = vec![(0, 0, Duration::ZERO, Cpu::default()); workers.len()];
+        for _ in 0..SLICES {
+            for (w, r) in workers.iter().zip(results.iter_mut()) {
+                let ((c, failed, t), smp) = w.run(slice);
+                r.0 += c;
+                r.1 += failed;
+                r.2 += t;
+                r.3.add(smp);
+            }
+        }
+        for (w, r) in workers.into_iter().zip(results.iter_mut()) {
+            r.3.split_by(w.finish());
+        }
+        results
+    });
+    for (v, (c, failed, t, cpu)) in variants.iter_mut().zip(results) {
+        v.cycles = c;
+        v.failed = failed;
+        v.time = t;
+        v.cpu = cpu;
     }
 
     let rate = |v: &TputVariant| v.cycles as f64 / v.time.as_secs_f64();
@@ -544,22 +566,24 @@ fn throughput_pass(m: &LocalMasters, rt: &Runtime, secs: f64) {
         "\n### Throughput from one thread, {} masters: ~{secs} s per variant in {SLICES} interleaved slices\n",
         m.len()
     );
-    println!("| variant | in flight | cycles/s | x floor | x rslock | user µs/cyc | sys µs/cyc | cpu/floor | failed |");
-    println!("|---|--:|--:|--:|--:|--:|--:|--:|--:|");
+    println!("| variant | in flight | cycles/s | x floor | x rslock | user µs/cyc | sys µs/cyc | cpu/floor | cpu over cycles | failed |");
+    println!("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
     for v in &variants {
         println!(
-            "| {} | {} | {:.0} | {:.2} | {:.2} | {:.1} | {:.1} | {:.2} | {} |",
+            "| {} | {} | {:.0} | {:.2} | {:.2} | {:.1} | {:.1} | {:.2} | {} | {} |",
             v.name,
             v.in_flight,
             rate(v),
             rate(v) / f_rate,
             rate(v) / r_rate,
-            us_per(v.cpu.user, v.cycles),
-            us_per(v.cpu.sys, v.cycles),
+            us_per(v.cpu.user(), v.cycles),
+            us_per(v.cpu.sys(), v.cycles),
             cpu_per(v) / f_cpu,
+            v.cycles,
             v.failed,
         );
     }
+    cpu_notes(variants.iter().map(|v| (v.name, &v.cpu)));
     let other: Vec<String> = variants
         .iter()
         .filter(|v| v.cpu.noticeable_other())
@@ -587,7 +611,7 @@ fn loadavg() -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
-const USAGE: &str = "usage: redlock-mux-peers [--pin]\n\n  --pin   the measuring thread (every variant) on the first CPU it may use, the masters\n          on the others (also PEERS_PIN=1)\n\nKnobs: PEERS_CYCLES, PEERS_SECS, PEERS_BLOCK (see README.md)";
+const USAGE: &str = "usage: redlock-mux-peers [--pin]\n\n  --pin   the measuring threads (one per variant) on the first CPU the bench may use, the\n          masters on the others (also PEERS_PIN=1)\n\nKnobs: PEERS_CYCLES, PEERS_SECS, PEERS_BLOCK (see README.md)";
 
 /// `--pin` or `PEERS_PIN` set to anything but empty or `0`.
 fn pin_requested() -> bool {
@@ -615,22 +639,25 @@ fn main() {
     let block: usize = env("PEERS_BLOCK", 200).max(1);
     let started = Instant::now();
 
-    // Pinned: this thread (every variant runs on it) on one CPU, the masters on the others.
-    // Before anything starts, so that later threads inherit the pinning.
-    let (placement, master_cpus) = if pin {
+    // Pinned: this thread and every measuring thread on one CPU, the masters on the others.
+    // Before anything starts, so that later threads inherit the pinning (the measuring
+    // threads also pin themselves, as a thread's affinity is its own).
+    let (placement, master_cpus, client_cpu) = if pin {
         let (client, masters) = split_cpus(1).unwrap_or_else(|e| panic!("--pin: {e}"));
         pin_current_thread(client[0]).unwrap_or_else(|e| panic!("--pin: {e}"));
         (
             format!(
-                "pinned (--pin): the measuring thread on CPU {}, the masters on CPU {}",
+                "pinned (--pin): the measuring threads on CPU {}, the masters on CPU {}",
                 client[0],
                 cpu_list(&masters)
             ),
             Some(masters),
+            Some(client[0]),
         )
     } else {
         (
-            "unpinned: measuring thread and masters on any CPU (--pin to pin)".to_string(),
+            "unpinned: measuring threads and masters on any CPU (--pin to pin)".to_string(),
+            None,
             None,
         )
     };
@@ -643,8 +670,9 @@ fn main() {
     };
     let m5 = start(5);
     let m1 = start(1);
-    // Every variant runs on this thread: the sync ones directly, rslock's futures and
-    // redis-rs's connection driver tasks inside `block_on` of this current-thread runtime.
+    // Every variant runs on its measuring thread: the sync ones directly, rslock's futures
+    // and redis-rs's connection driver tasks inside `block_on` of this current-thread
+    // runtime, called from rslock's measuring thread.
     let rt = current_thread_runtime();
 
     let nproc = std::thread::available_parallelism().map_or(0, |n| n.get());
@@ -659,7 +687,7 @@ fn main() {
     );
     println!("- placement: {placement}");
     println!(
-        "- every lock: TTL 10 s, a distinct free resource per variant (per task for rslock), so no retry ever runs; CPU from getrusage(RUSAGE_THREAD) around each block on the one measuring thread"
+        "- every lock: TTL 10 s, a distinct free resource per variant (per task for rslock), so no retry ever runs; CPU: every variant on a measuring thread of its own, its exact runtime (CLOCK_THREAD_CPUTIME_ID) summed over its blocks, split into user/sys by that thread's lifetime getrusage(RUSAGE_THREAD) ratio (tick-sampled, ~1 tick per 4 ms at HZ=250)"
     );
     println!(
         "- floor: std blocking sockets, SET NX PX to all masters then read all; EVALSHA release to all then read all (pipelined K per write in the throughput pass)"
@@ -679,9 +707,9 @@ fn main() {
         env!("PEERS_V_REDLOCK")
     );
 
-    latency_pass(&m5, &rt, cycles, block);
-    latency_pass(&m1, &rt, cycles, block);
-    throughput_pass(&m5, &rt, secs);
+    latency_pass(&m5, &rt, cycles, block, client_cpu);
+    latency_pass(&m1, &rt, cycles, block, client_cpu);
+    throughput_pass(&m5, &rt, secs, client_cpu);
 
     println!(
         "\nthreads in this process at the end: {}; load average at end {}; run took {:.0} s (PEERS_CYCLES={cycles}, PEERS_SECS={secs}, PEERS_BLOCK={block}, {})",

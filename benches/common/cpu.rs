@@ -1,0 +1,213 @@
+//! Client CPU per bench variant, each variant on a thread that runs only that variant.
+//!
+//! Why: with tick-based CPU accounting (`CONFIG_TICK_CPU_ACCOUNTING=y`, the usual default)
+//! the kernel knows a thread's total runtime exactly (`sum_exec_runtime`), but it splits it
+//! into user and system time only by sampling, at every scheduler tick (`HZ`, e.g. 250 a
+//! second), the mode the thread is in. `getrusage` reports the runtime split by the
+//! thread's *cumulative* user/system tick ratio (`cputime_adjust` in
+//! `kernel/sched/cputime.c`). A `getrusage` delta around one block on a thread that also
+//! ran other variants is that block's runtime times the ratio of everything the thread
+//! ever ran, which pulls every variant's user figure toward the thread's average.
+//! `getrusage` also lags a running thread by up to a tick: it does not add the slice that
+//! is running, which a busy-polling client that never sleeps shows.
+//!
+//! So each variant gets a worker thread of its own for a whole pass ([`spawn`], on a
+//! `std::thread::scope`, pinned to the client CPU when the bench pins). The bench hands the
+//! workers their blocks in turn ([`Worker::run`]), so the interleaving is the one the
+//! benches always had. Around every block the worker reads its exact runtime
+//! (`CLOCK_THREAD_CPUTIME_ID`, which does add the running slice). When the pass ends
+//! ([`Worker::finish`]) one `getrusage(RUSAGE_THREAD)` gives the worker's lifetime
+//! user/system ratio, and that ratio splits the summed runtime of its measured blocks.
+//! Spawning, pinning, warm-up accounting and the hand-over of blocks are outside the
+//! measured windows. The hand-over costs a few µs of futex calls per block, which go into
+//! the ratio's ticks, not into the runtime.
+//!
+//! Limits: the split is a sample of about (worker CPU / tick) ticks. The user figure's
+//! relative error is about 1/sqrt(user ticks): at HZ=250 (4 ms ticks), 10k cycles of 14 µs
+//! user time each hold about 35 user ticks, ±17 %. CPU figures need long runs.
+//! A worker with no tick at all is counted as all user time by the kernel. Below
+//! [`FEW_TICKS`] of CPU (10 ticks at HZ=250, e^-10 odds of no tick), [`Cpu::few_ticks`]
+//! flags the split as unreliable. A worker with ticks in only one mode is counted all
+//! user or all system, which is what its ratio says anyway.
+
+#![allow(dead_code)]
+
+use std::sync::mpsc;
+use std::thread::{Scope, ScopedJoinHandle};
+use std::time::Duration;
+
+use redlock_mux::local::pin_current_thread;
+
+/// A worker with less CPU than this over its life gets a user/system split from fewer than
+/// about 10 ticks at HZ=250; see [`Cpu::few_ticks`].
+pub const FEW_TICKS: Duration = Duration::from_millis(40);
+
+fn clock(id: libc::clockid_t) -> Duration {
+    // SAFETY: clock_gettime only writes the struct we pass; zeroed is a valid timespec.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer to a local timespec.
+    let rc = unsafe { libc::clock_gettime(id, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Exact CPU time of the calling thread so far (brings the scheduler's count up to date).
+pub fn thread_time() -> Duration {
+    clock(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+/// Exact CPU time of the whole process so far, all threads.
+pub fn process_time() -> Duration {
+    clock(libc::CLOCK_PROCESS_CPUTIME_ID)
+}
+
+/// The calling thread's user and system time as `getrusage(RUSAGE_THREAD)` reports them.
+fn rusage_thread() -> (Duration, Duration) {
+    // Brings `sum_exec_runtime` up to date, which `getrusage` alone does not.
+    let _ = thread_time();
+    // SAFETY: getrusage only writes the struct we pass; zeroed is a valid rusage.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer to a local rusage.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+    assert_eq!(rc, 0, "getrusage");
+    let tv =
+        |t: libc::timeval| Duration::from_micros(t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64);
+    (tv(ru.ru_utime), tv(ru.ru_stime))
+}
+
+/// CPU during one job on a worker.
+#[derive(Clone, Copy, Default, Debug)]
+pub struct Sample {
+    /// The worker thread's own runtime.
+    pub thread: Duration,
+    /// The whole process's, to catch work on other threads (which there should be none of).
+    pub process: Duration,
+}
+
+/// A worker's whole life as `getrusage` splits it.
+#[derive(Clone, Copy, Default, Debug)]
+pub struct Lifetime {
+    pub user: Duration,
+    pub sys: Duration,
+}
+
+/// The measured CPU of one variant: its jobs' samples summed, split by its worker's
+/// lifetime user/system ratio once [`Cpu::split_by`] has it.
+#[derive(Clone, Copy, Default, Debug)]
+pub struct Cpu {
+    thread: Duration,
+    process: Duration,
+    life: Lifetime,
+}
+
+impl Cpu {
+    pub fn add(&mut self, s: Sample) {
+        self.thread += s.thread;
+        self.process += s.process;
+    }
+
+    /// Sets the ratio that splits the runtime into user and system time.
+    pub fn split_by(&mut self, life: Lifetime) {
+        self.life = life;
+    }
+
+    fn user_share(&self) -> f64 {
+        let all = self.life.user + self.life.sys;
+        if all.is_zero() {
+            0.0
+        } else {
+            self.life.user.as_secs_f64() / all.as_secs_f64()
+        }
+    }
+
+    pub fn total(&self) -> Duration {
+        self.thread
+    }
+
+    pub fn user(&self) -> Duration {
+        self.thread.mul_f64(self.user_share())
+    }
+
+    pub fn sys(&self) -> Duration {
+        self.thread.saturating_sub(self.user())
+    }
+
+    /// CPU spent by threads other than the worker while it ran its jobs.
+    pub fn other(&self) -> Duration {
+        self.process.saturating_sub(self.thread)
+    }
+
+    /// More CPU on other threads than 5 % of the worker's own.
+    pub fn noticeable_other(&self) -> bool {
+        self.other().as_secs_f64() > 0.05 * self.thread.as_secs_f64()
+    }
+
+    /// The worker ran for less than [`FEW_TICKS`]: its user/system split rests on a handful
+    /// of ticks or none.
+    pub fn few_ticks(&self) -> bool {
+        self.life.user + self.life.sys < FEW_TICKS
+    }
+}
+
+/// A thread that runs only one variant; see the module documentation.
+pub struct Worker<'scope, J, R> {
+    jobs: mpsc::Sender<J>,
+    done: mpsc::Receiver<(R, Sample)>,
+    thread: ScopedJoinHandle<'scope, Lifetime>,
+}
+
+/// Starts a worker on `scope` that runs `f(job)` for every job given to [`Worker::run`],
+/// pinned to CPU `pin` when given (a thread's affinity is its own; a pinned bench pins each
+/// of them to the client CPU before the first job).
+pub fn spawn<'scope, 'env, J, R, F>(
+    scope: &'scope Scope<'scope, 'env>,
+    pin: Option<usize>,
+    mut f: F,
+) -> Worker<'scope, J, R>
+where
+    J: Send + 'scope,
+    R: Send + 'scope,
+    F: FnMut(J) -> R + Send + 'scope,
+{
+    let (jobs, job_rx) = mpsc::channel::<J>();
+    let (done_tx, done) = mpsc::channel();
+    let thread = scope.spawn(move || {
+        if let Some(cpu) = pin {
+            pin_current_thread(cpu)
+                .unwrap_or_else(|e| panic!("pinning a measuring thread to CPU {cpu}: {e}"));
+        }
+        for job in job_rx {
+            let (t0, p0) = (thread_time(), process_time());
+            let r = f(job);
+            let (p1, t1) = (process_time(), thread_time());
+            let s = Sample {
+                thread: t1 - t0,
+                process: p1 - p0,
+            };
+            if done_tx.send((r, s)).is_err() {
+                break;
+            }
+        }
+        let (user, sys) = rusage_thread();
+        Lifetime { user, sys }
+    });
+    Worker { jobs, done, thread }
+}
+
+impl<J, R> Worker<'_, J, R> {
+    /// Runs `job` on the worker and waits for it: its result and the CPU it took.
+    pub fn run(&self, job: J) -> (R, Sample) {
+        let died = "a measuring thread panicked (its message is above)";
+        self.jobs.send(job).expect(died);
+        self.done.recv().expect(died)
+    }
+
+    /// Ends the worker: its lifetime user/system time, for [`Cpu::split_by`].
+    pub fn finish(self) -> Lifetime {
+        drop(self.jobs);
+        match self.thread.join() {
+            Ok(life) => life,
+            Err(p) => std::panic::resume_unwind(p),
+        }
+    }
+}
