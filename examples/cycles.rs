@@ -7,7 +7,8 @@
 //! ```
 //!
 //! Only the main thread is traced without `-f`, and the client runs on it; setup is a few
-//! hundred syscalls, noise next to 10 000 cycles.
+//! hundred syscalls, noise next to 10 000 cycles. `BATCH=64` makes every cycle a
+//! `try_lock_batch` + `release_batch` of 64 resources.
 use std::time::{Duration, Instant};
 
 use redlock_mux::local::LocalMasters;
@@ -43,9 +44,22 @@ fn main() {
         let l = c.try_lock("cycles", ttl).unwrap();
         c.release(l).unwrap();
     }
+    // `BATCH=k`: each cycle is `try_lock_batch` + `release_batch` of k resources.
+    let batch: usize = std::env::var("BATCH")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let names: Vec<String> = (0..batch).map(|j| format!("cycles:{j}")).collect();
+    let (mut out, mut locks, mut rel) = (Vec::new(), Vec::new(), Vec::new());
     let before: Vec<_> = c.stats();
     let t = Instant::now();
     for _ in 0..cycles {
+        if batch > 0 {
+            c.try_lock_batch(&names, ttl, &mut out).unwrap();
+            locks.extend(out.drain(..).map(|r| r.unwrap()));
+            c.release_batch(locks.drain(..), &mut rel).unwrap();
+            continue;
+        }
         let l = c.try_lock("cycles", ttl).unwrap();
         c.release(l).unwrap();
     }

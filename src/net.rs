@@ -279,6 +279,9 @@ pub(crate) struct Op {
     /// Nobody collects the result (cleanup releases).
     detached: bool,
     collected: bool,
+    /// Where this op sits in [`Engine::active`] while `Active`: removal without a search
+    /// (many locks in flight make that list long).
+    active_at: u32,
 }
 
 impl Op {
@@ -368,6 +371,7 @@ impl Engine {
             outstanding: 0,
             detached: false,
             collected: false,
+            active_at: 0,
         });
         let slot = (self.ops.len() - 1) as u32;
         self.free.push(slot);
@@ -404,6 +408,7 @@ impl Engine {
         let op = &mut self.ops[slot as usize];
         op.gen = op.gen.wrapping_add(1);
         op.state = OpState::Active;
+        op.active_at = self.active.len() as u32;
         self.active.push(slot);
         op.req = req;
         op.tally.reset(n, quorum);
@@ -514,8 +519,11 @@ impl Engine {
         if op.state == OpState::Active && op.tally.decision() != Decision::Open {
             op.state = OpState::Decided;
             op.decided_at = now;
-            if let Some(k) = self.active.iter().position(|s| *s == id.slot) {
-                self.active.swap_remove(k);
+            let k = op.active_at as usize;
+            debug_assert_eq!(self.active.get(k), Some(&id.slot));
+            self.active.swap_remove(k);
+            if let Some(&moved) = self.active.get(k) {
+                self.ops[moved as usize].active_at = k as u32;
             }
         }
         self.maybe_free(id.slot);
