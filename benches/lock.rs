@@ -259,16 +259,8 @@ fn print_cpu_notes<'a>(cpus: impl Iterator<Item = (&'a str, &'a Cpu)>) {
         "(CPU: each variant on a thread of its own; user/sys split by that thread's tick ratio, \
          ~1 tick per 4 ms at HZ=250; the \"over\" columns: cycles the CPU figures average over)"
     );
-    let few: Vec<&str> = cpus
-        .filter(|(_, c)| c.few_ticks())
-        .map(|(n, _)| n)
-        .collect();
-    if !few.is_empty() {
-        println!(
-            "note: under {} ms of CPU (~10 ticks) for {}: that user/sys split is a guess",
-            cpu::FEW_TICKS.as_millis(),
-            few.join(", ")
-        );
+    if let Some(note) = cpu::few_ticks_note(cpus) {
+        println!("{note}");
     }
 }
 

@@ -211,3 +211,19 @@ impl<J, R> Worker<'_, J, R> {
         }
     }
 }
+
+/// A line naming the variants whose user/system split rests on too few ticks to mean
+/// much, if any.
+pub fn few_ticks_note<'a>(cpus: impl Iterator<Item = (&'a str, &'a Cpu)>) -> Option<String> {
+    let few: Vec<&str> = cpus
+        .filter(|(_, c)| c.few_ticks())
+        .map(|(n, _)| n)
+        .collect();
+    (!few.is_empty()).then(|| {
+        format!(
+            "note: under {} ms of CPU (~10 scheduler ticks at HZ=250) for {}: that user/sys split is a guess",
+            FEW_TICKS.as_millis(),
+            few.join(", ")
+        )
+    })
+}

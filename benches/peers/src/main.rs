@@ -66,16 +66,8 @@ fn us_per(d: Duration, cycles: u64) -> f64 {
 
 /// Names the variants whose user/system split rests on too few ticks to mean much.
 fn cpu_notes<'a>(cpus: impl Iterator<Item = (&'a str, &'a Cpu)>) {
-    let few: Vec<&str> = cpus
-        .filter(|(_, c)| c.few_ticks())
-        .map(|(n, _)| n)
-        .collect();
-    if !few.is_empty() {
-        println!(
-            "\nnote: under {} ms of CPU (~10 scheduler ticks at HZ=250) for {}: that user/sys split is a guess",
-            cpu::FEW_TICKS.as_millis(),
-            few.join(", ")
-        );
+    if let Some(note) = cpu::few_ticks_note(cpus) {
+        println!("\n{note}");
     }
 }
 
@@ -187,6 +179,20 @@ fn mux_cycle(c: &mut Redlock, key: &str) -> Option<u64> {
     Some(t0.elapsed().as_nanos() as u64)
 }
 
+/// A latency block of redlock-mux cycles on `key`: every cycle's time, and the failures.
+fn mux_block<'a>(c: &'a mut Redlock, key: &'static str) -> Block<'a> {
+    Box::new(move |n, out| {
+        let mut failed = 0;
+        for _ in 0..n {
+            match mux_cycle(c, key) {
+                Some(ns) => out.push(ns),
+                None => failed += 1,
+            }
+        }
+        failed
+    })
+}
+
 /// Connects beyond the first per master: a reconnect means the client dropped a connection
 /// (and whatever it still owed on it) during the pass.
 fn reconnects(c: &Redlock) -> Vec<u64> {
@@ -216,31 +222,10 @@ fn latency_pass(m: &LocalMasters, rt: &Runtime, cycles: usize, block: usize, pin
                 0
             }),
         ),
-        LatVariant::new(
-            "redlock-mux",
-            Box::new(|n, out| {
-                let mut failed = 0;
-                for _ in 0..n {
-                    match mux_cycle(&mut ours, "peers:mux") {
-                        Some(ns) => out.push(ns),
-                        None => failed += 1,
-                    }
-                }
-                failed
-            }),
-        ),
+        LatVariant::new("redlock-mux", mux_block(&mut ours, "peers:mux")),
         LatVariant::new(
             "redlock-mux busy-poll",
-            Box::new(|n, out| {
-                let mut failed = 0;
-                for _ in 0..n {
-                    match mux_cycle(&mut ours_busy, "peers:muxbusy") {
-                        Some(ns) => out.push(ns),
-                        None => failed += 1,
-                    }
-                }
-                failed
-            }),
+            mux_block(&mut ours_busy, "peers:muxbusy"),
         ),
         LatVariant::new(
             "rslock (tokio 1 thread)",
