@@ -236,7 +236,7 @@ pub fn engine_body(data: &[u8]) {
         if !matches!(verdict, AcquireVerdict::Acquired(_)) {
             // The cleanup release goes to every master our SET may have reached.
             for (i, o) in tally.outcomes().iter().enumerate() {
-                let hold = rules::may_hold(*o);
+                let hold = rules::may_hold(req, *o);
                 match o {
                     Outcome::Ok | Outcome::Pending | Outcome::TimedOut => {
                         assert!(hold, "master {i} ({o:?}) must get the cleanup release")

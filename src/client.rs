@@ -10,6 +10,7 @@ use smallvec::SmallVec;
 use crate::error::{Error, Operation, Report};
 use crate::net::{Engine, NetConfig, Node, OpId};
 use crate::rules::{self, AcquireVerdict, Decision, Outcome, Request};
+use crate::scripts;
 use crate::token::{Token, TokenSource};
 use crate::url::MasterSpec;
 
@@ -230,7 +231,7 @@ pub struct Builder {
     busy_poll: bool,
     seed: Option<u64>,
     fencing: bool,
-    fencing_write_back: bool,
+    assume_durable: bool,
     amnesia_guard: Option<Duration>,
 }
 
@@ -249,7 +250,7 @@ impl Default for Builder {
             busy_poll: false,
             seed: None,
             fencing: false,
-            fencing_write_back: true,
+            assume_durable: false,
             amnesia_guard: None,
         }
     }
@@ -337,23 +338,32 @@ impl Builder {
         self.busy_poll = on;
         self
     }
-    /// Fencing tokens (default off). Each master keeps a counter per resource (the key
-    /// `<resource>:fence`) that the acquire script increments when it sets the lock; the
-    /// lock's token is the largest value among the quorum's answers, written back to the
-    /// masters (each raises its counter to at least that) and confirmed by a quorum before
-    /// the lock is returned. Any two quorums intersect, so every later holder's token is
-    /// strictly greater, as long as masters keep their data (a master restarted without
-    /// persistence can break it; see [`Builder::amnesia_guard`]). Cost: one more round
-    /// trip per acquire. For a multi-resource lock the counter is the first resource's.
+    /// Fencing tokens (default off): [`Lock::fencing_token`] then strictly increases from
+    /// one holder of a resource to the next, for as long as the masters keep their data.
+    ///
+    /// How: once the lock is held, a second round draws the token (1 + the largest counter
+    /// of the lock's resources on a quorum, only where our key still holds our token), and
+    /// a third writes it back (each counter raised to at least the token on a quorum, again
+    /// only while our key is held) before the lock is returned. Counters are the keys
+    /// `redlock-mux:fence:<resource>`, one per fenced resource on every master, kept
+    /// forever (no TTL: no wait could restore a lost counter); lock names starting with
+    /// `redlock-mux:fence:` are refused. A multi-resource lock's token exceeds every
+    /// earlier token of each of its resources.
+    ///
+    /// Fencing needs masters that persist every write (`appendonly yes` and `appendfsync
+    /// always`): the client reads `CONFIG GET append*` at every connect, and a master that
+    /// does not persist (or refuses `CONFIG`) gets no vote (reported as
+    /// [`Fault::NotDurable`](crate::Fault::NotDurable)); see
+    /// [`Builder::fencing_assume_durable`]. Cost: two more round trips per acquire.
     pub fn fencing(mut self, on: bool) -> Self {
         self.fencing = on;
         self
     }
-    /// Skip the fencing write-back. Only for demonstrating why it is needed: without it a
-    /// later holder can get a smaller token.
-    #[doc(hidden)]
-    pub fn fencing_write_back(mut self, on: bool) -> Self {
-        self.fencing_write_back = on;
+    /// Skip fencing's durability check (default off): for masters that do persist every
+    /// write but refuse `CONFIG GET` (some managed services). Your promise, not checked: a
+    /// master that loses its counters in a restart can make tokens go backwards.
+    pub fn fencing_assume_durable(mut self, on: bool) -> Self {
+        self.assume_durable = on;
         self
     }
     /// The amnesia guard (enforced delayed restart), with `max_ttl` the largest TTL in
@@ -392,21 +402,41 @@ impl Builder {
                 self.retry_delay, self.retry_jitter
             )));
         }
-        if self.amnesia_guard == Some(Duration::ZERO) {
-            return Err(Error::Config(
-                "amnesia guard max_ttl must be above zero (it is the largest TTL in use)".into(),
-            ));
-        }
-        for (name, t) in [
+        // Every duration is bounded: a timer past the largest TTL means nothing, and
+        // `Instant + Duration::MAX` would overflow.
+        for (name, t, zero_ok) in [
+            ("node timeout (node_timeout)", self.node_timeout, false),
             (
-                "node timeout (node_timeout)",
-                self.node_timeout.unwrap_or(Duration::MAX),
+                "connect timeout (connect_timeout)",
+                Some(self.connect_timeout),
+                false,
             ),
-            ("connect timeout (connect_timeout)", self.connect_timeout),
-            ("stall timeout (stall_timeout)", self.stall_timeout),
+            (
+                "stall timeout (stall_timeout)",
+                Some(self.stall_timeout),
+                false,
+            ),
+            (
+                "amnesia guard max_ttl (amnesia_guard)",
+                self.amnesia_guard,
+                false,
+            ),
+            (
+                "minimum validity (min_validity)",
+                Some(self.min_validity),
+                true,
+            ),
         ] {
-            if t.is_zero() {
-                return Err(Error::Config(format!("{name} must be above zero")));
+            match t {
+                Some(t) if t.is_zero() && !zero_ok => {
+                    return Err(Error::Config(format!("{name} must be above zero")));
+                }
+                Some(t) if t > MAX_TTL => {
+                    return Err(Error::Config(format!(
+                        "{name} {t:?} is above the maximum {MAX_TTL:?} (the largest TTL)"
+                    )));
+                }
+                _ => {}
             }
         }
         let now = Instant::now();
@@ -428,6 +458,7 @@ impl Builder {
             stall_timeout: self.stall_timeout,
             busy_poll: self.busy_poll,
             amnesia_guard: self.amnesia_guard,
+            require_durable: self.fencing && !self.assume_durable,
             ..NetConfig::default()
         };
         let nodes = specs
@@ -567,7 +598,7 @@ impl Redlock {
     /// release wherever the key may have been set.
     pub fn try_lock(&mut self, resource: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
         self.with_key(resource.as_ref(), |this, keys| {
-            this.check_call(keys, ttl)?;
+            let ttl = this.check_call(keys, ttl)?;
             this.attempt(keys, ttl, 1, None)
         })
     }
@@ -582,14 +613,16 @@ impl Redlock {
         r
     }
 
-    /// The checks every lock call makes first: resources, TTL, a pending cancel.
-    fn check_call(&self, keys: &KeyList, ttl: Duration) -> Result<(), Error> {
+    /// The checks every lock call makes first: resources, TTL, a pending cancel. Returns
+    /// the TTL in whole milliseconds.
+    fn check_call(&self, keys: &KeyList, ttl: Duration) -> Result<Duration, Error> {
         if keys.len() == 0 {
             return Err(Error::InvalidArgument("no resource given".into()));
         }
         check_resources(keys.iter())?;
-        self.check_ttl(ttl)?;
-        self.take_cancel()
+        let ttl = self.check_ttl(ttl)?;
+        self.take_cancel()?;
+        Ok(ttl)
     }
 
     /// Take `resource` for `ttl`, retrying after a random delay while it is taken or no
@@ -647,7 +680,7 @@ impl Redlock {
         ttl: Duration,
         deadline: Option<Instant>,
     ) -> Result<Lock, Error> {
-        self.check_call(keys, ttl)?;
+        let ttl = self.check_call(keys, ttl)?;
         let mut attempt = 1u32;
         let mut last: Option<Box<Report>> = None;
         loop {
@@ -681,7 +714,9 @@ impl Redlock {
         }
     }
 
-    fn check_ttl(&self, ttl: Duration) -> Result<(), Error> {
+    /// Check a TTL; returns it in whole milliseconds, as `PX` and `PEXPIRE` take it (the
+    /// validity is computed from what the masters were sent, not from more).
+    fn check_ttl(&self, ttl: Duration) -> Result<Duration, Error> {
         if ttl < Duration::from_millis(1) {
             return Err(Error::InvalidArgument(format!(
                 "ttl {ttl:?} is below the 1 ms resolution of PX"
@@ -699,15 +734,16 @@ impl Redlock {
                 )));
             }
         }
+        let ttl = Duration::from_millis(ttl.as_millis() as u64);
         let drift = rules::drift(ttl, self.cfg.drift_factor);
-        if ttl <= drift + self.cfg.min_validity {
+        if ttl <= drift.saturating_add(self.cfg.min_validity) {
             return Err(Error::InvalidArgument(format!(
                 "ttl {ttl:?} leaves no validity after the drift allowance {drift:?} \
                  and minimum validity {:?}",
                 self.cfg.min_validity
             )));
         }
-        Ok(())
+        Ok(ttl)
     }
 
     fn take_cancel(&self) -> Result<(), Error> {
@@ -740,6 +776,7 @@ impl Redlock {
         value: u64,
         deadline: Option<Instant>,
     ) -> Result<(OpId, Instant), Error> {
+        self.engine.catch_up()?;
         let t1 = Instant::now();
         let mut timeout = self.round_timeout(ttl);
         if let Some(d) = deadline {
@@ -760,10 +797,7 @@ impl Redlock {
         self.engine.flush();
         // Only lock attempts are cancellable: a release or an extend always runs to its
         // decision (or its timeout), whatever the cancel flag says.
-        let cancellable = matches!(
-            req,
-            Request::Acquire | Request::AcquireMany | Request::AcquireFenced
-        );
+        let cancellable = matches!(req, Request::Acquire | Request::AcquireMany);
         let flag = &self.cancel.flag;
         let engine = &mut self.engine;
         let decided = engine.drive(
@@ -791,93 +825,88 @@ impl Redlock {
             }
         }
         let token = self.tokens.next()?;
-        let fencing = self.cfg.fencing;
-        let (id, t1) = if fencing {
-            let mut fk = std::mem::take(&mut self.fence_keys);
-            fk.assign(keys);
-            let mut counter: SmallVec<[u8; 64]> = SmallVec::new();
-            counter.extend_from_slice(keys.iter().next().unwrap_or(&[]));
-            counter.extend_from_slice(b":fence");
-            fk.push(&counter);
-            let r = self.round(Request::AcquireFenced, &fk, token, ttl, 0, deadline);
-            self.fence_keys = fk;
-            r?
+        let req = if keys.len() == 1 {
+            Request::Acquire
         } else {
-            let req = if keys.len() == 1 {
-                Request::Acquire
-            } else {
-                Request::AcquireMany
-            };
-            self.round(req, keys, token, ttl, 0, deadline)?
+            Request::AcquireMany
         };
+        let (id, t1) = self.round(req, keys, token, ttl, 0, deadline)?;
         let op = self.engine.op(id);
-        let mut cancelled = !op.is_decided();
-        let mut verdict = rules::judge_acquire(
-            &op.tally,
-            ttl,
-            op.decided_at.saturating_duration_since(t1),
-            self.cfg.drift_factor,
-            self.cfg.min_validity,
-        );
-        let mut decided_at = op.decided_at;
-        let fence = (op.max_value > 0).then_some(op.max_value as u64);
-        let mut failed_op = id;
-        if let (false, AcquireVerdict::Acquired(_), true) = (cancelled, verdict, fencing) {
-            // Write the fencing token back to the masters and wait for a quorum, so every
-            // later acquire's quorum meets a counter at least this large.
-            let value = fence.unwrap_or(0);
-            if self.cfg.fencing_write_back {
-                let last = self.fence_keys.len().saturating_sub(1);
-                let mut counter = KeyList::default();
-                if let Some(k) = self.fence_keys.iter().nth(last) {
-                    counter.push(k);
-                }
-                let (wid, _) = self.round(
-                    Request::FenceWriteBack,
-                    &counter,
-                    token,
-                    ttl,
-                    value,
-                    deadline,
-                )?;
-                let w = self.engine.op(wid);
-                cancelled = !w.is_decided();
-                decided_at = w.decided_at;
-                if w.tally.decision() == Decision::Reached {
-                    self.engine.finish(wid);
-                } else {
-                    verdict = AcquireVerdict::NoQuorum;
-                    failed_op = wid;
-                }
-            }
-            if let AcquireVerdict::Acquired(_) = verdict {
-                // Validity counts the write-back round too.
-                verdict = match rules::validity(
-                    ttl,
-                    decided_at.saturating_duration_since(t1),
-                    self.cfg.drift_factor,
-                ) {
-                    Some(v) if v > self.cfg.min_validity => AcquireVerdict::Acquired(v),
-                    _ => AcquireVerdict::ValidityUsedUp,
-                };
-            }
-        }
-        let r = self.conclude(Concluded {
+        let mut c = Concluded {
             id,
-            failed_op,
+            failed_op: id,
             keys,
             token,
             ttl,
             t1,
-            decided_at,
-            verdict,
-            cancelled,
-            fence: if fencing { fence } else { None },
+            decided_at: op.decided_at,
+            verdict: rules::judge_acquire(
+                &op.tally,
+                ttl,
+                op.decided_at.saturating_duration_since(t1),
+                self.cfg.drift_factor,
+                self.cfg.min_validity,
+            ),
+            cancelled: !op.is_decided(),
+            fence: None,
             attempts,
             deadline,
-        });
+        };
+        if self.cfg.fencing && !c.cancelled && matches!(c.verdict, AcquireVerdict::Acquired(_)) {
+            self.fence(&mut c)?;
+        }
+        let r = self.conclude(c);
         self.engine.flush();
         r
+    }
+
+    /// Fencing, once the lock is held: draw a token (1 + the largest counter of any of the
+    /// lock's resources, over a quorum, while each master still holds our key), then write
+    /// it back (every counter of the lock raised to at least the token on a quorum, still
+    /// only while our key is held). A later holder's draw meets that quorum, after this
+    /// lock ended, so its token is larger. Validity counts all three rounds. On failure
+    /// `c` says why, and `conclude` releases the lock.
+    fn fence(&mut self, c: &mut Concluded<'_>) -> Result<(), Error> {
+        let mut fk = std::mem::take(&mut self.fence_keys);
+        fk.assign(c.keys);
+        let mut counter: SmallVec<[u8; 64]> = SmallVec::new();
+        for k in c.keys.iter() {
+            counter.clear();
+            counter.extend_from_slice(scripts::FENCE_PREFIX);
+            counter.extend_from_slice(k);
+            fk.push(&counter);
+        }
+        let r = self.fence_rounds(c, &fk);
+        self.fence_keys = fk;
+        r
+    }
+
+    fn fence_rounds(&mut self, c: &mut Concluded<'_>, fk: &KeyList) -> Result<(), Error> {
+        for req in [Request::FenceDraw, Request::FenceWriteBack] {
+            let value = c.fence.unwrap_or(0);
+            let (rid, _) = self.round(req, fk, c.token, c.ttl, value, c.deadline)?;
+            let op = self.engine.op(rid);
+            c.decided_at = op.decided_at;
+            if op.tally.decision() != Decision::Reached {
+                c.verdict = AcquireVerdict::NoQuorum;
+                c.failed_op = rid;
+                return Ok(());
+            }
+            if req == Request::FenceDraw {
+                // The largest answer so far: at least every answer of the deciding quorum.
+                c.fence = Some(op.max_value.max(1) as u64);
+            }
+            self.engine.finish(rid);
+        }
+        c.verdict = match rules::validity(
+            c.ttl,
+            c.decided_at.saturating_duration_since(c.t1),
+            self.cfg.drift_factor,
+        ) {
+            Some(v) if v > self.cfg.min_validity => AcquireVerdict::Acquired(v),
+            _ => AcquireVerdict::ValidityUsedUp,
+        };
+        Ok(())
     }
 
     /// Turn a decided acquire into a lock, or into an error after queueing the cleanup
@@ -916,14 +945,13 @@ impl Redlock {
             self.engine.finish(failed_op);
         }
         let op = self.engine.op(id);
-        // Release wherever our SET may have landed: masters that said OK, that have not
-        // answered, or whose connection broke after the request was sent. Masters that
-        // said "taken" or answered an error did not set it, and the key is not ours there.
+        // Release wherever our request may have set the key (`rules::may_hold`): masters
+        // that said OK, have not answered, lost the connection after it was sent...
         let may_hold: SmallVec<[bool; 8]> = op
             .tally
             .outcomes()
             .iter()
-            .map(|o| rules::may_hold(*o))
+            .map(|o| rules::may_hold(op.req, *o))
             .collect();
         self.engine.finish(id);
         if may_hold.iter().any(|b| *b) {
@@ -973,7 +1001,7 @@ impl Redlock {
     ) -> Result<(), Error> {
         out.clear();
         check_resources(resources.iter().map(AsRef::as_ref))?;
-        self.check_ttl(ttl)?;
+        let ttl = self.check_ttl(ttl)?;
         self.take_cancel()?;
         if self.cfg.fencing {
             for r in resources {
@@ -982,6 +1010,7 @@ impl Redlock {
             }
             return Ok(());
         }
+        self.engine.catch_up()?;
         let t1 = Instant::now();
         let timeout = self.round_timeout(ttl);
         let ttl_ms = ttl.as_millis() as u64;
@@ -1051,6 +1080,7 @@ impl Redlock {
         out: &mut Vec<Result<(), Error>>,
     ) -> Result<(), Error> {
         out.clear();
+        self.engine.catch_up()?;
         let t1 = Instant::now();
         let mut batch = std::mem::take(&mut self.batch);
         batch.clear();
@@ -1101,11 +1131,14 @@ impl Redlock {
         self.release_result(id, t1)
     }
 
-    /// Extend the lock to `ttl` from now (compare-and-pexpire on every master). Succeeds
-    /// when a quorum confirmed and validity is left, computed exactly like acquire; the
-    /// lock's deadline is then moved. On failure the lock keeps its old deadline.
+    /// Extend the lock to live at least `ttl` from now (compare-and-extend on every
+    /// master: where a key still holds this lock's token, its expiry becomes `now + ttl`
+    /// unless it already lives longer; an extend never shortens a lock). Succeeds when a
+    /// quorum confirmed and validity is left, computed exactly like acquire; the lock's
+    /// deadline then becomes the later of the old one and the new one. On failure the lock
+    /// keeps its old deadline, which still holds: no master's key was cut short.
     pub fn extend(&mut self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
-        self.check_ttl(ttl)?;
+        let ttl = self.check_ttl(ttl)?;
         if !lock.is_valid() {
             return Err(Error::Expired);
         }
@@ -1120,7 +1153,9 @@ impl Redlock {
         );
         let result = match verdict {
             AcquireVerdict::Acquired(v) => {
-                lock.valid_until = op.decided_at + v;
+                // The script never shortens a key's life, so the old deadline still holds
+                // when this extend asked for less.
+                lock.valid_until = lock.valid_until.max(op.decided_at + v);
                 lock.ttl = ttl;
                 Ok(())
             }
@@ -1154,6 +1189,12 @@ fn check_resources<'k>(keys: impl IntoIterator<Item = &'k [u8]>) -> Result<(), E
             return Err(Error::InvalidArgument(format!(
                 "resource name is {} bytes, above the maximum {MAX_RESOURCE_LEN}",
                 k.len()
+            )));
+        }
+        if k.starts_with(scripts::FENCE_PREFIX) {
+            return Err(Error::InvalidArgument(format!(
+                "resource names starting with {:?} are reserved for fencing counters",
+                String::from_utf8_lossy(scripts::FENCE_PREFIX)
             )));
         }
     }

@@ -1,17 +1,27 @@
 //! Auto-extension: run work under a lock that the client keeps extended, with a lost-lock
 //! signal the work can poll or wait on.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::client::{Lock, Redlock};
 use crate::error::Error;
 
-/// Tells the work whether its lock is still held. Cheap to poll ([`LockSignal::is_lost`]);
-/// can also be waited on ([`LockSignal::wait_lost`]).
+/// Tells the work whether its lock is still held. Cheap to poll ([`LockSignal::is_lost`]:
+/// one atomic load and one clock read); can also be waited on ([`LockSignal::wait_lost`]).
+///
+/// The signal reads the clock itself: it reports the lock lost once less than the
+/// [`HoldOptions::lost_at`] share of the TTL is left before the lock's deadline, even when
+/// the thread that extends it is late, and at once when an extension finds the lock no
+/// longer held. Once lost, it stays lost.
 #[derive(Debug)]
 pub struct LockSignal {
-    lost: std::sync::atomic::AtomicBool,
+    lost: AtomicBool,
+    /// Past this instant (nanoseconds after `base`) the lock counts as lost: its deadline
+    /// minus the margin. Moved later by each extension.
+    stop_at: AtomicU64,
+    base: Instant,
     state: Mutex<State>,
     cv: Condvar,
 }
@@ -23,47 +33,76 @@ struct State {
 }
 
 impl LockSignal {
-    fn new() -> Self {
-        LockSignal {
-            lost: std::sync::atomic::AtomicBool::new(false),
+    fn new(stop_at: Instant) -> Self {
+        let base = Instant::now();
+        let signal = LockSignal {
+            lost: AtomicBool::new(false),
+            stop_at: AtomicU64::new(0),
+            base,
             state: Mutex::new(State::default()),
             cv: Condvar::new(),
-        }
+        };
+        signal.set_stop_at(stop_at);
+        signal
     }
 
-    /// `true` once the lock is lost (an extension failed to reach a quorum, or validity
-    /// ran out). Stop touching the protected resource when it turns true.
+    /// `true` once the lock is lost: an extension found it no longer held, or less than
+    /// the margin of validity is left (however late the extending thread is). Stop
+    /// touching the protected resource when it turns true.
     pub fn is_lost(&self) -> bool {
-        self.lost.load(std::sync::atomic::Ordering::Acquire)
+        if self.lost.load(Ordering::Acquire) {
+            return true;
+        }
+        if Instant::now() >= self.stop_at() {
+            self.mark_lost();
+            return true;
+        }
+        false
     }
 
     /// Wait up to `timeout` for the lock to be lost; returns [`LockSignal::is_lost`].
-    /// Useful as an interruptible sleep inside the work.
+    /// Useful as an interruptible sleep inside the work. Any `timeout` is fine
+    /// (`Duration::MAX` waits until the lock is lost).
     pub fn wait_lost(&self, timeout: Duration) -> bool {
-        self.wait_until(Instant::now() + timeout, |st| st.lost).lost
-    }
-
-    /// Wait until `pred` holds or `deadline` passes; returns the state then.
-    fn wait_until(&self, deadline: Instant, pred: impl Fn(&State) -> bool) -> State {
+        let deadline = Instant::now().checked_add(timeout);
         let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        while !pred(&st) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
+        loop {
+            if st.lost {
+                return true;
+            }
+            let now = Instant::now();
+            let stop = self.stop_at();
+            if now >= stop {
+                drop(st);
+                self.mark_lost();
+                return true;
+            }
+            let until = deadline.map_or(stop, |d| d.min(stop));
+            if now >= until {
+                return false;
             }
             st = self
                 .cv
-                .wait_timeout(st, left)
+                .wait_timeout(st, until - now)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
-        *st
+    }
+
+    fn stop_at(&self) -> Instant {
+        self.base + Duration::from_nanos(self.stop_at.load(Ordering::Acquire))
+    }
+
+    fn set_stop_at(&self, at: Instant) {
+        let ns = at.saturating_duration_since(self.base).as_nanos();
+        self.stop_at
+            .store(u64::try_from(ns).unwrap_or(u64::MAX), Ordering::Release);
     }
 
     fn mark_lost(&self) {
         let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         st.lost = true;
-        self.lost.store(true, std::sync::atomic::Ordering::Release);
+        self.lost.store(true, Ordering::Release);
         self.cv.notify_all();
     }
 
@@ -75,18 +114,38 @@ impl LockSignal {
 
     /// Wait until the work is done or `until`; returns whether it is done.
     fn wait_done(&self, until: Instant) -> bool {
-        self.wait_until(until, |st| st.done).done
+        let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        while !st.done {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            st = self
+                .cv
+                .wait_timeout(st, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        st.done
     }
 }
 
 /// How [`Redlock::run_locked`] keeps a lock alive.
+///
+/// Any value is accepted: fractions are clamped into their range (a NaN means the
+/// default), durations may be anything up to `Duration::MAX`.
 #[derive(Debug, Clone, Copy)]
 pub struct HoldOptions {
     /// Extend when less than this fraction of the TTL's validity is left (default 1/3;
     /// clamped to 0.05..=0.9).
     pub extend_at: f64,
+    /// The lost-lock margin: the signal fires when less than this fraction of the TTL is
+    /// left before the lock's deadline and no extension moved it (default 0.1; clamped to
+    /// 0..=`extend_at`). An extension that fails for want of answers (masters down, slow
+    /// or restarting) is retried until then; one that finds the lock gone fires at once.
+    pub lost_at: f64,
     /// At most this many extensions (default unlimited); after that the lock runs out and
-    /// the signal fires.
+    /// the signal fires, the margin before its end.
     pub max_extensions: Option<u32>,
     /// Hold at most this long in all (default unlimited); extensions stop there.
     pub max_hold: Option<Duration>,
@@ -96,9 +155,21 @@ impl Default for HoldOptions {
     fn default() -> Self {
         HoldOptions {
             extend_at: 1.0 / 3.0,
+            lost_at: 0.1,
             max_extensions: None,
             max_hold: None,
         }
+    }
+}
+
+impl HoldOptions {
+    /// `(extend margin, lost margin)` for a TTL, from the clamped fractions.
+    fn margins(&self, ttl: Duration) -> (Duration, Duration) {
+        let d = HoldOptions::default();
+        let or = |x: f64, default: f64| if x.is_nan() { default } else { x };
+        let extend_at = or(self.extend_at, d.extend_at).clamp(0.05, 0.9);
+        let lost_at = or(self.lost_at, d.lost_at).clamp(0.0, extend_at);
+        (ttl.mul_f64(extend_at), ttl.mul_f64(lost_at))
     }
 }
 
@@ -177,9 +248,13 @@ impl Redlock {
         F: FnOnce(&LockSignal) -> T + Send,
         T: Send,
     {
-        let signal = LockSignal::new();
         let started = Instant::now();
-        let margin = ttl.mul_f64(opts.extend_at.clamp(0.05, 0.9));
+        let (margin, lost_margin) = opts.margins(ttl);
+        let stop_at = |lock: &Lock| {
+            let until = lock.valid_until();
+            until.checked_sub(lost_margin).unwrap_or(until)
+        };
+        let signal = LockSignal::new(stop_at(&lock));
         let mut extensions = 0u32;
         let mut lost: Option<Error> = None;
         let value = std::thread::scope(|s| {
@@ -196,29 +271,49 @@ impl Redlock {
             });
             // Keep the lock until the work is done; after a loss there is nothing left to
             // keep, and `join` below waits for the work.
+            let mut retry_at: Option<Instant> = None;
+            let mut last_failure: Option<Error> = None;
             loop {
                 let may_extend = opts.max_extensions.is_none_or(|m| extensions < m)
-                    && opts.max_hold.is_none_or(|h| started.elapsed() + ttl <= h);
+                    && opts
+                        .max_hold
+                        .is_none_or(|h| started.elapsed().saturating_add(ttl) <= h);
                 let until = lock.valid_until();
-                let wake = if may_extend {
-                    until.checked_sub(margin).unwrap_or(until)
-                } else {
-                    until
+                let wake = match retry_at {
+                    Some(at) => at,
+                    None if may_extend => until.checked_sub(margin).unwrap_or(until),
+                    None => signal.stop_at(),
                 };
-                if signal.wait_done(wake) {
+                if signal.wait_done(wake.min(signal.stop_at())) {
                     break;
                 }
-                let kept = if !lock.is_valid() {
-                    Err(Error::Expired)
-                } else if may_extend {
-                    self.extend(&mut lock, ttl).map(|()| extensions += 1)
-                } else {
-                    Ok(()) // woke early: wait on
-                };
-                if let Err(e) = kept {
-                    lost = Some(e);
-                    signal.mark_lost();
+                if signal.is_lost() {
+                    lost = Some(last_failure.take().unwrap_or(Error::Expired));
                     break;
+                }
+                if !may_extend {
+                    continue; // woke early: wait on for the margin
+                }
+                match self.extend(&mut lock, ttl) {
+                    Ok(()) => {
+                        extensions += 1;
+                        retry_at = None;
+                        last_failure = None;
+                        signal.set_stop_at(stop_at(&lock));
+                    }
+                    // No answer good enough, but the lock may well be ours still (masters
+                    // restarting, slow, a connection that just closed): try again soon,
+                    // on fresh connections, until the margin is reached.
+                    Err(e @ (Error::NoQuorum(_) | Error::ValidityUsedUp(_) | Error::Io(_))) => {
+                        last_failure = Some(e);
+                        retry_at = Some(Instant::now() + self.round_timeout(ttl));
+                    }
+                    // Not held any more (or expired, or a TTL the client refuses).
+                    Err(e) => {
+                        lost = Some(e);
+                        signal.mark_lost();
+                        break;
+                    }
                 }
             }
             match worker.join() {
@@ -229,7 +324,9 @@ impl Redlock {
                 }
             }
         });
-        let still_valid = lock.is_valid();
+        // The work may have been told the lock was lost (the margin passed) although the
+        // keeper saw the work finish first: then it did not hold throughout either.
+        let still_valid = lock.is_valid() && !signal.lost.load(Ordering::Acquire);
         let released = self.release(lock);
         if lost.is_none() && !still_valid {
             lost = Some(Error::Expired);

@@ -60,6 +60,9 @@ pub(crate) struct NetConfig {
     pub limits: resp::Limits,
     /// The amnesia guard: a master up for less than this does not vote yes.
     pub amnesia_guard: Option<Duration>,
+    /// Fencing: only masters that persist every write (`appendonly yes`, `appendfsync
+    /// always`, checked with `CONFIG GET` at connect) vote yes to a grant.
+    pub require_durable: bool,
 }
 
 impl Default for NetConfig {
@@ -80,6 +83,7 @@ impl Default for NetConfig {
                 max_line_len: 4096,
             },
             amnesia_guard: None,
+            require_durable: false,
         }
     }
 }
@@ -107,6 +111,8 @@ enum Setup {
     Select,
     ScriptLoad(usize),
     Info,
+    /// `CONFIG GET append*` (fencing's durability check).
+    Durability,
 }
 
 /// One master.
@@ -140,7 +146,15 @@ pub(crate) struct Node {
     /// Amnesia guard: yes votes count only from this instant (set from `INFO server`).
     votes_from: Option<Instant>,
     /// The master's `run_id` as of the last handshake.
-    pub run_id: Option<[u8; 40]>,
+    run_id: Option<[u8; 40]>,
+    /// Same `run_id` as a master listed before this one: one server reached twice.
+    same_server: bool,
+    /// `CONFIG GET append*` said `appendonly yes` and `appendfsync always` (last handshake).
+    durable: bool,
+    /// While `Some(n)`: the connection's AUTH or SELECT is not confirmed yet, and only the
+    /// first `n` bytes of `out` (the handshake) may be written. A request written before a
+    /// refused AUTH or SELECT would still run, as another user or in database 0.
+    gate: Option<usize>,
     /// Counters, for tests and benchmarks.
     pub stats: NodeStats,
 }
@@ -196,6 +210,9 @@ impl Node {
             last_fault: None,
             votes_from: None,
             run_id: None,
+            same_server: false,
+            durable: false,
+            gate: None,
             stats: NodeStats::default(),
         }
     }
@@ -207,7 +224,12 @@ impl Node {
     /// Bytes for this master not yet handed to the kernel: a share of the shared buffer,
     /// or its own queue.
     fn has_unwritten(&self) -> bool {
-        self.shared_from.is_some() || self.out_pos < self.out.len()
+        self.shared_from.is_some() || self.out_pos < self.writable_end()
+    }
+
+    /// How much of `out` may be written now (all of it, unless the handshake is gated).
+    fn writable_end(&self) -> usize {
+        self.gate.map_or(self.out.len(), |g| g.min(self.out.len()))
     }
 
     /// Forget every byte queued or buffered for the (old) connection.
@@ -578,7 +600,8 @@ impl Engine {
                 node.answered = false;
                 node.clear_streams();
                 node.votes_from = None;
-                write_handshake(node, self.cfg.amnesia_guard.is_some());
+                node.durable = false;
+                write_handshake(node, self.cfg.require_durable);
                 self.due_by(first);
                 Ok(())
             }
@@ -677,20 +700,27 @@ impl Engine {
             return;
         };
         if let Some(from) = node.shared_from.take() {
-            // Straight from the shared buffer; whatever the kernel does not take now goes
-            // to the master's own queue.
             let bytes = &self.shared[from..];
-            match write_some(stream, bytes, &mut node.stats) {
-                Ok(n) if n == bytes.len() => return,
-                Ok(n) => node.out.extend_from_slice(&bytes[n..]),
-                Err(f) => {
-                    self.fail_node(i, f, Instant::now());
-                    return;
+            if node.gate.is_some() {
+                // Behind an unconfirmed AUTH or SELECT: wait in the master's own queue.
+                node.out.extend_from_slice(bytes);
+            } else {
+                // Straight from the shared buffer; whatever the kernel does not take now
+                // goes to the master's own queue.
+                match write_some(stream, bytes, &mut node.stats) {
+                    Ok(n) if n == bytes.len() => return,
+                    Ok(n) => node.out.extend_from_slice(&bytes[n..]),
+                    Err(f) => {
+                        self.fail_node(i, f, Instant::now());
+                        return;
+                    }
                 }
             }
         }
-        while node.out_pos < node.out.len() {
-            match write_some(stream, &node.out[node.out_pos..], &mut node.stats) {
+        // `writable_end`, by fields: `stream` borrows the connection.
+        let end = node.gate.map_or(node.out.len(), |g| g.min(node.out.len()));
+        while node.out_pos < end {
+            match write_some(stream, &node.out[node.out_pos..end], &mut node.stats) {
                 Ok(0) => return,
                 Ok(n) => node.out_pos += n,
                 Err(f) => {
@@ -699,8 +729,14 @@ impl Engine {
                 }
             }
         }
-        node.out.clear();
-        node.out_pos = 0;
+        if node.out_pos == node.out.len() {
+            node.out.clear();
+            node.out_pos = 0;
+            // The handshake is written: whatever is queued from here on waits for the gate.
+            if let Some(g) = node.gate.as_mut() {
+                *g = 0;
+            }
+        }
     }
 
     /// Poll and process replies until `done` holds, or `until` passes. Expires ops whose
@@ -716,14 +752,43 @@ impl Engine {
         // a millisecond are left alone: a client back in the loop that often reads every
         // reply within that millisecond, so its stall clocks are right to within one.
         let entered = Instant::now();
-        let idle = entered.saturating_duration_since(self.left_loop);
-        if idle >= IDLE_SHIFT_MIN {
-            for node in self.nodes.iter_mut() {
-                node.last_progress = (node.last_progress + idle).min(entered);
-            }
-        }
-        self.left_loop = entered;
+        self.shift_stall_clocks(entered);
         self.drive_inner(entered, until, &mut done, &mut interrupted)
+    }
+
+    /// Shift every stall clock by the time since the client left the loop (when that is
+    /// at least `IDLE_SHIFT_MIN`); returns whether it was.
+    fn shift_stall_clocks(&mut self, entered: Instant) -> bool {
+        let idle = entered.saturating_duration_since(self.left_loop);
+        self.left_loop = entered;
+        if idle < IDLE_SHIFT_MIN {
+            return false;
+        }
+        for node in self.nodes.iter_mut() {
+            node.last_progress = (node.last_progress + idle).min(entered);
+        }
+        true
+    }
+
+    /// Call before starting requests: after the client was away from the loop, read what
+    /// the masters sent meanwhile (late replies, and above all closed connections: a
+    /// master that restarted closed ours), so that the requests go out on a fresh
+    /// connection rather than into one the master already closed. One `epoll_wait` that
+    /// does not block; nothing at all when the client was back within `IDLE_SHIFT_MIN`
+    /// (it read everything then).
+    pub(crate) fn catch_up(&mut self) -> io::Result<()> {
+        if !self.shift_stall_clocks(Instant::now()) {
+            return Ok(());
+        }
+        match self.poll.poll(&mut self.events, Some(Duration::ZERO)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        let now = Instant::now();
+        self.handle_events(now);
+        self.left_loop = now;
+        Ok(())
     }
 
     /// The loop of [`Engine::drive`]. It reads the clock once per poll, not once per step,
@@ -819,6 +884,12 @@ impl Engine {
             return Ok(Instant::now());
         }
         let now = Instant::now();
+        self.handle_events(now);
+        Ok(now)
+    }
+
+    /// Handle the readiness events of the last poll.
+    fn handle_events(&mut self, now: Instant) {
         // Handling an event needs `&mut self`: borrow the events out for the walk (an
         // empty `Events` allocates nothing) and put them back after.
         let events = std::mem::replace(&mut self.events, Events::with_capacity(0));
@@ -857,7 +928,6 @@ impl Engine {
             }
         }
         self.events = events;
-        Ok(now)
     }
 
     /// The documented non-blocking connect steps: a pending error means failure; a
@@ -1000,6 +1070,21 @@ impl Engine {
                 SetupReply::Done(Ok(())) => {
                     node.failures = 0;
                     node.retry_at = None;
+                    // The last of AUTH and SELECT confirmed: requests may go out now.
+                    let last_gate = matches!(tag, Tag::Setup(Setup::Select))
+                        || (matches!(tag, Tag::Setup(Setup::Auth)) && node.db == 0);
+                    if last_gate && node.gate.take().is_some() {
+                        self.flush_node(i);
+                    }
+                }
+                SetupReply::Durable(durable) => node.durable = durable,
+                SetupReply::InfoRefused(f) => {
+                    // Only the amnesia guard cannot do without INFO; the duplicate check
+                    // just goes without it.
+                    if self.cfg.amnesia_guard.is_some() {
+                        self.fail_node(i, f, now);
+                        return false;
+                    }
                 }
                 SetupReply::Done(Err(f)) => {
                     if matches!(f, Fault::Handshake(_)) {
@@ -1019,12 +1104,41 @@ impl Engine {
                     let up = Duration::from_secs(uptime.saturating_sub(1));
                     node.votes_from = Some(now + guard.saturating_sub(up));
                     node.run_id = Some(run_id);
+                    self.mark_same_servers();
                 }
             }
         }
     }
 
-    /// Master `i` answered op `id`: apply the amnesia guard, retry `-NOSCRIPT` with `EVAL`,
+    /// A master whose `run_id` equals that of a master listed before it is the same
+    /// server reached twice: mark it (its votes are refused). Run at every `INFO` reply.
+    fn mark_same_servers(&mut self) {
+        for i in 0..self.nodes.len() {
+            let id = self.nodes[i].run_id;
+            let dup = id.is_some() && self.nodes[..i].iter().any(|n| n.run_id == id);
+            self.nodes[i].same_server = dup;
+        }
+    }
+
+    /// Why master `i`'s yes to a grant must not count now, if it must not: it is the same
+    /// server as an earlier master, fencing needs durability it lacks, or the amnesia
+    /// guard still holds it back. The vote's effect stands on the master; cleanup treats
+    /// it like any yes (`rules::may_hold`).
+    #[inline]
+    fn refuse_vote(&self, i: usize, now: Instant) -> Option<Fault> {
+        let node = &self.nodes[i];
+        if node.same_server {
+            Some(Fault::SameServer)
+        } else if self.cfg.require_durable && !node.durable {
+            Some(Fault::NotDurable)
+        } else if self.cfg.amnesia_guard.is_some() && node.votes_from.is_none_or(|t| now < t) {
+            Some(Fault::Amnesiac)
+        } else {
+            None
+        }
+    }
+
+    /// Master `i` answered op `id`: apply the vote checks, retry `-NOSCRIPT` with `EVAL`,
     /// count the vote, decide and free the op when due.
     #[allow(clippy::too_many_arguments)]
     fn op_reply(
@@ -1037,14 +1151,9 @@ impl Engine {
         value: i64,
         now: Instant,
     ) {
-        if outcome.is_ok() && self.cfg.amnesia_guard.is_some() {
-            let grants = matches!(
-                req,
-                Request::Acquire | Request::AcquireMany | Request::AcquireFenced | Request::Extend
-            );
-            let trusted = self.nodes[i].votes_from.is_some_and(|t| now >= t);
-            if grants && !trusted {
-                outcome = Outcome::Failed(Fault::Amnesiac);
+        if outcome.is_ok() && req.grants() {
+            if let Some(fault) = self.refuse_vote(i, now) {
+                outcome = Outcome::Failed(fault);
             }
         }
         if let Outcome::Failed(Fault::Redis(t)) = outcome {
@@ -1068,9 +1177,17 @@ impl Engine {
 
     /// `-NOSCRIPT` (the master restarted or its script cache was flushed): send the same
     /// request again with `EVAL`, which also caches the script. The op keeps waiting.
+    ///
+    /// A grant is retried only while its round is undecided: once decided, its result is
+    /// final, and a failed attempt's cleanup release may already be queued on this master;
+    /// an `EVAL` behind it would take the key again for the whole TTL, for nobody. The
+    /// script did not run, so nothing is left to clean up. A release is always retried.
     fn retry_with_eval(&mut self, i: usize, id: OpId, req: Request) -> bool {
         let op = &self.ops[id.slot as usize];
         if op.gen != id.gen || op.state == OpState::Free {
+            return false;
+        }
+        if req.grants() && op.state != OpState::Active {
             return false;
         }
         let upto = self.shared.len();
@@ -1102,6 +1219,10 @@ enum SetupReply {
     Done(Result<(), Fault>),
     /// `INFO server`: how long the master has been up, and its run id.
     Info { uptime: u64, run_id: [u8; 40] },
+    /// `INFO server` refused or unreadable.
+    InfoRefused(Fault),
+    /// `CONFIG GET append*`: whether every write is persisted (a refusal reads as no).
+    Durable(bool),
 }
 
 fn interpret(setup: Setup, frame: &Frame<'_>) -> SetupReply {
@@ -1126,10 +1247,16 @@ fn interpret(setup: Setup, frame: &Frame<'_>) -> SetupReply {
         Setup::Info => match frame {
             Frame::Bulk(text) | Frame::Verbatim { text, .. } => match parse_info(text) {
                 Some((uptime, run_id)) => SetupReply::Info { uptime, run_id },
-                None => SetupReply::Done(Err(Fault::Handshake(ErrorText::new(
+                None => SetupReply::InfoRefused(Fault::Handshake(ErrorText::new(
                     b"INFO server lacks uptime_in_seconds or run_id",
-                )))),
+                ))),
             },
+            f @ (Frame::Error(_) | Frame::BulkError(_)) => SetupReply::InfoRefused(refused(f)),
+            f => SetupReply::Done(Err(refused(f))),
+        },
+        Setup::Durability => match frame {
+            Frame::Aggregate(a) => SetupReply::Durable(config_is_durable(a)),
+            Frame::Error(_) | Frame::BulkError(_) => SetupReply::Durable(false),
             f => SetupReply::Done(Err(refused(f))),
         },
     }
@@ -1171,9 +1298,12 @@ fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
     Ok(TcpStream::from_std(std::net::TcpStream::from(sock)))
 }
 
-/// AUTH, SELECT and SCRIPT LOAD, queued ahead of whatever the first round sends, so a
-/// (re)connect costs no extra round trip.
-fn write_handshake(node: &mut Node, info: bool) {
+/// The handshake: AUTH, SELECT, SCRIPT LOAD, `INFO server` (uptime for the amnesia guard,
+/// `run_id` to catch one server listed twice) and, for fencing, `CONFIG GET append*`.
+/// Queued ahead of whatever the first round sends. Without AUTH or SELECT the requests go
+/// out in the same write (a reconnect costs no extra round trip); with them, requests wait
+/// for their confirmation (see `Node::gate`).
+fn write_handshake(node: &mut Node, durability: bool) {
     if let Some(pw) = &node.password {
         match &node.user {
             Some(u) => resp::encode_command(
@@ -1209,10 +1339,20 @@ fn write_handshake(node: &mut Node, info: bool) {
         );
         node.pending.push_back(Tag::Setup(Setup::ScriptLoad(k)));
     }
-    if info {
-        resp::encode_command(&mut node.out, &[Arg::Bytes(b"INFO"), Arg::Bytes(b"server")]);
-        node.pending.push_back(Tag::Setup(Setup::Info));
+    resp::encode_command(&mut node.out, &[Arg::Bytes(b"INFO"), Arg::Bytes(b"server")]);
+    node.pending.push_back(Tag::Setup(Setup::Info));
+    if durability {
+        resp::encode_command(
+            &mut node.out,
+            &[
+                Arg::Bytes(b"CONFIG"),
+                Arg::Bytes(b"GET"),
+                Arg::Bytes(b"append*"),
+            ],
+        );
+        node.pending.push_back(Tag::Setup(Setup::Durability));
     }
+    node.gate = (node.password.is_some() || node.db != 0).then_some(node.out.len());
 }
 
 /// Encode one request of an op. Single-key acquire is `SET key token NX PX ttl`; the rest
@@ -1334,8 +1474,8 @@ fn encode_request_general(
         Request::Acquire | Request::AcquireMany => scripts::ACQUIRE_MANY,
         Request::Release => scripts::RELEASE,
         Request::Extend => scripts::EXTEND,
-        Request::AcquireFenced => scripts::ACQUIRE_FENCED,
-        Request::FenceWriteBack => scripts::FENCE_MAX,
+        Request::FenceDraw => scripts::FENCE_DRAW,
+        Request::FenceWriteBack => scripts::FENCE_RAISE,
     };
     if eval {
         v.push(Arg::Bytes(b"EVAL"));
@@ -1347,14 +1487,35 @@ fn encode_request_general(
     v.push(Arg::Uint(nkeys as u64));
     v.extend(args.keys.iter().map(Arg::Bytes));
     match req {
-        Request::FenceWriteBack => v.push(Arg::Uint(args.value)),
-        Request::Release => v.push(Arg::Bytes(token)),
+        Request::FenceWriteBack => {
+            v.push(Arg::Bytes(token));
+            v.push(Arg::Uint(args.value));
+        }
+        Request::Release | Request::FenceDraw => v.push(Arg::Bytes(token)),
         _ => {
             v.push(Arg::Bytes(token));
             v.push(Arg::Uint(args.ttl_ms));
         }
     }
     resp::encode_command(out, &v);
+}
+
+/// Whether a `CONFIG GET append*` reply (pairs of name and value, as an array or a map)
+/// says `appendonly yes` and `appendfsync always`.
+fn config_is_durable(reply: &resp::Aggregate<'_>) -> bool {
+    let (mut aof, mut always) = (false, false);
+    let mut it = reply.iter();
+    while let (Some(name), Some(value)) = (it.next(), it.next()) {
+        let (Frame::Bulk(name), Frame::Bulk(value)) = (name, value) else {
+            continue;
+        };
+        if name.eq_ignore_ascii_case(b"appendonly") {
+            aof = value.eq_ignore_ascii_case(b"yes");
+        } else if name.eq_ignore_ascii_case(b"appendfsync") {
+            always = value.eq_ignore_ascii_case(b"always");
+        }
+    }
+    aof && always
 }
 
 /// `uptime_in_seconds` and `run_id` from an `INFO server` reply.

@@ -130,6 +130,13 @@ pub enum Fault {
     /// The master had too many requests in flight (it is slower than the client's
     /// rate): it was not asked, until it catches up.
     Backlogged,
+    /// Fencing is on and the master does not persist every write (`appendonly yes` and
+    /// `appendfsync always`, read with `CONFIG GET` at connect), or would not say: a
+    /// restart could forget its fencing counters, so its votes do not count.
+    NotDurable,
+    /// The master is the same server (same `run_id`) as a master listed before it: its
+    /// votes do not count, or one server would vote twice.
+    SameServer,
 }
 
 impl std::fmt::Display for Fault {
@@ -144,6 +151,12 @@ impl std::fmt::Display for Fault {
             Fault::Handshake(t) => write!(f, "handshake refused: {t}"),
             Fault::Amnesiac => f.write_str("restarted recently (amnesia guard): vote not counted"),
             Fault::Backlogged => f.write_str("backlogged (too many requests in flight): not asked"),
+            Fault::NotDurable => f.write_str(
+                "not durable (fencing needs appendonly yes and appendfsync always): vote not counted",
+            ),
+            Fault::SameServer => {
+                f.write_str("same server as a master listed before it (same run_id): vote not counted")
+            }
         }
     }
 }
@@ -327,19 +340,23 @@ pub fn judge_acquire(
     }
 }
 
-/// After a failed acquire: may our `SET` have landed on a master with this outcome? Those
-/// masters get the compare-and-delete release. A master that said "taken" or answered an
-/// error did not set our key; one we could not reach never got the request.
-pub fn may_hold(outcome: Outcome) -> bool {
-    matches!(
-        outcome,
-        Outcome::Ok
-            | Outcome::Pending
-            | Outcome::TimedOut
-            | Outcome::Failed(
-                Fault::Closed(_) | Fault::Protocol(_) | Fault::Unexpected | Fault::Amnesiac
-            )
-    )
+/// After a failed acquire: may our request `req` have set our key on a master with this
+/// outcome? Those masters get the compare-and-delete release.
+///
+/// Not set: "taken", "not held", a master we could not reach or did not ask (never got the
+/// request), and an error reply to a plain `SET` (Redis runs a command whole or not at all)
+/// or a `-NOSCRIPT` (the script did not run). Everything else may have: an OK, no answer
+/// yet, a lost connection, a vote we did not count, a refused handshake with the request
+/// already pipelined, and an error reply from a script (Lua does not roll back the writes
+/// it made before the error).
+pub fn may_hold(req: Request, outcome: Outcome) -> bool {
+    match outcome {
+        Outcome::Taken | Outcome::NotHeld => false,
+        Outcome::Ok | Outcome::Pending | Outcome::TimedOut => true,
+        Outcome::Failed(Fault::Down | Fault::Connect(_) | Fault::Backlogged) => false,
+        Outcome::Failed(Fault::Redis(t)) => req != Request::Acquire && !t.starts_with(b"NOSCRIPT"),
+        Outcome::Failed(_) => true,
+    }
 }
 
 /// What a request was, for reading its reply.
@@ -351,12 +368,21 @@ pub enum Request {
     AcquireMany,
     /// The compare-and-delete script.
     Release,
-    /// The compare-and-pexpire script.
+    /// The compare-and-extend script.
     Extend,
-    /// The fenced acquire script (answers the new fencing counter, 0 when taken).
-    AcquireFenced,
-    /// The fencing write-back script (raise the counter to at least a value).
+    /// The fencing draw: 1 + the largest counter, while the lock is held (0 when not).
+    FenceDraw,
+    /// The fencing write-back: raise the counters to at least a value, while the lock is
+    /// held (1; 0 when not held).
     FenceWriteBack,
+}
+
+impl Request {
+    /// Whether a yes to this request grants something (a lock, more time, a fencing
+    /// token): such votes are subject to the amnesia guard and the durability check.
+    pub fn grants(self) -> bool {
+        self != Request::Release
+    }
 }
 
 /// What a reply to `request` means. `Err(())` for a frame that can not be an answer to it
@@ -374,9 +400,9 @@ pub fn classify(request: Request, frame: &Frame<'_>) -> Result<Outcome, ()> {
         (Request::AcquireMany, Frame::Integer(0)) => Ok(Outcome::Taken),
         (Request::Release | Request::Extend, Frame::Integer(n)) if *n > 0 => Ok(Outcome::Ok),
         (Request::Release | Request::Extend, Frame::Integer(0)) => Ok(Outcome::NotHeld),
-        (Request::AcquireFenced, Frame::Integer(n)) if *n > 0 => Ok(Outcome::Ok),
-        (Request::AcquireFenced, Frame::Integer(0)) => Ok(Outcome::Taken),
+        (Request::FenceDraw, Frame::Integer(n)) if *n > 0 => Ok(Outcome::Ok),
         (Request::FenceWriteBack, Frame::Integer(1)) => Ok(Outcome::Ok),
+        (Request::FenceDraw | Request::FenceWriteBack, Frame::Integer(0)) => Ok(Outcome::NotHeld),
         _ => Err(()),
     }
 }

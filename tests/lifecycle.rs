@@ -324,9 +324,12 @@ fn multi_resource_contention_never_double_grants() {
     );
 }
 
+/// Masters that persist every write, as fencing requires.
+const DURABLE: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
+
 #[test]
 fn fencing_tokens_strictly_increase_while_minorities_freeze() {
-    let mut m = masters(5);
+    let mut m = support::masters_with(5, DURABLE);
     let mut c = Redlock::builder()
         .masters(m.urls())
         .node_timeout(Duration::from_millis(100))
@@ -374,42 +377,40 @@ fn fencing_tokens_strictly_increase_while_minorities_freeze() {
     d.release(lock).unwrap();
 }
 
+/// The write-back is what carries a token to a quorum: master 0's counter is ahead, the
+/// first holder's quorum includes it (token 11), the next holder's quorum misses it and
+/// still gets a larger token, from the master the write-back raised.
 #[test]
-fn fencing_write_back_is_what_keeps_tokens_monotonic() {
-    for write_back in [false, true] {
-        let mut m = masters(3);
-        // Master 0's counter is ahead (it took part in quorums the others missed).
-        assert!(m[0].cmd(&[b"SET", b"wb:fence", b"10"]).unwrap().is_ok());
-        let mut c = Redlock::builder()
-            .masters(m.urls())
-            .node_timeout(Duration::from_millis(100))
-            .fencing(true)
-            .fencing_write_back(write_back)
-            .retry_count(0)
-            .build()
-            .unwrap();
-        // The first holder's quorum is masters 0 and 1 (master 2 is frozen).
-        m[2].freeze().unwrap();
-        let first = c.try_lock("wb", Duration::from_secs(10)).unwrap();
-        let t1 = first.fencing_token().unwrap();
-        assert_eq!(t1, 11, "max over the quorum's answers");
-        c.release(first).unwrap();
-        m[2].thaw().unwrap();
-        // The next holder's quorum misses master 0.
-        m[0].freeze().unwrap();
-        let second = c.try_lock("wb", Duration::from_secs(10)).unwrap();
-        let t2 = second.fencing_token().unwrap();
-        c.release(second).unwrap();
-        m[0].thaw().unwrap();
-        if write_back {
-            assert!(t2 > t1, "with write-back: {t2} must exceed {t1}");
-        } else {
-            assert!(
-                t2 < t1,
-                "without write-back the hazard shows: {t2} after {t1}"
-            );
-        }
-    }
+fn fencing_write_back_carries_the_token_to_a_quorum() {
+    let mut m = support::masters_with(3, DURABLE);
+    let counter = b"redlock-mux:fence:wb";
+    assert!(m[0].cmd(&[b"SET", counter, b"10"]).unwrap().is_ok());
+    let mut c = Redlock::builder()
+        .masters(m.urls())
+        .node_timeout(Duration::from_millis(100))
+        .fencing(true)
+        .retry_count(0)
+        .build()
+        .unwrap();
+    // The first holder's quorum is masters 0 and 1 (master 2 is frozen).
+    m[2].freeze().unwrap();
+    let first = c.try_lock("wb", Duration::from_secs(10)).unwrap();
+    let t1 = first.fencing_token().unwrap();
+    assert_eq!(t1, 11, "1 + the largest counter of the quorum");
+    c.release(first).unwrap();
+    m[2].thaw().unwrap();
+    assert_eq!(
+        m[1].cmd(&[b"GET", counter]).unwrap().as_str(),
+        Some("11"),
+        "written back"
+    );
+    // The next holder's quorum misses master 0.
+    m[0].freeze().unwrap();
+    let second = c.try_lock("wb", Duration::from_secs(10)).unwrap();
+    let t2 = second.fencing_token().unwrap();
+    c.release(second).unwrap();
+    m[0].thaw().unwrap();
+    assert_eq!(t2, 12, "{t2} after {t1}");
 }
 
 /// The amnesia hazard (REDLOCK.md): A locks while master 2 is down, so A holds masters 0

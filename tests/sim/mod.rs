@@ -952,7 +952,9 @@ impl Sim {
                 });
                 // Release wherever our SET may have landed.
                 let targets: Vec<usize> = (0..self.cfg.masters)
-                    .filter(|&m| rules::may_hold(self.clients[c].tally.outcomes()[m]))
+                    .filter(|&m| {
+                        rules::may_hold(Request::Acquire, self.clients[c].tally.outcomes()[m])
+                    })
                     .collect();
                 let token = self.clients[c].token;
                 if !targets.is_empty() {

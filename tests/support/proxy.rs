@@ -47,6 +47,11 @@ pub enum Mode {
     /// Forward server-to-client bytes one at a time with this delay before each (client to
     /// server is passed through).
     Drip(Duration),
+    /// On each connection, the `n`-th client-to-server chunk (one read, counting from 1) is
+    /// discarded and the connection reset (RST both ways), as when a connection breaks just
+    /// as a request is sent; everything else passes through. With a client that writes each
+    /// request batch at once: "the n-th write on a connection is lost with the connection".
+    ResetOnUpChunk(usize),
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -412,6 +417,7 @@ fn pump_loop(
     shared: &Shared,
 ) -> End {
     let mut buf = vec![0u8; 64 * 1024];
+    let mut chunks = 0usize;
     let forwarded = match direction {
         Direction::Up => &shared.forwarded_up,
         Direction::Down => &shared.forwarded_down,
@@ -433,6 +439,7 @@ fn pump_loop(
             Err(_) => return End::Close,
         };
         let chunk = &buf[..n];
+        chunks += 1;
         // Read in one mode, switched to Hold before forwarding: keep the chunk until
         // the hold ends.
         while shared.mode() == Mode::Hold {
@@ -459,6 +466,11 @@ fn pump_loop(
                 Ok(())
             }
             Mode::Latency(d) => pause(d, conn, shared).and_then(|()| send(chunk, to)),
+            Mode::ResetOnUpChunk(k) if direction == Direction::Up && chunks == k => {
+                shared.dropped.fetch_add(n as u64, Ordering::SeqCst);
+                conn.reset.store(true, Ordering::SeqCst);
+                Err(End::Reset)
+            }
             Mode::Drip(d) if direction == Direction::Down => {
                 let mut result = Ok(());
                 for (i, byte) in chunk.iter().enumerate() {
@@ -475,7 +487,9 @@ fn pump_loop(
                 }
                 result
             }
-            Mode::PassThrough | Mode::Drip(_) | Mode::Hold => send(chunk, to),
+            Mode::PassThrough | Mode::Drip(_) | Mode::Hold | Mode::ResetOnUpChunk(_) => {
+                send(chunk, to)
+            }
         };
         if let Err(end) = result {
             return end;
