@@ -109,6 +109,31 @@ fn ours(m: &LocalMasters, busy: bool) -> Redlock {
         .unwrap()
 }
 
+/// A fencing client. The bench masters do not persist (a disk's fsync would time the disk,
+/// not the client), so the durability check is waived: the rounds are those of a real
+/// fenced acquire.
+fn ours_fenced(m: &LocalMasters) -> Redlock {
+    Redlock::builder()
+        .masters(m.urls())
+        .retry_count(0)
+        .fencing(true)
+        .fencing_assume_durable(true)
+        .build()
+        .unwrap()
+}
+
+/// Round trips (writes per master) per lock+release cycle, from the client's counters.
+fn round_trips_per_cycle(c: &mut Redlock, key: &str) -> f64 {
+    let writes = |c: &Redlock| c.stats().iter().map(|s| s.writes).sum::<u64>();
+    our_cycle(c, key); // connected
+    let before = writes(c);
+    let n = 100;
+    for _ in 0..n {
+        our_cycle(c, key);
+    }
+    (writes(c) - before) as f64 / n as f64 / c.masters().count() as f64
+}
+
 fn our_cycle(c: &mut Redlock, key: &str) -> (Duration, Duration) {
     let t0 = Instant::now();
     let lock = c.try_lock(key, TTL).unwrap();
@@ -156,6 +181,11 @@ fn percentile_pass(n_masters: usize) {
     variants.push((
         "redlock-mux busy-poll".into(),
         Box::new(move || our_cycle(&mut cb, "muxbusy")),
+    ));
+    let mut cf = ours_fenced(&m);
+    variants.push((
+        "redlock-mux fenced".into(),
+        Box::new(move || our_cycle(&mut cf, "muxfenced")),
     ));
     let mut stats: Vec<Stats> = variants
         .iter()
@@ -250,6 +280,12 @@ fn percentile_pass(n_masters: usize) {
         );
     }
     print_cpu_notes(stats.iter().map(|s| (s.name.as_str(), &s.cpu)));
+    let plain = round_trips_per_cycle(&mut ours(&m, false), "rt");
+    let fenced = round_trips_per_cycle(&mut ours_fenced(&m), "rtfenced");
+    println!(
+        "round trips per lock+release cycle (writes per master): plain {plain:.2}, fenced \
+         {fenced:.2} (acquire, draw, write-back, release)"
+    );
 }
 
 /// The legend of the CPU columns, and the variants whose user/system split rests on too

@@ -169,7 +169,10 @@ impl Lock {
         self.remaining() < margin
     }
     /// The fencing token, when the client was built with [`Builder::fencing`]: strictly
-    /// greater than every earlier holder's, as long as the masters keep their data.
+    /// greater than the token of every earlier holder of any of this lock's resources,
+    /// under the conditions of mutual exclusion plus masters that keep their data (see
+    /// [`Builder::fencing`]). Send it with every write to the protected resource, which
+    /// should refuse a token lower than the highest it has seen.
     pub fn fencing_token(&self) -> Option<u64> {
         self.fence
     }

@@ -190,9 +190,11 @@ impl Redlock {
     /// Take `resource` (with retries, as [`Redlock::lock`]), run `work` on a scoped thread
     /// while this thread keeps the lock extended by quorum, then release it.
     ///
-    /// The work gets a [`LockSignal`] that fires the moment an extension fails to reach a
-    /// quorum or the validity runs out; the work should then stop (it is not killed). The
-    /// result says whether the lock held throughout.
+    /// The work gets a [`LockSignal`] that fires when an extension finds the lock no longer
+    /// held, or when less than [`HoldOptions::lost_at`] of the TTL is left before the lock's
+    /// deadline (extensions that fail for want of answers are retried until then); the work
+    /// should then stop (it is not killed). The result says whether the lock held
+    /// throughout.
     ///
     /// ```no_run
     /// use std::time::Duration;

@@ -72,7 +72,7 @@
 //! # use std::time::Duration;
 //! let mut redlock = redlock_mux::Redlock::builder()
 //!     .masters(["127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"])
-//!     .fencing(true)                               // one more round trip per acquire
+//!     .fencing(true)                               // two more round trips per acquire
 //!     .amnesia_guard(Duration::from_secs(30))      // the largest TTL in use
 //!     .build()?;
 //! let lock = redlock.lock("ledger", Duration::from_secs(30))?;
