@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
+use crate::engine::{Engine, KeyList, NetConfig, Node, OpId};
 use crate::error::{Error, Operation, Report};
-use crate::net::{Engine, NetConfig, Node, OpId};
 use crate::rules::{self, AcquireVerdict, Decision, Outcome, Request};
 use crate::scripts;
 use crate::token::{Token, TokenSource};
@@ -18,99 +18,6 @@ use crate::url::MasterSpec;
 pub const MAX_RESOURCE_LEN: usize = 4096;
 /// Longest TTL accepted: 2^31 - 1 ms (about 24.8 days), like most timer APIs.
 pub const MAX_TTL: Duration = Duration::from_millis((1 << 31) - 1);
-
-/// A packed list of byte strings (the lock's keys), inline for the common small case.
-#[derive(Clone, Default, PartialEq, Eq)]
-pub(crate) struct KeyList {
-    bytes: KeyBytes,
-    ends: SmallVec<[u32; 2]>,
-}
-
-impl KeyList {
-    pub(crate) fn clear(&mut self) {
-        self.bytes.clear();
-        self.ends.clear();
-    }
-    pub(crate) fn push(&mut self, k: &[u8]) {
-        self.bytes.extend(k);
-        self.ends.push(self.bytes.len as u32);
-    }
-    pub(crate) fn len(&self) -> usize {
-        self.ends.len()
-    }
-    pub(crate) fn iter(&self) -> impl Iterator<Item = &[u8]> + '_ {
-        let bytes = self.bytes.as_slice();
-        let mut start = 0usize;
-        self.ends.iter().map(move |&end| {
-            let k = &bytes[start..end as usize];
-            start = end as usize;
-            k
-        })
-    }
-    pub(crate) fn assign(&mut self, other: &KeyList) {
-        self.clear();
-        self.bytes.extend(other.bytes.as_slice());
-        self.ends.extend_from_slice(&other.ends);
-    }
-}
-
-/// Bytes kept inline up to this many (a lock on keys this short never allocates).
-const INLINE_KEY_BYTES: usize = 64;
-
-/// The key bytes of a [`KeyList`]: inline while they fit, else all in `heap` (whose
-/// storage is kept across `clear`, like a spilled `SmallVec`). One copy per push, where
-/// `SmallVec::extend_from_slice` makes a reserve call and two.
-#[derive(Clone)]
-struct KeyBytes {
-    len: usize,
-    inline: [u8; INLINE_KEY_BYTES],
-    /// Empty while inline; holds every byte once spilled.
-    heap: Vec<u8>,
-}
-
-impl Default for KeyBytes {
-    fn default() -> Self {
-        KeyBytes {
-            len: 0,
-            inline: [0; INLINE_KEY_BYTES],
-            heap: Vec::new(),
-        }
-    }
-}
-
-impl PartialEq for KeyBytes {
-    fn eq(&self, other: &Self) -> bool {
-        self.as_slice() == other.as_slice()
-    }
-}
-
-impl Eq for KeyBytes {}
-
-impl KeyBytes {
-    fn as_slice(&self) -> &[u8] {
-        if self.heap.is_empty() {
-            &self.inline[..self.len]
-        } else {
-            &self.heap
-        }
-    }
-    fn clear(&mut self) {
-        self.len = 0;
-        self.heap.clear();
-    }
-    fn extend(&mut self, k: &[u8]) {
-        let end = self.len + k.len();
-        if self.heap.is_empty() && end <= INLINE_KEY_BYTES {
-            self.inline[self.len..end].copy_from_slice(k);
-        } else {
-            if self.heap.is_empty() {
-                self.heap.extend_from_slice(&self.inline[..self.len]);
-            }
-            self.heap.extend_from_slice(k);
-        }
-        self.len = end;
-    }
-}
 
 /// A held lock. Release it with [`Redlock::release`]; dropping it releases nothing (the
 /// keys then expire after the TTL).
@@ -1178,7 +1085,7 @@ impl Redlock {
     }
 
     /// Per-master I/O counters (connects, writes, reads, NOSCRIPT retries).
-    pub fn stats(&self) -> Vec<crate::net::NodeStats> {
+    pub fn stats(&self) -> Vec<crate::engine::NodeStats> {
         self.engine.stats().collect()
     }
 }
@@ -1208,50 +1115,5 @@ impl Drop for Redlock {
     fn drop(&mut self) {
         // Push out queued releases (cleanup after a failed attempt) before closing.
         self.engine.flush();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn list(keys: &[&[u8]]) -> KeyList {
-        let mut l = KeyList::default();
-        for k in keys {
-            l.push(k);
-        }
-        l
-    }
-
-    #[test]
-    fn key_list_keeps_every_key_inline_spilled_and_across_the_boundary() {
-        let long = vec![b'x'; 100];
-        let cases: Vec<Vec<Vec<u8>>> = vec![
-            vec![],
-            vec![b"a".to_vec()],
-            vec![b"".to_vec(), b"b".to_vec()],
-            vec![vec![b'k'; 64]],
-            vec![vec![b'k'; 64], b"".to_vec()],
-            vec![vec![b'k'; 60], b"12345".to_vec(), b"z".to_vec()],
-            vec![long.clone()],
-            vec![b"a".to_vec(), long.clone(), b"b".to_vec()],
-        ];
-        for case in &cases {
-            let refs: Vec<&[u8]> = case.iter().map(|k| &k[..]).collect();
-            let mut l = list(&refs);
-            assert_eq!(l.iter().collect::<Vec<_>>(), refs, "{case:?}");
-            assert_eq!(l.len(), refs.len());
-            let mut copy = KeyList::default();
-            copy.assign(&l);
-            assert!(copy == l);
-            assert!(l.clone() == l);
-            // Reused after clear (a spilled list keeps its heap storage): still exact.
-            l.clear();
-            assert_eq!(l.len(), 0);
-            l.push(b"again");
-            assert_eq!(l.iter().collect::<Vec<_>>(), vec![&b"again"[..]]);
-            assert!(l != copy || refs == [&b"again"[..]]);
-        }
-        assert!(list(&[b"ab", b"c"]) != list(&[b"a", b"bc"]));
     }
 }

@@ -105,11 +105,11 @@ pub mod resp;
 #[cfg(feature = "client")]
 mod client;
 #[cfg(feature = "client")]
+mod engine;
+#[cfg(feature = "client")]
 mod error;
 #[cfg(feature = "client")]
 mod hold;
-#[cfg(feature = "client")]
-mod net;
 #[cfg(feature = "client")]
 pub mod rules;
 #[cfg(feature = "client")]
@@ -122,11 +122,11 @@ mod url;
 #[cfg(feature = "client")]
 pub use client::{Builder, CancelHandle, Lock, Redlock, MAX_RESOURCE_LEN, MAX_TTL};
 #[cfg(feature = "client")]
+pub use engine::NodeStats;
+#[cfg(feature = "client")]
 pub use error::{Error, Operation, Report};
 #[cfg(feature = "client")]
 pub use hold::{Held, HoldOptions, LockSignal};
-#[cfg(feature = "client")]
-pub use net::NodeStats;
 #[cfg(feature = "client")]
 pub use rules::{Fault, Outcome};
 #[cfg(feature = "client")]
