@@ -103,33 +103,44 @@ pub mod local;
 pub mod resp;
 
 #[cfg(feature = "client")]
-mod client;
+mod builder;
 #[cfg(feature = "client")]
 mod engine;
 #[cfg(feature = "client")]
 mod error;
 #[cfg(feature = "client")]
-mod hold;
+mod lock;
+#[cfg(feature = "client")]
+mod machine;
 #[cfg(feature = "client")]
 pub mod rules;
 #[cfg(feature = "client")]
 pub mod scripts;
+#[cfg(feature = "client")]
+mod single;
 #[cfg(feature = "client")]
 mod token;
 #[cfg(feature = "client")]
 mod url;
 
 #[cfg(feature = "client")]
-pub use client::{Builder, CancelHandle, Lock, Redlock, MAX_RESOURCE_LEN, MAX_TTL};
+pub use builder::Builder;
 #[cfg(feature = "client")]
 pub use engine::NodeStats;
 #[cfg(feature = "client")]
 pub use error::{Error, Operation, Report};
 #[cfg(feature = "client")]
-pub use hold::{Held, HoldOptions, LockSignal};
+pub use lock::Lock;
 #[cfg(feature = "client")]
 pub use rules::{Fault, Outcome};
+#[cfg(feature = "client")]
+pub use single::{CancelHandle, Held, HoldOptions, LockSignal, Redlock};
 #[cfg(feature = "client")]
 pub use token::Token;
 #[cfg(feature = "client")]
 pub use url::MasterSpec;
+
+/// Longest resource name accepted, in bytes.
+pub const MAX_RESOURCE_LEN: usize = 4096;
+/// Longest TTL accepted: 2^31 - 1 ms (about 24.8 days), like most timer APIs.
+pub const MAX_TTL: std::time::Duration = std::time::Duration::from_millis((1 << 31) - 1);

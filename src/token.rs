@@ -21,6 +21,9 @@ const BATCH: usize = 4096;
 pub struct Token([u8; TOKEN_LEN]);
 
 impl Token {
+    /// A placeholder (all `'0'`) for storage that holds no lock yet; never sent.
+    pub(crate) const ZERO: Token = Token([b'0'; TOKEN_LEN]);
+
     /// The token's bytes, as stored in Redis.
     pub fn as_bytes(&self) -> &[u8] {
         &self.0

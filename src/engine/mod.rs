@@ -114,7 +114,14 @@ pub(crate) struct Engine {
     /// place that creates a deadline lowers it, progress only moves deadlines later, and
     /// `tick` recomputes it exactly. The loop skips `tick` until it passes.
     next_due: Option<Instant>,
+    /// The owners of ops decided since the driver last looked (see [`Engine::take_decided`]).
+    decided: Vec<(Owner, OpId)>,
 }
+
+/// Whoever started an op and wants to hear when it is decided (a task of the layer
+/// above, as an opaque number). Ops without one are fire-and-forget (cleanup releases).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Owner(pub u64);
 
 impl Engine {
     pub(crate) fn new(nodes: Vec<Node>, cfg: NetConfig) -> io::Result<Self> {
@@ -134,6 +141,7 @@ impl Engine {
             left_loop: Instant::now(),
             active: Vec::with_capacity(64),
             next_due: None,
+            decided: Vec::with_capacity(64),
         };
         // Pre-build a few slots so the first cycles do not allocate either.
         for _ in 0..4 {
@@ -169,7 +177,7 @@ impl Engine {
             args: OpArgs::default(),
             max_value: 0,
             outstanding: 0,
-            detached: false,
+            owner: None,
             collected: false,
             active_at: 0,
         });
@@ -186,7 +194,8 @@ impl Engine {
 
     /// Start an op: encode `req` for every master `target` accepts, queue it, and record
     /// an immediate failure for masters that are down. Call [`Engine::flush`] after
-    /// starting all ops of a batch.
+    /// starting all ops of a batch. When the op is decided, `owner` (if any) is queued for
+    /// [`Engine::take_decided`]; an op without an owner is freed once its replies are in.
     pub(crate) fn start(
         &mut self,
         req: Request,
@@ -194,7 +203,7 @@ impl Engine {
         timeout: Duration,
         now: Instant,
         target: impl Fn(usize) -> bool,
-        detached: bool,
+        owner: Option<Owner>,
     ) -> OpId {
         let slot = match self.free.pop() {
             Some(s) => s,
@@ -218,7 +227,7 @@ impl Engine {
         op.decided_at = now;
         op.outstanding = 0;
         op.max_value = 0;
-        op.detached = detached;
+        op.owner = owner;
         op.collected = false;
         fill(&mut op.args);
         let id = OpId { slot, gen: op.gen };
@@ -280,11 +289,13 @@ impl Engine {
         id
     }
 
-    /// The caller has read the op's result; its slot is reused once no reply is owed.
+    /// The caller has read the op's result (or gave up on it); its slot is reused once no
+    /// reply is owed, and its owner is not told of a decision after this.
     pub(crate) fn finish(&mut self, id: OpId) {
         let op = &mut self.ops[id.slot as usize];
         if op.gen == id.gen {
             op.collected = true;
+            op.owner = None;
             self.maybe_free(id.slot);
         }
     }
@@ -299,7 +310,10 @@ impl Engine {
 
     fn maybe_free(&mut self, slot: u32) {
         let op = &mut self.ops[slot as usize];
-        if op.state == OpState::Decided && op.outstanding == 0 && (op.collected || op.detached) {
+        if op.state == OpState::Decided
+            && op.outstanding == 0
+            && (op.collected || op.owner.is_none())
+        {
             op.state = OpState::Free;
             self.free.push(slot);
         }
@@ -325,8 +339,17 @@ impl Engine {
             if let Some(&moved) = self.active.get(k) {
                 self.ops[moved as usize].active_at = k as u32;
             }
+            if let Some(owner) = self.ops[id.slot as usize].owner {
+                self.decided.push((owner, id));
+            }
         }
         self.maybe_free(id.slot);
+    }
+
+    /// The next op decided since the last call, with its owner.
+    #[inline]
+    pub(crate) fn take_decided(&mut self) -> Option<(Owner, OpId)> {
+        self.decided.pop()
     }
 
     /// Make sure master `i` has (or is getting) a connection; `Err` when it is backing off
@@ -517,21 +540,15 @@ impl Engine {
         }
     }
 
-    /// Poll and process replies until `done` holds, or `until` passes. Expires ops whose
-    /// deadline passed. Returns `Ok(true)` when `done` held, `Ok(false)` at `until`.
-    pub(crate) fn drive(
-        &mut self,
-        until: Option<Instant>,
-        mut done: impl FnMut(&Engine) -> bool,
-        mut interrupted: impl FnMut() -> bool,
-    ) -> io::Result<bool> {
-        // Time the client spent outside the loop (idle between calls) is no sign of a hung
-        // master: replies may be waiting unread. Shift every stall clock by it. Gaps under
-        // a millisecond are left alone: a client back in the loop that often reads every
-        // reply within that millisecond, so its stall clocks are right to within one.
+    /// Enter the loop; returns the time. Time the client spent outside the loop (idle
+    /// between calls) is no sign of a hung master: replies may be waiting unread. Every
+    /// stall clock is shifted by it. Gaps under a millisecond are left alone: a client
+    /// back in the loop that often reads every reply within that millisecond, so its stall
+    /// clocks are right to within one.
+    pub(crate) fn enter(&mut self) -> Instant {
         let entered = Instant::now();
         self.shift_stall_clocks(entered);
-        self.drive_inner(entered, until, &mut done, &mut interrupted)
+        entered
     }
 
     /// Shift every stall clock by the time since the client left the loop (when that is
@@ -569,42 +586,30 @@ impl Engine {
         Ok(())
     }
 
-    /// The loop of [`Engine::drive`]. It reads the clock once per poll, not once per step,
-    /// and keeps the last reading in `left_loop`.
-    fn drive_inner(
-        &mut self,
-        mut now: Instant,
-        until: Option<Instant>,
-        done: &mut impl FnMut(&Engine) -> bool,
-        interrupted: &mut impl FnMut() -> bool,
-    ) -> io::Result<bool> {
-        loop {
-            if self.next_due.is_some_and(|d| now >= d) {
-                self.tick(now);
-            }
-            if done(self) {
-                return Ok(true);
-            }
-            if interrupted() {
-                return Ok(false);
-            }
-            if let Some(u) = until {
-                if now >= u {
-                    return Ok(false);
-                }
-            }
-            let timeout = if self.cfg.busy_poll {
-                Some(Duration::ZERO)
-            } else {
-                let wake = match (self.next_due, until) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
-                wake.map(|w| w.saturating_duration_since(now))
-            };
-            now = self.poll_once(timeout)?;
-            self.left_loop = now;
+    /// Run the timers (op deadlines, connects, stalls) when one is due at `now`.
+    #[inline]
+    pub(crate) fn tick_if_due(&mut self, now: Instant) {
+        if self.next_due.is_some_and(|d| now >= d) {
+            self.tick(now);
         }
+    }
+
+    /// When the engine's next timer is due (a lower bound), if it has one.
+    pub(crate) fn next_due(&self) -> Option<Instant> {
+        self.next_due
+    }
+
+    /// Wait for readiness until `wake` at the latest (at once when busy-polling) and handle
+    /// it; returns the time the wait ended. The clock is read once per poll.
+    pub(crate) fn wait(&mut self, now: Instant, wake: Option<Instant>) -> io::Result<Instant> {
+        let timeout = if self.cfg.busy_poll {
+            Some(Duration::ZERO)
+        } else {
+            wake.map(|w| w.saturating_duration_since(now))
+        };
+        let now = self.poll_once(timeout)?;
+        self.left_loop = now;
+        Ok(now)
     }
 
     /// Handle timers and recompute [`Engine::next_due`].

@@ -62,18 +62,12 @@ pub(crate) struct Op {
     pub max_value: i64,
     /// Replies still owed to this op.
     pub(super) outstanding: u32,
-    /// Nobody collects the result (cleanup releases).
-    pub(super) detached: bool,
+    /// Told when the op is decided; `None`: nobody collects the result (cleanup releases).
+    pub(super) owner: Option<super::Owner>,
     pub(super) collected: bool,
     /// Where this op sits in [`Engine::active`] while `Active`: removal without a search
     /// (many locks in flight make that list long).
     pub(super) active_at: u32,
-}
-
-impl Op {
-    pub(crate) fn is_decided(&self) -> bool {
-        self.state == OpState::Decided
-    }
 }
 
 /// A packed list of byte strings (the lock's keys), inline for the common small case.

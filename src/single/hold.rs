@@ -5,8 +5,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::client::{Lock, Redlock};
+use super::Redlock;
 use crate::error::Error;
+use crate::lock::Lock;
 
 /// Tells the work whether its lock is still held. Cheap to poll ([`LockSignal::is_lost`]:
 /// one atomic load and one clock read); can also be waited on ([`LockSignal::wait_lost`]).

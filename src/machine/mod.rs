@@ -1,0 +1,357 @@
+//! The Redlock logic, once, for both front-ends: a *task* is one lock operation as a user
+//! asked for it (take a lock with retries and a deadline, release one, extend one), run as
+//! a state machine over the engine's fan-out rounds.
+//!
+//! The single-owner [`crate::Redlock`] submits a task and drives the loop on the caller's
+//! thread until it is done; the shared client's loop thread drives many tasks at once and
+//! hands each result to whoever waits for it. Either way the same code decides: `task.rs`
+//! holds every step (acquire, fencing draw and write-back, cleanup release, retry delay,
+//! deadline, cancellation); this file holds the table of tasks and the loop that feeds them
+//! the engine's decisions and timers.
+
+mod task;
+
+use std::io;
+use std::time::{Duration, Instant};
+
+use crate::engine::{Engine, KeyList, OpId, Owner};
+use crate::error::{Error, Operation, Report};
+use crate::lock::Lock;
+use crate::rules;
+use crate::token::{Token, TokenSource};
+
+pub(crate) use task::Done;
+use task::Task;
+
+/// The Redlock settings of a client (from its builder).
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub retry_count: u32,
+    pub retry_delay: Duration,
+    pub retry_jitter: Duration,
+    pub drift_factor: f64,
+    pub node_timeout: Option<Duration>,
+    pub min_validity: Duration,
+    pub fencing: bool,
+    pub amnesia_guard: Option<Duration>,
+}
+
+impl Settings {
+    /// The round timeout used for a TTL.
+    pub(crate) fn round_timeout(&self, ttl: Duration) -> Duration {
+        let t = self.node_timeout.unwrap_or_else(|| {
+            (ttl / 100).clamp(Duration::from_millis(10), Duration::from_millis(50))
+        });
+        // A round that outlives the TTL minus drift can never yield validity.
+        t.min(ttl.saturating_sub(rules::drift(ttl, self.drift_factor)))
+            .max(Duration::from_millis(1))
+    }
+
+    /// Check a TTL; returns it in whole milliseconds, as `PX` and `PEXPIRE` take it (the
+    /// validity is computed from what the masters were sent, not from more).
+    pub(crate) fn check_ttl(&self, ttl: Duration) -> Result<Duration, Error> {
+        if ttl < Duration::from_millis(1) {
+            return Err(Error::InvalidArgument(format!(
+                "ttl {ttl:?} is below the 1 ms resolution of PX"
+            )));
+        }
+        if ttl > crate::MAX_TTL {
+            return Err(Error::InvalidArgument(format!(
+                "ttl {ttl:?} is above the maximum {:?}",
+                crate::MAX_TTL
+            )));
+        }
+        if let Some(max) = self.amnesia_guard {
+            if ttl > max {
+                return Err(Error::InvalidArgument(format!(
+                    "ttl {ttl:?} is above the amnesia guard's max_ttl {max:?}"
+                )));
+            }
+        }
+        let ttl = Duration::from_millis(ttl.as_millis() as u64);
+        let drift = rules::drift(ttl, self.drift_factor);
+        if ttl <= drift.saturating_add(self.min_validity) {
+            return Err(Error::InvalidArgument(format!(
+                "ttl {ttl:?} leaves no validity after the drift allowance {drift:?} \
+                 and minimum validity {:?}",
+                self.min_validity
+            )));
+        }
+        Ok(ttl)
+    }
+}
+
+/// A task's handle: slot plus generation, so a stale handle never aliases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct TaskId {
+    slot: u32,
+    gen: u32,
+}
+
+impl TaskId {
+    fn owner(self) -> Owner {
+        Owner(u64::from(self.gen) << 32 | u64::from(self.slot))
+    }
+    fn from_owner(o: Owner) -> TaskId {
+        TaskId {
+            slot: o.0 as u32,
+            gen: (o.0 >> 32) as u32,
+        }
+    }
+    /// The slot, for a front-end's own per-task table (unique among live tasks).
+    #[allow(dead_code)] // the shared client's per-task table (next)
+    pub(crate) fn slot(self) -> usize {
+        self.slot as usize
+    }
+}
+
+/// The engine, the tasks, and what they need: the token source, the jitter generator,
+/// the settings.
+pub(crate) struct Machine {
+    pub engine: Engine,
+    pub cfg: Settings,
+    tasks: Vec<Task>,
+    free: Vec<u32>,
+    /// Slots of the tasks sleeping between attempts.
+    sleeping: Vec<u32>,
+    /// No sleeping task wakes before this (a lower bound; `None`: none sleeps).
+    next_wake: Option<Instant>,
+    /// Tasks finished since the front-end last took them (see [`Machine::take_finished`]),
+    /// kept only when `track_finished` (the shared client's loop; the single owner waits
+    /// for one task at a time and asks it directly).
+    finished: Vec<TaskId>,
+    pub track_finished: bool,
+    tokens: TokenSource,
+    rng: fastrand::Rng,
+    /// Scratch for the fencing rounds' key list (lock keys, then their counters).
+    fence_keys: KeyList,
+}
+
+impl Machine {
+    pub(crate) fn new(
+        engine: Engine,
+        cfg: Settings,
+        mut tokens: TokenSource,
+        seed: Option<u64>,
+    ) -> io::Result<Self> {
+        let seed = match seed {
+            Some(s) => s,
+            None => tokens.seed()?,
+        };
+        let mut m = Machine {
+            engine,
+            cfg,
+            tasks: Vec::with_capacity(64),
+            free: Vec::with_capacity(64),
+            sleeping: Vec::with_capacity(16),
+            next_wake: None,
+            finished: Vec::with_capacity(64),
+            track_finished: false,
+            tokens,
+            rng: fastrand::Rng::with_seed(seed),
+            fence_keys: KeyList::default(),
+        };
+        for _ in 0..4 {
+            m.new_slot();
+        }
+        Ok(m)
+    }
+
+    fn new_slot(&mut self) {
+        let now = Instant::now();
+        self.tasks.push(Task::new(now));
+        self.free.push((self.tasks.len() - 1) as u32);
+    }
+
+    fn alloc(&mut self) -> TaskId {
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None => {
+                self.new_slot();
+                self.free.pop().expect("slot just pushed")
+            }
+        };
+        let t = &mut self.tasks[slot as usize];
+        t.gen = t.gen.wrapping_add(1);
+        TaskId { slot, gen: t.gen }
+    }
+
+    fn task(&mut self, id: TaskId) -> Option<&mut Task> {
+        self.tasks
+            .get_mut(id.slot as usize)
+            .filter(|t| t.gen == id.gen && t.live)
+    }
+
+    /// Whether the task has its result.
+    #[inline]
+    pub(crate) fn is_done(&self, id: TaskId) -> bool {
+        let t = &self.tasks[id.slot as usize];
+        t.gen == id.gen && t.result.is_some()
+    }
+
+    /// Take a finished task's result and free it.
+    pub(crate) fn take(&mut self, id: TaskId) -> Result<Done, Error> {
+        let t = &mut self.tasks[id.slot as usize];
+        debug_assert!(t.gen == id.gen && t.live);
+        let r = t.result.take().unwrap_or(Err(Error::Cancelled));
+        t.live = false;
+        self.free.push(id.slot);
+        r
+    }
+
+    /// Tasks finished since the last call (each once).
+    #[allow(dead_code)] // the shared client's loop (next)
+    pub(crate) fn take_finished(&mut self) -> std::vec::Drain<'_, TaskId> {
+        self.finished.drain(..)
+    }
+
+    /// Take `keys` for `ttl` (whole ms, checked): one attempt, then up to `retries` more
+    /// after a random delay while the lock is taken or no quorum answers, never past
+    /// `deadline`.
+    pub(crate) fn submit_lock<'k>(
+        &mut self,
+        keys: impl IntoIterator<Item = &'k [u8]>,
+        ttl: Duration,
+        deadline: Option<Instant>,
+        retries: u32,
+        now: Instant,
+    ) -> TaskId {
+        let id = self.alloc();
+        let t = &mut self.tasks[id.slot as usize];
+        t.begin(task::Kind::Lock, ttl);
+        t.keys.clear();
+        for k in keys {
+            t.keys.push(k);
+        }
+        t.deadline = deadline;
+        t.retries = retries;
+        self.start_attempt(id, now);
+        id
+    }
+
+    /// Release `lock` on every master.
+    pub(crate) fn submit_release(&mut self, lock: &Lock, now: Instant) -> TaskId {
+        self.submit_on_lock(task::Kind::Release, lock, lock.ttl, now)
+    }
+
+    /// Extend `lock` to live at least `ttl` (whole ms, checked) from now.
+    pub(crate) fn submit_extend(&mut self, lock: &Lock, ttl: Duration, now: Instant) -> TaskId {
+        self.submit_on_lock(task::Kind::Extend, lock, ttl, now)
+    }
+
+    fn submit_on_lock(
+        &mut self,
+        kind: task::Kind,
+        lock: &Lock,
+        ttl: Duration,
+        now: Instant,
+    ) -> TaskId {
+        let id = self.alloc();
+        let t = &mut self.tasks[id.slot as usize];
+        t.begin(kind, ttl);
+        t.keys.assign(&lock.keys);
+        t.token = lock.token;
+        t.valid_until = lock.valid_until;
+        self.start_round_on_lock(id, now);
+        id
+    }
+
+    /// Drive the loop until `done` holds (`Ok(true)`), `until` passes or `interrupted`
+    /// says so (`Ok(false)`). Every step runs the due timers, hands each decided round
+    /// to its task, wakes the tasks whose retry delay is over, and writes what they
+    /// queued: whatever was submitted or advanced in one step goes out in one write per
+    /// master.
+    pub(crate) fn drive(
+        &mut self,
+        until: Option<Instant>,
+        mut done: impl FnMut(&Machine) -> bool,
+        mut interrupted: impl FnMut() -> bool,
+    ) -> io::Result<bool> {
+        let mut now = self.engine.enter();
+        loop {
+            self.step(now);
+            if done(self) {
+                return Ok(true);
+            }
+            if interrupted() {
+                return Ok(false);
+            }
+            if until.is_some_and(|u| now >= u) {
+                return Ok(false);
+            }
+            now = self.engine.wait(now, self.next_timer(until))?;
+        }
+    }
+
+    /// The earliest of the engine's timers, the sleeping tasks' and `until`.
+    pub(crate) fn next_timer(&self, until: Option<Instant>) -> Option<Instant> {
+        [self.engine.next_due(), self.next_wake, until]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// One step of the loop at `now` (see [`Machine::drive`]).
+    pub(crate) fn step(&mut self, now: Instant) {
+        self.engine.tick_if_due(now);
+        if self.next_wake.is_some_and(|w| now >= w) {
+            self.wake_sleepers(now);
+        }
+        while let Some((owner, op)) = self.engine.take_decided() {
+            self.on_decided(TaskId::from_owner(owner), op, now);
+        }
+        self.engine.flush();
+    }
+
+    fn wake_sleepers(&mut self, now: Instant) {
+        let mut next: Option<Instant> = None;
+        let mut k = self.sleeping.len();
+        while k > 0 {
+            k -= 1;
+            let slot = self.sleeping[k];
+            let t = &self.tasks[slot as usize];
+            if now >= t.wake {
+                self.sleeping.swap_remove(k);
+                let id = TaskId { slot, gen: t.gen };
+                self.tasks[slot as usize].attempt += 1;
+                self.start_attempt(id, now);
+            } else {
+                next = Some(next.map_or(t.wake, |n| n.min(t.wake)));
+            }
+        }
+        self.next_wake = next;
+    }
+
+    fn sleep(&mut self, id: TaskId, wake: Instant) {
+        self.tasks[id.slot as usize].wake = wake;
+        self.sleeping.push(id.slot);
+        self.next_wake = Some(self.next_wake.map_or(wake, |n| n.min(wake)));
+    }
+
+    /// Record a task's result.
+    fn finish(&mut self, id: TaskId, result: Result<Done, Error>) {
+        let t = &mut self.tasks[id.slot as usize];
+        t.result = Some(result);
+        t.phase = task::Phase::Done;
+        if self.track_finished {
+            self.finished.push(id);
+        }
+    }
+
+    /// A report of round `op` for an error.
+    fn report(&self, what: Operation, op: OpId, started: Instant, attempts: u32) -> Box<Report> {
+        let o = self.engine.op(op);
+        Box::new(Report::new(
+            what,
+            self.engine.nodes.iter().map(|n| n.name.clone()),
+            &o.tally,
+            o.decided_at.saturating_duration_since(started),
+            attempts,
+        ))
+    }
+
+    /// A fresh random token.
+    fn next_token(&mut self) -> io::Result<Token> {
+        self.tokens.next()
+    }
+}

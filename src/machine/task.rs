@@ -1,0 +1,472 @@
+//! Every step of a lock operation, as a state machine over fan-out rounds.
+//!
+//! A lock task runs attempts: the acquire round; with fencing, once the lock is held, the
+//! draw round and the write-back round; then either the lock, or the cleanup release
+//! (wherever the acquire may have set a key) and, while retries and the deadline allow, a
+//! random delay before the next attempt. A release or extend task is one round.
+
+use std::time::{Duration, Instant};
+
+use smallvec::SmallVec;
+
+use super::{Machine, TaskId};
+use crate::engine::{KeyList, OpId};
+use crate::error::{Error, Operation, Report};
+use crate::lock::Lock;
+use crate::rules::{self, AcquireVerdict, Decision, Outcome, Request};
+use crate::scripts;
+use crate::token::Token;
+
+/// What a finished task produced.
+#[derive(Debug)]
+pub(crate) enum Done {
+    /// A lock task: the lock.
+    Locked(Lock),
+    /// A release task: a quorum confirmed.
+    Released,
+    /// An extend task: the lock's new deadline and TTL.
+    Extended { valid_until: Instant, ttl: Duration },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    Lock,
+    Release,
+    Extend,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Phase {
+    /// Waiting for the acquire round.
+    Acquire,
+    /// Fencing: waiting for the draw round.
+    Draw,
+    /// Fencing: waiting for the write-back round.
+    WriteBack,
+    /// Between attempts, until `wake`.
+    Sleep,
+    /// A release or extend round.
+    OnLock,
+    /// The result is in.
+    Done,
+}
+
+pub(super) struct Task {
+    pub gen: u32,
+    pub live: bool,
+    kind: Kind,
+    pub phase: Phase,
+    pub keys: KeyList,
+    pub token: Token,
+    ttl: Duration,
+    pub deadline: Option<Instant>,
+    /// Attempts allowed after the first.
+    pub retries: u32,
+    /// The attempt running (from 1).
+    pub attempt: u32,
+    /// When the current attempt's acquire round (or the task's one round) started.
+    t1: Instant,
+    /// Extend: the lock's deadline before this extend.
+    pub valid_until: Instant,
+    acquire_op: Option<OpId>,
+    /// The round the task waits for.
+    op: Option<OpId>,
+    fence: Option<u64>,
+    pub wake: Instant,
+    cancelled: bool,
+    /// The previous attempt's report (for a deadline that cut the last round short).
+    last: Option<Box<Report>>,
+    pub result: Option<Result<Done, Error>>,
+}
+
+impl Task {
+    pub(super) fn new(now: Instant) -> Task {
+        Task {
+            gen: 0,
+            live: false,
+            kind: Kind::Lock,
+            phase: Phase::Done,
+            keys: KeyList::default(),
+            token: Token::ZERO,
+            ttl: Duration::ZERO,
+            deadline: None,
+            retries: 0,
+            attempt: 1,
+            t1: now,
+            valid_until: now,
+            acquire_op: None,
+            op: None,
+            fence: None,
+            wake: now,
+            cancelled: false,
+            last: None,
+            result: None,
+        }
+    }
+
+    /// Reset for a new task of `kind` (the slot is reused).
+    pub(super) fn begin(&mut self, kind: Kind, ttl: Duration) {
+        self.live = true;
+        self.kind = kind;
+        self.ttl = ttl;
+        self.deadline = None;
+        self.retries = 0;
+        self.attempt = 1;
+        self.acquire_op = None;
+        self.op = None;
+        self.fence = None;
+        self.cancelled = false;
+        self.last = None;
+        self.result = None;
+    }
+}
+
+impl Machine {
+    /// The round timeout for `ttl`, cut short by the deadline.
+    fn timeout(&self, ttl: Duration, deadline: Option<Instant>, now: Instant) -> Duration {
+        let t = self.cfg.round_timeout(ttl);
+        match deadline {
+            Some(d) => t.min(d.saturating_duration_since(now)),
+            None => t,
+        }
+    }
+
+    /// Start an attempt of lock task `id`: its acquire round.
+    pub(super) fn start_attempt(&mut self, id: TaskId, now: Instant) {
+        let t = &mut self.tasks[id.slot as usize];
+        if t.deadline.is_some_and(|d| now >= d) {
+            let last = t.last.take();
+            self.finish(id, Err(Error::DeadlineExceeded(last)));
+            return;
+        }
+        let token = match self.next_token() {
+            Ok(tok) => tok,
+            Err(e) => {
+                self.finish(id, Err(e.into()));
+                return;
+            }
+        };
+        let t = &self.tasks[id.slot as usize];
+        let timeout = self.timeout(t.ttl, t.deadline, now);
+        let req = if t.keys.len() == 1 {
+            Request::Acquire
+        } else {
+            Request::AcquireMany
+        };
+        let ttl_ms = t.ttl.as_millis() as u64;
+        let keys = &self.tasks[id.slot as usize].keys;
+        let op = self.engine.start(
+            req,
+            |a| a.set(keys.iter(), token, ttl_ms),
+            timeout,
+            now,
+            |_| true,
+            Some(id.owner()),
+        );
+        let t = &mut self.tasks[id.slot as usize];
+        t.token = token;
+        t.t1 = now;
+        t.acquire_op = Some(op);
+        t.op = Some(op);
+        t.fence = None;
+        t.phase = Phase::Acquire;
+    }
+
+    /// Start the one round of a release or extend task (an extend of a lock whose validity
+    /// ran out fails at once).
+    pub(super) fn start_round_on_lock(&mut self, id: TaskId, now: Instant) {
+        let t = &self.tasks[id.slot as usize];
+        let req = match t.kind {
+            Kind::Extend if now >= t.valid_until => {
+                self.finish(id, Err(Error::Expired));
+                return;
+            }
+            Kind::Extend => Request::Extend,
+            _ => Request::Release,
+        };
+        let timeout = self.cfg.round_timeout(t.ttl);
+        let (token, ttl_ms) = (t.token, t.ttl.as_millis() as u64);
+        let keys = &t.keys;
+        let op = self.engine.start(
+            req,
+            |a| a.set(keys.iter(), token, ttl_ms),
+            timeout,
+            now,
+            |_| true,
+            Some(id.owner()),
+        );
+        let t = &mut self.tasks[id.slot as usize];
+        t.t1 = now;
+        t.op = Some(op);
+        t.phase = Phase::OnLock;
+    }
+
+    /// Round `op` of task `id` was decided.
+    pub(super) fn on_decided(&mut self, id: TaskId, op: OpId, now: Instant) {
+        let Some(t) = self.task(id) else { return };
+        if t.op != Some(op) {
+            return;
+        }
+        let (phase, ttl, t1, cancelled) = (t.phase, t.ttl, t.t1, t.cancelled);
+        let o = self.engine.op(op);
+        let decided_at = o.decided_at;
+        match phase {
+            Phase::Acquire => {
+                let verdict = rules::judge_acquire(
+                    &o.tally,
+                    ttl,
+                    decided_at.saturating_duration_since(t1),
+                    self.cfg.drift_factor,
+                    self.cfg.min_validity,
+                );
+                let fenced = self.cfg.fencing && !cancelled;
+                if fenced && matches!(verdict, AcquireVerdict::Acquired(_)) {
+                    self.start_fence_round(id, Request::FenceDraw, now);
+                } else {
+                    self.conclude(id, verdict, op, decided_at, now);
+                }
+            }
+            Phase::Draw | Phase::WriteBack => {
+                if o.tally.decision() != Decision::Reached {
+                    self.conclude(id, AcquireVerdict::NoQuorum, op, decided_at, now);
+                    return;
+                }
+                if phase == Phase::Draw {
+                    // The largest answer so far: at least every answer of the deciding quorum.
+                    let fence = o.max_value.max(1) as u64;
+                    self.tasks[id.slot as usize].fence = Some(fence);
+                    self.engine.finish(op);
+                    self.start_fence_round(id, Request::FenceWriteBack, now);
+                    return;
+                }
+                self.engine.finish(op);
+                // Validity counts all three rounds.
+                let verdict = match rules::validity(
+                    ttl,
+                    decided_at.saturating_duration_since(t1),
+                    self.cfg.drift_factor,
+                ) {
+                    Some(v) if v > self.cfg.min_validity => AcquireVerdict::Acquired(v),
+                    _ => AcquireVerdict::ValidityUsedUp,
+                };
+                let acquire = self.tasks[id.slot as usize].acquire_op.unwrap_or(op);
+                self.conclude(id, verdict, acquire, decided_at, now);
+            }
+            Phase::OnLock => self.conclude_on_lock(id, op),
+            Phase::Sleep | Phase::Done => {}
+        }
+    }
+
+    /// Fencing, once the lock is held: the draw (1 + the largest counter of any of the
+    /// lock's resources, over a quorum, while each master still holds our key), then the
+    /// write-back (every counter of the lock raised to at least the token on a quorum,
+    /// still only while our key is held). A later holder's draw meets that quorum, after
+    /// this lock ended, so its token is larger.
+    fn start_fence_round(&mut self, id: TaskId, req: Request, now: Instant) {
+        let mut fk = std::mem::take(&mut self.fence_keys);
+        let t = &self.tasks[id.slot as usize];
+        fk.assign(&t.keys);
+        let mut counter: SmallVec<[u8; 64]> = SmallVec::new();
+        for k in t.keys.iter() {
+            counter.clear();
+            counter.extend_from_slice(scripts::FENCE_PREFIX);
+            counter.extend_from_slice(k);
+            fk.push(&counter);
+        }
+        let timeout = self.timeout(t.ttl, t.deadline, now);
+        let (token, ttl_ms, value) = (t.token, t.ttl.as_millis() as u64, t.fence.unwrap_or(0));
+        let op = self.engine.start(
+            req,
+            |a| {
+                a.set(fk.iter(), token, ttl_ms);
+                a.value = value;
+            },
+            timeout,
+            now,
+            |_| true,
+            Some(id.owner()),
+        );
+        self.fence_keys = fk;
+        let t = &mut self.tasks[id.slot as usize];
+        t.op = Some(op);
+        t.phase = if req == Request::FenceDraw {
+            Phase::Draw
+        } else {
+            Phase::WriteBack
+        };
+    }
+
+    /// An attempt is over: the lock, or the cleanup release and then an error or the next
+    /// attempt. `failed` is the round to report on a failure.
+    fn conclude(
+        &mut self,
+        id: TaskId,
+        verdict: AcquireVerdict,
+        failed: OpId,
+        decided_at: Instant,
+        now: Instant,
+    ) {
+        let t = &mut self.tasks[id.slot as usize];
+        let acquire = t.acquire_op.take().unwrap_or(failed);
+        t.op = None;
+        if let (false, AcquireVerdict::Acquired(v)) = (t.cancelled, verdict) {
+            let mut keys = KeyList::default();
+            keys.assign(&t.keys);
+            let lock = Lock {
+                keys,
+                token: t.token,
+                ttl: t.ttl,
+                acquired_at: t.t1,
+                valid_until: decided_at + v,
+                fence: if self.cfg.fencing { t.fence } else { None },
+            };
+            self.engine.finish(acquire);
+            self.finish(id, Ok(Done::Locked(lock)));
+            return;
+        }
+        let (t1, attempt, ttl) = (t.t1, t.attempt, t.ttl);
+        let report = self.report(Operation::Acquire, failed, t1, attempt);
+        if failed != acquire {
+            self.engine.finish(failed);
+        }
+        self.cleanup(id, acquire, now);
+        let t = &mut self.tasks[id.slot as usize];
+        if t.cancelled {
+            self.finish(id, Err(Error::Cancelled));
+            return;
+        }
+        if let Some(d) = t.deadline {
+            if now >= d {
+                // A round whose timeout the deadline clipped reports masters as timed out
+                // that may simply not have had time to answer: the previous attempt's
+                // report says more (e.g. "taken", not "timed out").
+                let clipped = d.saturating_duration_since(t1) < self.cfg.round_timeout(ttl);
+                let r = if clipped { t.last.take() } else { Some(report) };
+                self.finish(id, Err(Error::DeadlineExceeded(r)));
+                return;
+            }
+        }
+        let err = match verdict {
+            AcquireVerdict::Acquired(_) | AcquireVerdict::ValidityUsedUp => {
+                Error::ValidityUsedUp(report)
+            }
+            AcquireVerdict::Taken => Error::Taken(report),
+            AcquireVerdict::NoQuorum => Error::NoQuorum(report),
+        };
+        if attempt > t.retries {
+            self.finish(id, Err(err));
+            return;
+        }
+        let delay = rules::retry_delay(self.cfg.retry_delay, self.cfg.retry_jitter, &mut self.rng);
+        let wake = now + delay;
+        let t = &mut self.tasks[id.slot as usize];
+        if t.deadline.is_some_and(|d| wake >= d) {
+            // Sleeping would pass the deadline: give up now rather than late.
+            self.finish(
+                id,
+                Err(Error::DeadlineExceeded(err.report().cloned().map(Box::new))),
+            );
+            return;
+        }
+        t.last = err.report().cloned().map(Box::new);
+        t.phase = Phase::Sleep;
+        self.sleep(id, wake);
+    }
+
+    /// Release wherever the acquire round `acquire` may have set the key
+    /// (`rules::may_hold`); the round is finished.
+    fn cleanup(&mut self, id: TaskId, acquire: OpId, now: Instant) {
+        let o = self.engine.op(acquire);
+        let req = o.req;
+        let may_hold: SmallVec<[bool; 8]> = o
+            .tally
+            .outcomes()
+            .iter()
+            .map(|x| rules::may_hold(req, *x))
+            .collect();
+        self.engine.finish(acquire);
+        if !may_hold.iter().any(|b| *b) {
+            return;
+        }
+        let t = &self.tasks[id.slot as usize];
+        let timeout = self.cfg.round_timeout(t.ttl);
+        let (token, ttl_ms) = (t.token, t.ttl.as_millis() as u64);
+        let keys = &t.keys;
+        self.engine.start(
+            Request::Release,
+            |a| a.set(keys.iter(), token, ttl_ms),
+            timeout,
+            now,
+            |i| may_hold[i],
+            None,
+        );
+    }
+
+    /// The release or extend round `op` of task `id` is decided.
+    fn conclude_on_lock(&mut self, id: TaskId, op: OpId) {
+        let t = &self.tasks[id.slot as usize];
+        let (kind, t1, ttl, valid_until) = (t.kind, t.t1, t.ttl, t.valid_until);
+        let o = self.engine.op(op);
+        let what = if kind == Kind::Extend {
+            Operation::Extend
+        } else {
+            Operation::Release
+        };
+        let not_held = o.tally.count(Outcome::NotHeld) > 0;
+        let result = if kind == Kind::Release {
+            if o.tally.decision() == Decision::Reached {
+                Ok(Done::Released)
+            } else if not_held {
+                Err(Error::NotHeld(self.report(what, op, t1, 1)))
+            } else {
+                Err(Error::NoQuorum(self.report(what, op, t1, 1)))
+            }
+        } else {
+            match rules::judge_acquire(
+                &o.tally,
+                ttl,
+                o.decided_at.saturating_duration_since(t1),
+                self.cfg.drift_factor,
+                self.cfg.min_validity,
+            ) {
+                // The script never shortens a key's life, so the old deadline still holds
+                // when this extend asked for less.
+                AcquireVerdict::Acquired(v) => Ok(Done::Extended {
+                    valid_until: valid_until.max(o.decided_at + v),
+                    ttl,
+                }),
+                AcquireVerdict::ValidityUsedUp => {
+                    Err(Error::ValidityUsedUp(self.report(what, op, t1, 1)))
+                }
+                _ if not_held => Err(Error::NotHeld(self.report(what, op, t1, 1))),
+                _ => Err(Error::NoQuorum(self.report(what, op, t1, 1))),
+            }
+        };
+        self.engine.finish(op);
+        self.tasks[id.slot as usize].op = None;
+        self.finish(id, result);
+    }
+
+    /// Cancel lock task `id`: an acquire round in flight is abandoned (its partial lock
+    /// released), a sleep ends; a fencing round runs to its end and a lock it would grant
+    /// is released instead. The task ends with [`Error::Cancelled`]. Release and extend
+    /// tasks are not cancelled.
+    pub(crate) fn cancel(&mut self, id: TaskId, now: Instant) {
+        let Some(t) = self.task(id) else { return };
+        if t.kind != Kind::Lock {
+            return;
+        }
+        t.cancelled = true;
+        match (t.phase, t.op) {
+            (Phase::Acquire, Some(op)) => {
+                let decided_at = self.engine.op(op).decided_at;
+                self.conclude(id, AcquireVerdict::NoQuorum, op, decided_at, now);
+            }
+            (Phase::Sleep, _) => {
+                self.sleeping.retain(|s| *s != id.slot);
+                self.finish(id, Err(Error::Cancelled));
+            }
+            _ => {}
+        }
+    }
+}

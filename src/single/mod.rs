@@ -1,0 +1,395 @@
+//! The single-owner front-end: [`Redlock`], whose calls run the event loop on the caller's
+//! thread (the lowest latency: no hand-off between threads).
+
+mod hold;
+
+pub use hold::{Held, HoldOptions, LockSignal};
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::builder::Builder;
+use crate::engine::KeyList;
+use crate::error::Error;
+use crate::lock::Lock;
+use crate::machine::{Done, Machine, TaskId};
+use crate::MAX_RESOURCE_LEN;
+
+/// Cancels the lock attempt running on the client it came from, from any thread.
+///
+/// A cancel that arrives while no attempt runs cancels the next one.
+#[derive(Clone)]
+pub struct CancelHandle {
+    flag: Arc<AtomicBool>,
+    waker: Arc<mio::Waker>,
+}
+
+impl CancelHandle {
+    /// End the current attempt promptly with [`Error::Cancelled`]; partial locks are
+    /// released.
+    pub fn cancel(&self) {
+        self.flag.store(true, Ordering::SeqCst);
+        let _ = self.waker.wake();
+    }
+}
+
+impl fmt::Debug for CancelHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("CancelHandle")
+    }
+}
+
+/// A Redlock client over N independent Redis masters.
+///
+/// One client owns one connection per master and one event loop, and its methods block
+/// the calling thread (`&mut self`): use one client per thread. Every operation writes its
+/// request to all masters at once, then reads the answers as they come.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use redlock_mux::Redlock;
+///
+/// let mut redlock = Redlock::new([
+///     "redis://127.0.0.1:7000",
+///     "redis://127.0.0.1:7001",
+///     "redis://127.0.0.1:7002",
+/// ])?;
+/// let lock = redlock.lock("orders:42", Duration::from_secs(10))?;
+/// // ... work while lock.is_valid() ...
+/// redlock.release(lock)?;
+/// # Ok::<(), redlock_mux::Error>(())
+/// ```
+pub struct Redlock {
+    m: Machine,
+    cancel: CancelHandle,
+    scratch_keys: KeyList,
+    batch: Vec<TaskId>,
+}
+
+impl fmt::Debug for Redlock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Redlock")
+            .field("masters", &self.masters().collect::<Vec<_>>())
+            .field("quorum", &self.quorum())
+            .finish()
+    }
+}
+
+impl Redlock {
+    pub(crate) fn from_machine(m: Machine) -> Redlock {
+        Redlock {
+            cancel: CancelHandle {
+                flag: Arc::new(AtomicBool::new(false)),
+                waker: m.engine.waker(),
+            },
+            m,
+            scratch_keys: KeyList::default(),
+            batch: Vec::with_capacity(64),
+        }
+    }
+
+    /// A client with default settings over these masters.
+    pub fn new<I, S>(urls: I) -> Result<Self, Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        Builder::default().masters(urls).build()
+    }
+
+    /// Start configuring a client.
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    /// The masters, as `host:port[/db]`.
+    pub fn masters(&self) -> impl Iterator<Item = &str> + '_ {
+        self.m.engine.nodes.iter().map(|n| &*n.name)
+    }
+
+    /// OK answers needed: N/2 + 1.
+    pub fn quorum(&self) -> usize {
+        self.m.engine.quorum()
+    }
+
+    /// A handle that cancels this client's current lock attempt from another thread.
+    pub fn cancel_handle(&self) -> CancelHandle {
+        self.cancel.clone()
+    }
+
+    /// The round timeout used for a TTL.
+    pub fn round_timeout(&self, ttl: Duration) -> Duration {
+        self.m.cfg.round_timeout(ttl)
+    }
+
+    /// One attempt to take `resource` for `ttl`: write `SET resource token NX PX ttl` to
+    /// every master, decide as soon as a quorum said OK (or can no longer), and on failure
+    /// release wherever the key may have been set.
+    pub fn try_lock(&mut self, resource: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
+        self.with_key(resource.as_ref(), |this, keys| {
+            this.lock_keys(keys, ttl, None, 0)
+        })
+    }
+
+    /// Run `f` with `resource` as a one-key list, in reused storage (no allocation).
+    fn with_key<T>(&mut self, resource: &[u8], f: impl FnOnce(&mut Self, &KeyList) -> T) -> T {
+        let mut keys = std::mem::take(&mut self.scratch_keys);
+        keys.clear();
+        keys.push(resource);
+        let r = f(self, &keys);
+        self.scratch_keys = keys;
+        r
+    }
+
+    /// Take `resource` for `ttl`, retrying after a random delay while it is taken or no
+    /// quorum answers, up to the configured retry count.
+    pub fn lock(&mut self, resource: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
+        let retries = self.m.cfg.retry_count;
+        self.with_key(resource.as_ref(), |this, keys| {
+            this.lock_keys(keys, ttl, None, retries)
+        })
+    }
+
+    /// Like [`Redlock::lock`], but never past `deadline`: the retry loop does not sleep
+    /// beyond it and a round does not outlive it.
+    pub fn lock_with_deadline(
+        &mut self,
+        resource: impl AsRef<[u8]>,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lock, Error> {
+        let retries = self.m.cfg.retry_count;
+        self.with_key(resource.as_ref(), |this, keys| {
+            this.lock_keys(keys, ttl, Some(deadline), retries)
+        })
+    }
+
+    /// Take several resources as one lock: on each master all keys are set only if none
+    /// exists (one script), and the lock needs a quorum of masters where that worked.
+    pub fn lock_many<I, R>(&mut self, resources: I, ttl: Duration) -> Result<Lock, Error>
+    where
+        I: IntoIterator<Item = R>,
+        R: AsRef<[u8]>,
+    {
+        let mut keys = KeyList::default();
+        for r in resources {
+            keys.push(r.as_ref());
+        }
+        check_distinct(&keys)?;
+        let retries = self.m.cfg.retry_count;
+        self.lock_keys(&keys, ttl, None, retries)
+    }
+
+    fn lock_keys(
+        &mut self,
+        keys: &KeyList,
+        ttl: Duration,
+        deadline: Option<Instant>,
+        retries: u32,
+    ) -> Result<Lock, Error> {
+        if keys.len() == 0 {
+            return Err(Error::InvalidArgument("no resource given".into()));
+        }
+        check_resources(keys.iter())?;
+        let ttl = self.m.cfg.check_ttl(ttl)?;
+        self.take_cancel()?;
+        self.m.engine.catch_up()?;
+        let id = self
+            .m
+            .submit_lock(keys.iter(), ttl, deadline, retries, Instant::now());
+        match self.run(id, true)? {
+            Done::Locked(lock) => Ok(lock),
+            other => unreachable!("a lock task ended with {other:?}"),
+        }
+    }
+
+    fn take_cancel(&self) -> Result<(), Error> {
+        if self.cancel.flag.swap(false, Ordering::SeqCst) {
+            Err(Error::Cancelled)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Drive the loop until task `id` is done; a cancel (for lock tasks) cancels it.
+    fn run(&mut self, id: TaskId, cancellable: bool) -> Result<Done, Error> {
+        loop {
+            let flag = &self.cancel.flag;
+            let done = self.m.drive(
+                None,
+                |m| m.is_done(id),
+                || cancellable && flag.load(Ordering::Relaxed),
+            );
+            match done {
+                Ok(true) => return self.m.take(id),
+                Ok(false) => {
+                    self.cancel.flag.store(false, Ordering::SeqCst);
+                    self.m.cancel(id, Instant::now());
+                }
+                Err(e) => {
+                    self.m.cancel(id, Instant::now());
+                    if self.m.is_done(id) {
+                        let _ = self.m.take(id);
+                    }
+                    return Err(e.into());
+                }
+            }
+        }
+    }
+
+    /// Drive the loop until every task of the batch is done; a cancel cancels them all.
+    fn run_batch(&mut self, cancellable: bool) -> Result<(), Error> {
+        loop {
+            let flag = &self.cancel.flag;
+            let batch = &self.batch;
+            let done = self.m.drive(
+                None,
+                |m| batch.iter().all(|id| m.is_done(*id)),
+                || cancellable && flag.load(Ordering::Relaxed),
+            )?;
+            if done {
+                return Ok(());
+            }
+            self.cancel.flag.store(false, Ordering::SeqCst);
+            let now = Instant::now();
+            for id in self.batch.iter() {
+                self.m.cancel(*id, now);
+            }
+        }
+    }
+
+    /// One attempt on each of many resources at once, pipelined: every master gets all
+    /// `SET NX PX` requests in one write, and the replies are matched in order. Results
+    /// go to `out` (cleared first) in the order of `resources`; failed attempts are
+    /// released like [`Redlock::try_lock`]'s. Reuse `out` and no allocation happens once
+    /// warm.
+    pub fn try_lock_batch<R: AsRef<[u8]>>(
+        &mut self,
+        resources: &[R],
+        ttl: Duration,
+        out: &mut Vec<Result<Lock, Error>>,
+    ) -> Result<(), Error> {
+        out.clear();
+        check_resources(resources.iter().map(AsRef::as_ref))?;
+        let ttl = self.m.cfg.check_ttl(ttl)?;
+        self.take_cancel()?;
+        self.m.engine.catch_up()?;
+        let now = Instant::now();
+        self.batch.clear();
+        for r in resources {
+            let id = self.m.submit_lock([r.as_ref()], ttl, None, 0, now);
+            self.batch.push(id);
+        }
+        let driven = self.run_batch(true);
+        for k in 0..self.batch.len() {
+            let id = self.batch[k];
+            out.push(self.m.take(id).map(|d| match d {
+                Done::Locked(lock) => lock,
+                other => unreachable!("a lock task ended with {other:?}"),
+            }));
+        }
+        driven
+    }
+
+    /// Release many locks at once, pipelined (one write per master for all of them).
+    /// `out` gets one result per lock, in order.
+    pub fn release_batch(
+        &mut self,
+        locks: impl IntoIterator<Item = Lock>,
+        out: &mut Vec<Result<(), Error>>,
+    ) -> Result<(), Error> {
+        out.clear();
+        self.m.engine.catch_up()?;
+        let now = Instant::now();
+        self.batch.clear();
+        for lock in locks {
+            let id = self.m.submit_release(&lock, now);
+            self.batch.push(id);
+        }
+        let driven = self.run_batch(false);
+        for k in 0..self.batch.len() {
+            let id = self.batch[k];
+            out.push(self.m.take(id).map(|_| ()));
+        }
+        driven
+    }
+
+    /// Release the lock on every master at once (compare-and-delete: only keys that still
+    /// hold this lock's token are deleted). `Ok` when a quorum confirmed.
+    pub fn release(&mut self, lock: Lock) -> Result<(), Error> {
+        self.m.engine.catch_up()?;
+        let id = self.m.submit_release(&lock, Instant::now());
+        self.run(id, false).map(|_| ())
+    }
+
+    /// Extend the lock to live at least `ttl` from now (compare-and-extend on every
+    /// master: where a key still holds this lock's token, its expiry becomes `now + ttl`
+    /// unless it already lives longer; an extend never shortens a lock). Succeeds when a
+    /// quorum confirmed and validity is left, computed exactly like acquire; the lock's
+    /// deadline then becomes the later of the old one and the new one. On failure the lock
+    /// keeps its old deadline, which still holds: no master's key was cut short.
+    pub fn extend(&mut self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
+        let ttl = self.m.cfg.check_ttl(ttl)?;
+        if !lock.is_valid() {
+            return Err(Error::Expired);
+        }
+        self.m.engine.catch_up()?;
+        let id = self.m.submit_extend(lock, ttl, Instant::now());
+        match self.run(id, false)? {
+            Done::Extended { valid_until, ttl } => {
+                lock.valid_until = valid_until;
+                lock.ttl = ttl;
+                Ok(())
+            }
+            other => unreachable!("an extend task ended with {other:?}"),
+        }
+    }
+
+    /// Per-master I/O counters (connects, writes, reads, NOSCRIPT retries).
+    pub fn stats(&self) -> Vec<crate::engine::NodeStats> {
+        self.m.engine.stats().collect()
+    }
+}
+
+/// The same resource twice in one lock is a mistake (the all-or-nothing script would find
+/// its own key).
+pub(crate) fn check_distinct(keys: &KeyList) -> Result<(), Error> {
+    let mut sorted: Vec<&[u8]> = keys.iter().collect();
+    sorted.sort_unstable();
+    if sorted.windows(2).any(|w| w[0] == w[1]) {
+        return Err(Error::InvalidArgument(
+            "the same resource is listed twice".into(),
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn check_resources<'k>(keys: impl IntoIterator<Item = &'k [u8]>) -> Result<(), Error> {
+    for k in keys {
+        if k.is_empty() {
+            return Err(Error::InvalidArgument("resource name is empty".into()));
+        }
+        if k.len() > MAX_RESOURCE_LEN {
+            return Err(Error::InvalidArgument(format!(
+                "resource name is {} bytes, above the maximum {MAX_RESOURCE_LEN}",
+                k.len()
+            )));
+        }
+        if k.starts_with(crate::scripts::FENCE_PREFIX) {
+            return Err(Error::InvalidArgument(format!(
+                "resource names starting with {:?} are reserved for fencing counters",
+                String::from_utf8_lossy(crate::scripts::FENCE_PREFIX)
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl Drop for Redlock {
+    fn drop(&mut self) {
+        // Push out queued releases (cleanup after a failed attempt) before closing.
+        self.m.engine.flush();
+    }
+}
