@@ -134,7 +134,7 @@ impl Builder {
         self.busy_poll = on;
         self
     }
-    /// Fencing tokens (default off): [`Lock::fencing_token`] then strictly increases from
+    /// Fencing tokens (default off): [`Lock::fencing_token`](crate::Lock::fencing_token) then strictly increases from
     /// one holder of a resource to the next, for as long as the masters keep their data.
     ///
     /// How: once the lock is held, a second round draws the token (1 + the largest counter
