@@ -109,6 +109,8 @@ mod engine;
 #[cfg(feature = "client")]
 mod error;
 #[cfg(feature = "client")]
+mod keep;
+#[cfg(feature = "client")]
 mod lock;
 #[cfg(feature = "client")]
 mod machine;
@@ -116,6 +118,8 @@ mod machine;
 pub mod rules;
 #[cfg(feature = "client")]
 pub mod scripts;
+#[cfg(feature = "client")]
+mod shared;
 #[cfg(feature = "client")]
 mod single;
 #[cfg(feature = "client")]
@@ -130,11 +134,15 @@ pub use engine::NodeStats;
 #[cfg(feature = "client")]
 pub use error::{Error, Operation, Report};
 #[cfg(feature = "client")]
+pub use keep::HoldOptions;
+#[cfg(feature = "client")]
 pub use lock::Lock;
 #[cfg(feature = "client")]
 pub use rules::{Fault, Outcome};
 #[cfg(feature = "client")]
-pub use single::{CancelHandle, Held, HoldOptions, LockSignal, Redlock};
+pub use shared::{LockGuard, Lost, Pending, SharedRedlock};
+#[cfg(feature = "client")]
+pub use single::{CancelHandle, Held, LockSignal, Redlock};
 #[cfg(feature = "client")]
 pub use token::Token;
 #[cfg(feature = "client")]

@@ -594,6 +594,11 @@ impl Engine {
         }
     }
 
+    /// No round is undecided.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.active.is_empty()
+    }
+
     /// When the engine's next timer is due (a lower bound), if it has one.
     pub(crate) fn next_due(&self) -> Option<Instant> {
         self.next_due

@@ -99,7 +99,6 @@ impl TaskId {
         }
     }
     /// The slot, for a front-end's own per-task table (unique among live tasks).
-    #[allow(dead_code)] // the shared client's per-task table (next)
     pub(crate) fn slot(self) -> usize {
         self.slot as usize
     }
@@ -200,7 +199,6 @@ impl Machine {
     }
 
     /// Tasks finished since the last call (each once).
-    #[allow(dead_code)] // the shared client's loop (next)
     pub(crate) fn take_finished(&mut self) -> std::vec::Drain<'_, TaskId> {
         self.finished.drain(..)
     }

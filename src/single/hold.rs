@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::Redlock;
 use crate::error::Error;
+use crate::keep::{AfterExtend, HoldOptions, KeepAlive};
 use crate::lock::Lock;
 
 /// Tells the work whether its lock is still held. Cheap to poll ([`LockSignal::is_lost`]:
@@ -131,49 +132,6 @@ impl LockSignal {
     }
 }
 
-/// How [`Redlock::run_locked`] keeps a lock alive.
-///
-/// Any value is accepted: fractions are clamped into their range (a NaN means the
-/// default), durations may be anything up to `Duration::MAX`.
-#[derive(Debug, Clone, Copy)]
-pub struct HoldOptions {
-    /// Extend when less than this fraction of the TTL's validity is left (default 1/3;
-    /// clamped to 0.05..=0.9).
-    pub extend_at: f64,
-    /// The lost-lock margin: the signal fires when less than this fraction of the TTL is
-    /// left before the lock's deadline and no extension moved it (default 0.1; clamped to
-    /// 0..=`extend_at`). An extension that fails for want of answers (masters down, slow
-    /// or restarting) is retried until then; one that finds the lock gone fires at once.
-    pub lost_at: f64,
-    /// At most this many extensions (default unlimited); after that the lock runs out and
-    /// the signal fires, the margin before its end.
-    pub max_extensions: Option<u32>,
-    /// Hold at most this long in all (default unlimited); extensions stop there.
-    pub max_hold: Option<Duration>,
-}
-
-impl Default for HoldOptions {
-    fn default() -> Self {
-        HoldOptions {
-            extend_at: 1.0 / 3.0,
-            lost_at: 0.1,
-            max_extensions: None,
-            max_hold: None,
-        }
-    }
-}
-
-impl HoldOptions {
-    /// `(extend margin, lost margin)` for a TTL, from the clamped fractions.
-    fn margins(&self, ttl: Duration) -> (Duration, Duration) {
-        let d = HoldOptions::default();
-        let or = |x: f64, default: f64| if x.is_nan() { default } else { x };
-        let extend_at = or(self.extend_at, d.extend_at).clamp(0.05, 0.9);
-        let lost_at = or(self.lost_at, d.lost_at).clamp(0.0, extend_at);
-        (ttl.mul_f64(extend_at), ttl.mul_f64(lost_at))
-    }
-}
-
 /// What [`Redlock::run_locked`] returns.
 #[derive(Debug)]
 pub struct Held<T> {
@@ -251,14 +209,8 @@ impl Redlock {
         F: FnOnce(&LockSignal) -> T + Send,
         T: Send,
     {
-        let started = Instant::now();
-        let (margin, lost_margin) = opts.margins(ttl);
-        let stop_at = |lock: &Lock| {
-            let until = lock.valid_until();
-            until.checked_sub(lost_margin).unwrap_or(until)
-        };
-        let signal = LockSignal::new(stop_at(&lock));
-        let mut extensions = 0u32;
+        let mut keep = KeepAlive::new(ttl, &opts, Instant::now());
+        let signal = LockSignal::new(keep.stop_at(lock.valid_until()));
         let mut lost: Option<Error> = None;
         let value = std::thread::scope(|s| {
             let worker = s.spawn(|| {
@@ -274,45 +226,24 @@ impl Redlock {
             });
             // Keep the lock until the work is done; after a loss there is nothing left to
             // keep, and `join` below waits for the work.
-            let mut retry_at: Option<Instant> = None;
-            let mut last_failure: Option<Error> = None;
             loop {
-                let may_extend = opts.max_extensions.is_none_or(|m| extensions < m)
-                    && opts
-                        .max_hold
-                        .is_none_or(|h| started.elapsed().saturating_add(ttl) <= h);
-                let until = lock.valid_until();
-                let wake = match retry_at {
-                    Some(at) => at,
-                    None if may_extend => until.checked_sub(margin).unwrap_or(until),
-                    None => signal.stop_at(),
-                };
-                if signal.wait_done(wake.min(signal.stop_at())) {
+                let wake = keep.next_wake(lock.valid_until(), Instant::now());
+                if signal.wait_done(wake) {
                     break;
                 }
                 if signal.is_lost() {
-                    lost = Some(last_failure.take().unwrap_or(Error::Expired));
+                    lost = Some(keep.lost_reason());
                     break;
                 }
-                if !may_extend {
+                let now = Instant::now();
+                if !keep.may_extend(now) {
                     continue; // woke early: wait on for the margin
                 }
-                match self.extend(&mut lock, ttl) {
-                    Ok(()) => {
-                        extensions += 1;
-                        retry_at = None;
-                        last_failure = None;
-                        signal.set_stop_at(stop_at(&lock));
-                    }
-                    // No answer good enough, but the lock may well be ours still (masters
-                    // restarting, slow, a connection that just closed): try again soon,
-                    // on fresh connections, until the margin is reached.
-                    Err(e @ (Error::NoQuorum(_) | Error::ValidityUsedUp(_) | Error::Io(_))) => {
-                        last_failure = Some(e);
-                        retry_at = Some(Instant::now() + self.round_timeout(ttl));
-                    }
-                    // Not held any more (or expired, or a TTL the client refuses).
-                    Err(e) => {
+                let result = self.extend(&mut lock, keep.ttl());
+                let retry_in = self.round_timeout(keep.ttl());
+                match keep.after_extend(result, Instant::now(), retry_in) {
+                    AfterExtend::KeepGoing => signal.set_stop_at(keep.stop_at(lock.valid_until())),
+                    AfterExtend::Lost(e) => {
                         lost = Some(e);
                         signal.mark_lost();
                         break;
@@ -342,7 +273,7 @@ impl Redlock {
         Held {
             value,
             held_throughout: lost.is_none(),
-            extensions,
+            extensions: keep.extensions,
             lost,
         }
     }

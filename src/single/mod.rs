@@ -3,7 +3,7 @@
 
 mod hold;
 
-pub use hold::{Held, HoldOptions, LockSignal};
+pub use hold::{Held, LockSignal};
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};

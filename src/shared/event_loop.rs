@@ -1,0 +1,325 @@
+//! The shared client's loop thread: drains the submission queue, runs the tasks (the same
+//! [`Machine`] the single owner drives), hands each result to its [`Slot`], keeps
+//! auto-extended locks alive and wakes `lost()` futures, all from one `mio::Poll`.
+
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::guard::LockState;
+use super::pending::{Out, Slot};
+use super::{Command, Queue};
+use crate::error::Error;
+use crate::keep::{AfterExtend, KeepAlive};
+use crate::machine::{Done, Machine, TaskId};
+
+/// Who waits for a task.
+enum Waiter {
+    Lock(Arc<Slot>),
+    /// `None`: a dropped guard's release; nobody waits.
+    Release(Option<Arc<Slot>>),
+    /// `slot: None`: an auto-extension (the keeper of `state` waits).
+    Extend {
+        state: Arc<LockState>,
+        slot: Option<Arc<Slot>>,
+    },
+}
+
+/// An auto-extended lock.
+struct Keeper {
+    state: Arc<LockState>,
+    keep: KeepAlive,
+    /// An extension is in flight.
+    extending: bool,
+}
+
+/// How long the loop goes on after the last handle is gone, finishing what is in flight.
+const DRAIN: Duration = Duration::from_secs(2);
+
+struct Loop {
+    m: Machine,
+    queue: Arc<Queue>,
+    /// By task slot.
+    waiters: Vec<Option<(TaskId, Waiter)>>,
+    live: usize,
+    keepers: Vec<Keeper>,
+    watched: Vec<Arc<LockState>>,
+    inbox: Vec<Command>,
+    finished: Vec<TaskId>,
+    /// The origin of the guards' clocks.
+    base: Instant,
+}
+
+pub(super) fn run(mut m: Machine, queue: Arc<Queue>) {
+    m.track_finished = true;
+    let mut lp = Loop {
+        m,
+        queue,
+        waiters: Vec::with_capacity(64),
+        live: 0,
+        keepers: Vec::new(),
+        watched: Vec::new(),
+        inbox: Vec::with_capacity(64),
+        finished: Vec::with_capacity(64),
+        base: Instant::now(),
+    };
+    let why = match lp.run() {
+        Ok(()) => io::Error::other("the shared client's loop has stopped"),
+        Err(e) => e,
+    };
+    lp.shut(why);
+}
+
+impl Loop {
+    fn run(&mut self) -> io::Result<()> {
+        let mut now = self.m.engine.enter();
+        let mut closing: Option<Instant> = None;
+        loop {
+            if closing.is_none() && self.queue.closed.load(Ordering::Acquire) {
+                closing = Some(now + DRAIN);
+            }
+            self.drain(now);
+            self.m.step(now);
+            self.deliver(now);
+            self.keep_alive(now);
+            self.watch(now);
+            // What the results and keepers started (releases, extensions) goes out now.
+            self.m.engine.flush();
+            if let Some(end) = closing {
+                if (self.live == 0 && self.m.engine.is_idle()) || now >= end {
+                    return Ok(());
+                }
+            }
+            let wake = [self.m.next_timer(closing), self.next_wake(now)]
+                .into_iter()
+                .flatten()
+                .min();
+            now = self.m.engine.wait(now, wake)?;
+        }
+    }
+
+    /// Take every command queued since the last time round.
+    fn drain(&mut self, now: Instant) {
+        self.queue.take_all(&mut self.inbox);
+        let mut inbox = std::mem::take(&mut self.inbox);
+        for cmd in inbox.drain(..) {
+            self.command(cmd, now);
+        }
+        self.inbox = inbox;
+    }
+
+    fn wait_for(&mut self, id: TaskId, w: Waiter) {
+        let k = id.slot();
+        if self.waiters.len() <= k {
+            self.waiters.resize_with(k + 1, || None);
+        }
+        self.waiters[k] = Some((id, w));
+        self.live += 1;
+    }
+
+    fn command(&mut self, cmd: Command, now: Instant) {
+        match cmd {
+            Command::Lock {
+                keys,
+                ttl,
+                deadline,
+                retries,
+                slot,
+            } => {
+                let id = self.m.submit_lock(keys.iter(), ttl, deadline, retries, now);
+                self.wait_for(id, Waiter::Lock(slot));
+            }
+            Command::Release { state, slot } => {
+                self.keepers.retain(|k| !Arc::ptr_eq(&k.state, &state));
+                self.watched.retain(|s| !Arc::ptr_eq(s, &state));
+                let id = self.m.submit_release(&state.to_lock(), now);
+                self.wait_for(id, Waiter::Release(slot));
+            }
+            Command::Extend { state, ttl, slot } => {
+                let id = self.m.submit_extend(&state.to_lock(), ttl, now);
+                self.wait_for(
+                    id,
+                    Waiter::Extend {
+                        state,
+                        slot: Some(slot),
+                    },
+                );
+            }
+            Command::KeepAlive { state, opts } => {
+                if self.keepers.iter().any(|k| Arc::ptr_eq(&k.state, &state)) {
+                    return;
+                }
+                let keep = KeepAlive::new(state.ttl(), &opts, now);
+                state.set_stop_at(keep.stop_at(state.valid_until()));
+                self.keepers.push(Keeper {
+                    state,
+                    keep,
+                    extending: false,
+                });
+            }
+            Command::Watch(state) => {
+                if !self.watched.iter().any(|s| Arc::ptr_eq(s, &state)) {
+                    self.watched.push(state);
+                }
+            }
+            Command::Cancel(slot) => {
+                let found = self.waiters.iter().flatten().find_map(|(id, w)| match w {
+                    Waiter::Lock(s) if Arc::ptr_eq(s, &slot) => Some(*id),
+                    _ => None,
+                });
+                if let Some(id) = found {
+                    self.m.cancel(id, now);
+                }
+            }
+        }
+    }
+
+    /// Hand every finished task's result to whoever waits for it.
+    fn deliver(&mut self, now: Instant) {
+        self.finished.extend(self.m.take_finished());
+        let mut finished = std::mem::take(&mut self.finished);
+        for id in finished.drain(..) {
+            let Some((_, waiter)) = self.waiters.get_mut(id.slot()).and_then(Option::take) else {
+                let _ = self.m.take(id);
+                continue;
+            };
+            self.live -= 1;
+            let result = self.m.take(id);
+            self.settle(waiter, result, now);
+        }
+        self.finished = finished;
+    }
+
+    fn settle(&mut self, waiter: Waiter, result: Result<Done, Error>, now: Instant) {
+        match waiter {
+            Waiter::Lock(slot) => {
+                let out = result.map(|d| match d {
+                    Done::Locked(lock) => Out::Lock(Arc::new(LockState::new(lock, self.base))),
+                    other => unreachable!("a lock task ended with {other:?}"),
+                });
+                // Nobody wants it any more (the `Pending` was dropped): release it.
+                if let Some(Ok(Out::Lock(state))) = slot.complete(out) {
+                    let id = self.m.submit_release(&state.to_lock(), now);
+                    self.wait_for(id, Waiter::Release(None));
+                }
+            }
+            Waiter::Release(slot) => {
+                if let Some(slot) = slot {
+                    slot.complete(result.map(|_| Out::Unit));
+                }
+            }
+            Waiter::Extend { state, slot } => {
+                let k = self
+                    .keepers
+                    .iter()
+                    .position(|k| Arc::ptr_eq(&k.state, &state));
+                let margin = k.map_or(Duration::ZERO, |k| self.keepers[k].keep.lost_margin());
+                let r = match result {
+                    Ok(Done::Extended { valid_until, ttl }) => {
+                        state.extended(valid_until, ttl, margin);
+                        Ok(())
+                    }
+                    Ok(other) => unreachable!("an extend task ended with {other:?}"),
+                    Err(e) => Err(e),
+                };
+                match slot {
+                    Some(slot) => {
+                        if let Err(e @ (Error::NotHeld(_) | Error::Expired)) = &r {
+                            state.mark_lost(Some(e));
+                        }
+                        slot.complete(r.map(|()| Out::Unit));
+                    }
+                    None => {
+                        let Some(k) = k else { return };
+                        let retry_in = self.m.cfg.round_timeout(self.keepers[k].keep.ttl());
+                        let keeper = &mut self.keepers[k];
+                        keeper.extending = false;
+                        if let AfterExtend::Lost(e) = keeper.keep.after_extend(r, now, retry_in) {
+                            keeper.state.mark_lost(Some(&e));
+                            self.keepers.swap_remove(k);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Extend the auto-extended locks that are due; mark lost those past their margin.
+    fn keep_alive(&mut self, now: Instant) {
+        let mut k = self.keepers.len();
+        while k > 0 {
+            k -= 1;
+            let keeper = &mut self.keepers[k];
+            if keeper.extending {
+                continue;
+            }
+            if keeper.state.is_lost() {
+                let why = keeper.keep.lost_reason();
+                keeper.state.mark_lost(Some(&why));
+                self.keepers.swap_remove(k);
+                continue;
+            }
+            let until = keeper.state.valid_until();
+            if now < keeper.keep.next_wake(until, now) || !keeper.keep.may_extend(now) {
+                continue;
+            }
+            keeper.extending = true;
+            let (state, ttl) = (keeper.state.clone(), keeper.keep.ttl());
+            let id = self.m.submit_extend(&state.to_lock(), ttl, now);
+            self.wait_for(id, Waiter::Extend { state, slot: None });
+        }
+    }
+
+    /// Wake the `lost()` futures of locks whose lost instant passed.
+    fn watch(&mut self, _now: Instant) {
+        self.watched.retain(|s| !s.is_lost());
+    }
+
+    /// The next instant a keeper or a watched lock needs the loop.
+    fn next_wake(&self, now: Instant) -> Option<Instant> {
+        let keepers = self
+            .keepers
+            .iter()
+            .filter(|k| !k.extending)
+            .map(|k| k.keep.next_wake(k.state.valid_until(), now));
+        let watched = self.watched.iter().map(|s| s.stop_at());
+        keepers.chain(watched).min()
+    }
+
+    /// The loop is ending: every operation still waiting, and every command still queued
+    /// or queued later, fails with `why`.
+    fn shut(&mut self, why: io::Error) {
+        let err = || Error::Io(io::Error::new(why.kind(), why.to_string()));
+        self.queue.kill(&mut self.inbox);
+        for cmd in self.inbox.drain(..) {
+            match cmd {
+                Command::Lock { slot, .. } | Command::Extend { slot, .. } => {
+                    slot.complete(Err(err()));
+                }
+                Command::Release {
+                    slot: Some(slot), ..
+                } => {
+                    slot.complete(Err(err()));
+                }
+                _ => {}
+            }
+        }
+        for (_, w) in self.waiters.drain(..).flatten() {
+            match w {
+                Waiter::Lock(slot)
+                | Waiter::Release(Some(slot))
+                | Waiter::Extend {
+                    slot: Some(slot), ..
+                } => {
+                    slot.complete(Err(err()));
+                }
+                _ => {}
+            }
+        }
+        for k in self.keepers.drain(..) {
+            k.state.mark_lost(Some(&err()));
+        }
+        self.m.engine.flush();
+    }
+}

@@ -1,0 +1,325 @@
+//! The shared client: one loop thread owns the engine and the connections; cloneable
+//! handles ([`SharedRedlock`]) submit lock operations from any thread or task. Whatever is
+//! submitted while the loop is busy goes out in its next write to each master (natural
+//! batching: nobody forms batches). Results come back as [`Pending`] operations, awaited
+//! as futures or waited for on a thread; locks come as [`LockGuard`]s, released when
+//! dropped.
+
+mod event_loop;
+mod guard;
+mod pending;
+
+pub use guard::{LockGuard, Lost};
+pub use pending::Pending;
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use crate::builder::Builder;
+use crate::engine::KeyList;
+use crate::error::Error;
+use crate::keep::HoldOptions;
+use crate::machine::{Machine, Settings};
+use crate::single::{check_distinct, check_resources};
+use guard::LockState;
+use pending::{Out, Slot};
+
+/// What a handle asks of the loop.
+pub(crate) enum Command {
+    Lock {
+        keys: KeyList,
+        ttl: Duration,
+        deadline: Option<Instant>,
+        retries: u32,
+        slot: Arc<Slot>,
+    },
+    /// `slot: None`: a guard was dropped; nobody waits for the result.
+    Release {
+        state: Arc<LockState>,
+        slot: Option<Arc<Slot>>,
+    },
+    Extend {
+        state: Arc<LockState>,
+        ttl: Duration,
+        slot: Arc<Slot>,
+    },
+    KeepAlive {
+        state: Arc<LockState>,
+        opts: HoldOptions,
+    },
+    /// Wake the lock's `lost()` futures when its lost instant passes.
+    Watch(Arc<LockState>),
+    /// The `Pending` of this slot was dropped.
+    Cancel(Arc<Slot>),
+}
+
+/// The submission queue, shared by the handles and the loop.
+pub(crate) struct Queue {
+    state: Mutex<QueueState>,
+    /// Every handle is gone: the loop finishes what is in flight and exits.
+    closed: AtomicBool,
+    waker: Arc<mio::Waker>,
+    /// The loop spins instead of sleeping: no wake-up needed.
+    busy_poll: bool,
+}
+
+struct QueueState {
+    commands: Vec<Command>,
+    /// The loop has stopped: nothing is taken any more.
+    dead: bool,
+}
+
+impl Queue {
+    /// Queue `cmd` for the loop; gives it back if the loop has stopped (rare: moving it
+    /// back costs nothing next to boxing every command).
+    #[allow(clippy::result_large_err)]
+    fn push(&self, cmd: Command) -> Result<(), Command> {
+        let mut q = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if q.dead {
+            return Err(cmd);
+        }
+        let was_empty = q.commands.is_empty();
+        q.commands.push(cmd);
+        drop(q);
+        // The loop drains the whole queue each time round: one wake-up serves every
+        // submission queued since the last.
+        if was_empty && !self.busy_poll {
+            let _ = self.waker.wake();
+        }
+        Ok(())
+    }
+
+    /// Move every queued command into `into` (the loop).
+    fn take_all(&self, into: &mut Vec<Command>) {
+        let mut q = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        std::mem::swap(&mut q.commands, into);
+    }
+
+    /// The loop stops: take what is queued, refuse what comes.
+    fn kill(&self, into: &mut Vec<Command>) {
+        let mut q = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        q.dead = true;
+        into.append(&mut q.commands);
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        let _ = self.waker.wake();
+    }
+}
+
+/// What the handles share; dropped with the last handle, guard and pending operation.
+pub(crate) struct Inner {
+    queue: Arc<Queue>,
+    settings: Settings,
+    masters: Vec<Arc<str>>,
+    quorum: usize,
+    busy_poll: bool,
+}
+
+impl Inner {
+    pub(crate) fn submit(&self, cmd: Command) {
+        if let Err(cmd) = self.queue.push(cmd) {
+            let stopped = || {
+                Err(Error::Io(std::io::Error::other(
+                    "the shared client's loop has stopped",
+                )))
+            };
+            match cmd {
+                Command::Lock { slot, .. }
+                | Command::Extend { slot, .. }
+                | Command::Release {
+                    slot: Some(slot), ..
+                } => {
+                    slot.complete(stopped());
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.queue.close();
+    }
+}
+
+/// A Redlock client for a whole process: a cloneable, `Send + Sync` handle to one event
+/// loop thread that owns one connection per master. Every thread and async task can use
+/// it at once; all their lock operations are multiplexed over the same connections.
+///
+/// Every operation returns a [`Pending`]: `.await` it (any executor), or
+/// [`wait`](Pending::wait) for it on a thread. Locks come as [`LockGuard`]s: dropping one
+/// releases the lock (queued to the loop, never blocking); dropping a `Pending` cancels
+/// the operation, and a lock granted after that is released by the loop.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use redlock_mux::Redlock;
+///
+/// let redlock = Redlock::builder()
+///     .masters(["redis://127.0.0.1:7000", "redis://127.0.0.1:7001", "redis://127.0.0.1:7002"])
+///     .build_shared()?;
+/// let worker = redlock.clone(); // another thread's handle to the same loop
+/// std::thread::spawn(move || {
+///     let guard = worker.lock("orders:42", Duration::from_secs(10)).wait()?;
+///     // ... work while guard.is_valid() ...
+///     guard.release().wait()
+/// });
+/// # Ok::<(), redlock_mux::Error>(())
+/// ```
+///
+/// The single-owner [`crate::Redlock`] is faster for one thread (no hand-off between
+/// threads); this client is for sharing: thread pools, async services, many callers.
+#[derive(Clone)]
+pub struct SharedRedlock {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for SharedRedlock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedRedlock")
+            .field("masters", &self.inner.masters)
+            .field("quorum", &self.inner.quorum)
+            .finish()
+    }
+}
+
+impl SharedRedlock {
+    pub(crate) fn start(m: Machine) -> Result<SharedRedlock, Error> {
+        let busy_poll = m.engine.cfg.busy_poll;
+        let queue = Arc::new(Queue {
+            state: Mutex::new(QueueState {
+                commands: Vec::with_capacity(64),
+                dead: false,
+            }),
+            closed: AtomicBool::new(false),
+            waker: m.engine.waker(),
+            busy_poll,
+        });
+        let inner = Arc::new(Inner {
+            queue: queue.clone(),
+            settings: m.cfg.clone(),
+            masters: m.engine.nodes.iter().map(|n| n.name.clone()).collect(),
+            quorum: m.engine.quorum(),
+            busy_poll,
+        });
+        std::thread::Builder::new()
+            .name("redlock-mux".into())
+            .spawn(move || event_loop::run(m, queue))?;
+        Ok(SharedRedlock { inner })
+    }
+
+    /// A shared client with default settings over these masters.
+    pub fn new<I, S>(urls: I) -> Result<Self, Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        Builder::default().masters(urls).build_shared()
+    }
+
+    /// The masters, as `host:port[/db]`.
+    pub fn masters(&self) -> impl Iterator<Item = &str> + '_ {
+        self.inner.masters.iter().map(|n| &**n)
+    }
+
+    /// OK answers needed: N/2 + 1.
+    pub fn quorum(&self) -> usize {
+        self.inner.quorum
+    }
+
+    /// One attempt to take `resource` for `ttl` (see [`crate::Redlock::try_lock`]).
+    pub fn try_lock(&self, resource: impl AsRef<[u8]>, ttl: Duration) -> Pending<LockGuard> {
+        self.submit_lock(one(resource.as_ref()), ttl, None, 0)
+    }
+
+    /// Take `resource` for `ttl`, retrying after a random delay while it is taken or no
+    /// quorum answers, up to the configured retry count (see [`crate::Redlock::lock`]).
+    pub fn lock(&self, resource: impl AsRef<[u8]>, ttl: Duration) -> Pending<LockGuard> {
+        let retries = self.inner.settings.retry_count;
+        self.submit_lock(one(resource.as_ref()), ttl, None, retries)
+    }
+
+    /// Like [`SharedRedlock::lock`], never past `deadline`.
+    pub fn lock_with_deadline(
+        &self,
+        resource: impl AsRef<[u8]>,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Pending<LockGuard> {
+        let retries = self.inner.settings.retry_count;
+        self.submit_lock(one(resource.as_ref()), ttl, Some(deadline), retries)
+    }
+
+    /// Several resources as one lock (see [`crate::Redlock::lock_many`]).
+    pub fn lock_many<I, R>(&self, resources: I, ttl: Duration) -> Pending<LockGuard>
+    where
+        I: IntoIterator<Item = R>,
+        R: AsRef<[u8]>,
+    {
+        let mut keys = KeyList::default();
+        for r in resources {
+            keys.push(r.as_ref());
+        }
+        if let Err(e) = check_distinct(&keys) {
+            return Pending::ready(self.inner.clone(), Err(e));
+        }
+        let retries = self.inner.settings.retry_count;
+        self.submit_lock(keys, ttl, None, retries)
+    }
+
+    fn submit_lock(
+        &self,
+        keys: KeyList,
+        ttl: Duration,
+        deadline: Option<Instant>,
+        retries: u32,
+    ) -> Pending<LockGuard> {
+        let checked = if keys.len() == 0 {
+            Err(Error::InvalidArgument("no resource given".into()))
+        } else {
+            check_resources(keys.iter()).and_then(|()| self.inner.settings.check_ttl(ttl))
+        };
+        let ttl = match checked {
+            Ok(t) => t,
+            Err(e) => return Pending::ready(self.inner.clone(), Err(e)),
+        };
+        let slot = Slot::new();
+        self.inner.submit(Command::Lock {
+            keys,
+            ttl,
+            deadline,
+            retries,
+            slot: slot.clone(),
+        });
+        Pending::new(self.inner.clone(), slot)
+    }
+}
+
+fn one(resource: &[u8]) -> KeyList {
+    let mut keys = KeyList::default();
+    keys.push(resource);
+    keys
+}
+
+impl Builder {
+    /// Check the configuration and start the shared client: its loop thread starts now,
+    /// connections open with the first operation.
+    pub fn build_shared(self) -> Result<SharedRedlock, Error> {
+        SharedRedlock::start(self.machine()?)
+    }
+}
+
+#[allow(unused)]
+fn _assert_send_sync() {
+    fn is<T: Send + Sync>() {}
+    is::<SharedRedlock>();
+    is::<LockGuard>();
+    is::<Pending<LockGuard>>();
+    is::<Pending<()>>();
+    let _ = Out::Unit;
+}

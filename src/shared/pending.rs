@@ -1,0 +1,215 @@
+//! [`Pending`]: an operation submitted to the shared client's loop, awaited as a future or
+//! waited for on a thread; and the completion slot the loop fills.
+
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+use super::guard::{LockGuard, LockState};
+use super::{Command, Inner};
+use crate::error::Error;
+
+/// What the loop hands back.
+pub(crate) enum Out {
+    /// A lock: its state, to become a [`LockGuard`] in the caller's hands.
+    Lock(Arc<LockState>),
+    /// A release or an extend went through.
+    Unit,
+}
+
+/// Where the loop puts an operation's result and whom it wakes.
+pub(crate) struct Slot {
+    /// Set (after the result is stored) when the result is in: a cheap check to spin on.
+    ready: AtomicBool,
+    state: Mutex<SlotState>,
+}
+
+#[derive(Default)]
+struct SlotState {
+    result: Option<Result<Out, Error>>,
+    waker: Option<Waker>,
+    thread: Option<Thread>,
+    /// Nobody will take the result: the `Pending` was dropped first.
+    dropped: bool,
+}
+
+fn lock(m: &Mutex<SlotState>) -> MutexGuard<'_, SlotState> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Slot {
+    pub(crate) fn new() -> Arc<Slot> {
+        Arc::new(Slot {
+            ready: AtomicBool::new(false),
+            state: Mutex::new(SlotState::default()),
+        })
+    }
+
+    /// Store the result and wake whoever waits. Returns it back when the `Pending` is
+    /// gone (then the loop deals with it: a lock is released).
+    pub(crate) fn complete(&self, result: Result<Out, Error>) -> Option<Result<Out, Error>> {
+        let mut st = lock(&self.state);
+        if st.dropped {
+            return Some(result);
+        }
+        st.result = Some(result);
+        self.ready.store(true, Ordering::Release);
+        let waker = st.waker.take();
+        let thread = st.thread.take();
+        drop(st);
+        if let Some(w) = waker {
+            w.wake();
+        }
+        if let Some(t) = thread {
+            t.unpark();
+        }
+        None
+    }
+}
+
+/// An operation of the shared client ([`crate::SharedRedlock`]) on its way: `.await` it
+/// from async code (any executor; only `std::task::Waker` is used), or [`Pending::wait`]
+/// for it on a thread.
+///
+/// Dropping it before it completes cancels it: a lock attempt in flight is abandoned (its
+/// partial lock released), and a lock granted after the drop is released by the loop. No
+/// lock is ever granted to nobody. A release or an extend that was already sent goes on.
+#[must_use = "an operation does nothing useful unless awaited or waited for; dropping it cancels it"]
+pub struct Pending<T> {
+    inner: Arc<Inner>,
+    slot: Arc<Slot>,
+    taken: bool,
+    _out: PhantomData<fn() -> T>,
+}
+
+impl<T> std::fmt::Debug for Pending<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pending")
+            .field("ready", &self.slot.ready.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+/// How long a waiting caller of a busy-polling client spins before it parks.
+const SPIN: Duration = Duration::from_micros(50);
+
+impl<T> Pending<T> {
+    pub(crate) fn new(inner: Arc<Inner>, slot: Arc<Slot>) -> Self {
+        Pending {
+            inner,
+            slot,
+            taken: false,
+            _out: PhantomData,
+        }
+    }
+
+    /// A `Pending` that is complete already (an argument error, found before anything was
+    /// sent).
+    pub(crate) fn ready(inner: Arc<Inner>, result: Result<Out, Error>) -> Self {
+        let slot = Slot::new();
+        slot.complete(result);
+        Pending::new(inner, slot)
+    }
+
+    /// Block the calling thread until the result is in.
+    fn wait_out(&mut self) -> Result<Out, Error> {
+        if self.inner.busy_poll {
+            let until = Instant::now() + SPIN;
+            while !self.slot.ready.load(Ordering::Acquire) && Instant::now() < until {
+                std::hint::spin_loop();
+            }
+        }
+        let mut st = lock(&self.slot.state);
+        loop {
+            if let Some(r) = st.result.take() {
+                self.taken = true;
+                return r;
+            }
+            st.thread = Some(std::thread::current());
+            drop(st);
+            std::thread::park();
+            st = lock(&self.slot.state);
+        }
+    }
+
+    fn poll_out(&mut self, cx: &mut Context<'_>) -> Poll<Result<Out, Error>> {
+        let mut st = lock(&self.slot.state);
+        if let Some(r) = st.result.take() {
+            self.taken = true;
+            return Poll::Ready(r);
+        }
+        match &st.waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            _ => st.waker = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
+}
+
+impl Pending<LockGuard> {
+    /// Block the calling thread until the lock is granted or the attempt failed.
+    pub fn wait(mut self) -> Result<LockGuard, Error> {
+        let out = self.wait_out();
+        self.guard(out)
+    }
+
+    fn guard(&self, out: Result<Out, Error>) -> Result<LockGuard, Error> {
+        match out? {
+            Out::Lock(state) => Ok(LockGuard::new(self.inner.clone(), state)),
+            Out::Unit => unreachable!("a lock operation completes with a lock"),
+        }
+    }
+}
+
+impl Pending<()> {
+    /// Block the calling thread until the operation is done.
+    pub fn wait(mut self) -> Result<(), Error> {
+        self.wait_out().map(|_| ())
+    }
+}
+
+impl Future for Pending<LockGuard> {
+    type Output = Result<LockGuard, Error>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        match this.poll_out(cx) {
+            Poll::Ready(out) => Poll::Ready(this.guard(out)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl Future for Pending<()> {
+    type Output = Result<(), Error>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.get_mut().poll_out(cx).map(|r| r.map(|_| ()))
+    }
+}
+
+impl<T> Drop for Pending<T> {
+    fn drop(&mut self) {
+        if self.taken {
+            return;
+        }
+        let mut st = lock(&self.slot.state);
+        match st.result.take() {
+            // Completed but never taken: a lock becomes a guard and is released as it
+            // drops (queued to the loop; nothing blocks).
+            Some(Ok(Out::Lock(state))) => {
+                drop(st);
+                drop(LockGuard::new(self.inner.clone(), state));
+            }
+            Some(_) => {}
+            None => {
+                st.dropped = true;
+                drop(st);
+                self.inner.submit(Command::Cancel(self.slot.clone()));
+            }
+        }
+    }
+}
