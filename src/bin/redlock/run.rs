@@ -313,23 +313,24 @@ fn supervise(
             }
             return Ok(status);
         }
+        // Signal first, then say so: nothing may delay the signal.
         if lost_at.is_none() && signal.is_lost() {
+            signal_group(group, Signal::SIGTERM);
+            lost_at = Some(now);
             say!(
                 "LOST THE LOCK on {}: terminating the command (SIGTERM, SIGKILL after {})",
                 args.resource,
                 humantime::format_duration(args.kill_grace)
             );
-            signal_group(group, Signal::SIGTERM);
-            lost_at = Some(now);
         }
         if let Some(at) = lost_at {
             if !killed && now >= at + args.kill_grace {
-                say!(
-                    "the command is still running {} after SIGTERM: SIGKILL",
-                    humantime::format_duration(args.kill_grace)
-                );
                 let _ = kill(group, Signal::SIGKILL);
                 killed = true;
+                say!(
+                    "the command was still running {} after SIGTERM: SIGKILL",
+                    humantime::format_duration(args.kill_grace)
+                );
             }
         }
         // SIGCHLD arrives through the channel too, so a command's exit wakes this at once.
