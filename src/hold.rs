@@ -16,17 +16,22 @@ pub struct LockSignal {
     cv: Condvar,
 }
 
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 struct State {
     lost: bool,
     done: bool,
+    valid_until: Instant,
 }
 
 impl LockSignal {
-    fn new() -> Self {
+    fn new(valid_until: Instant) -> Self {
         LockSignal {
             lost: std::sync::atomic::AtomicBool::new(false),
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State {
+                lost: false,
+                done: false,
+                valid_until,
+            }),
             cv: Condvar::new(),
         }
     }
@@ -35,6 +40,26 @@ impl LockSignal {
     /// ran out). Stop touching the protected resource when it turns true.
     pub fn is_lost(&self) -> bool {
         self.lost.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// When the lock's validity ends, as of its acquisition or its last successful
+    /// extension (each extension moves it forward; after a loss it stays where it was).
+    ///
+    /// The keeper marks a loss only when it wakes up to extend: work that was paused (its
+    /// process stopped, say) can compare this with `Instant::now()` before it touches the
+    /// protected resource again, rather than trust [`LockSignal::is_lost`] alone.
+    pub fn valid_until(&self) -> Instant {
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .valid_until
+    }
+
+    fn set_valid_until(&self, until: Instant) {
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .valid_until = until;
     }
 
     /// Wait up to `timeout` for the lock to be lost; returns [`LockSignal::is_lost`].
@@ -177,7 +202,7 @@ impl Redlock {
         F: FnOnce(&LockSignal) -> T + Send,
         T: Send,
     {
-        let signal = LockSignal::new();
+        let signal = LockSignal::new(lock.valid_until());
         let started = Instant::now();
         let margin = ttl.mul_f64(opts.extend_at.clamp(0.05, 0.9));
         let mut extensions = 0u32;
@@ -211,7 +236,10 @@ impl Redlock {
                 let kept = if !lock.is_valid() {
                     Err(Error::Expired)
                 } else if may_extend {
-                    self.extend(&mut lock, ttl).map(|()| extensions += 1)
+                    self.extend(&mut lock, ttl).map(|()| {
+                        signal.set_valid_until(lock.valid_until());
+                        extensions += 1;
+                    })
                 } else {
                     Ok(()) // woke early: wait on
                 };
