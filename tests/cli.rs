@@ -818,6 +818,25 @@ fn ticking(m: &LocalMasters, s: &Scratch, key: &str, ttl: &str, extra: &[&str]) 
     (run, read_pid(&s.path("pid")).unwrap())
 }
 
+/// Wait (bounded) until redlock and the command are both stopped (`T`).
+fn both_stopped(redlock: u32, command: u32) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let states = (proc_state(redlock), proc_state(command));
+        if states == (Some('T'), Some('T')) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "redlock and the command not both stopped (T) after SIGTSTP to redlock: \
+             redlock {:?}, command {:?}",
+            states.0,
+            states.1
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
 #[test]
 fn ctrl_z_stops_the_command_too_and_kills_it_if_the_lock_expired_meanwhile() {
     let m = masters(3);
@@ -837,11 +856,7 @@ fn ctrl_z_stops_the_command_too_and_kills_it_if_the_lock_expired_meanwhile() {
     );
 
     kill(Pid::from_raw(run.id() as i32), Signal::SIGTSTP).unwrap();
-    eventually(
-        "redlock and the command both stopped",
-        Duration::from_secs(2),
-        || proc_state(run.id()) == Some('T') && proc_state(pid) == Some('T'),
-    );
+    both_stopped(run.id(), pid);
     let ticks = lines(&s.path("ticks"));
     // Stopped past its TTL: the lock expires, and a second holder may run.
     eventually("the lock to expire", Duration::from_secs(5), || {
@@ -879,11 +894,7 @@ fn ctrl_z_then_fg_within_the_ttl_continues_the_command_under_the_lock() {
     let token = holders(&m, key)[0].clone().expect("held");
 
     kill(Pid::from_raw(run.id() as i32), Signal::SIGTSTP).unwrap();
-    eventually(
-        "redlock and the command both stopped",
-        Duration::from_secs(2),
-        || proc_state(run.id()) == Some('T') && proc_state(pid) == Some('T'),
-    );
+    both_stopped(run.id(), pid);
     let ticks = lines(&s.path("ticks"));
     kill(Pid::from_raw(run.id() as i32), Signal::SIGCONT).unwrap();
     eventually("the command to tick again", Duration::from_secs(5), || {
