@@ -279,6 +279,29 @@ fn run_exits_with_the_command_status() {
 }
 
 #[test]
+fn run_starts_the_command_with_no_signal_blocked() {
+    // redlock blocks SIGTTIN and SIGTTOU for itself; the command must not inherit that.
+    let m = masters(3);
+    let out = output(
+        redlock(
+            Some(&m),
+            &[
+                "run",
+                "cli:mask",
+                "--",
+                "grep",
+                "^SigBlk:",
+                "/proc/self/status",
+            ],
+        ),
+        Duration::from_secs(15),
+    );
+    assert_eq!(code(&out), 0, "stderr: {}", stderr(&out));
+    let line = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(line.trim(), "SigBlk:\t0000000000000000", "{line}");
+}
+
+#[test]
 fn run_returns_the_conflict_code_when_the_lock_is_taken() {
     let m = masters(3);
     let s = Scratch::new();
@@ -995,7 +1018,9 @@ fn run_keeps_the_lock_until_background_jobs_of_the_command_exit() {
     let _group = KillGroupOnDrop(pid);
     eventually("the leader to exit", Duration::from_secs(5), || !alive(pid));
     let leader_gone = Instant::now();
-    let token = holders(&m, key)[0].clone().expect("held");
+    let token = holders(&m, key)[0]
+        .clone()
+        .expect("the lock was released when the leader exited, while its job still runs");
     // Held, and extended past its TTL, while the job runs.
     while leader_gone.elapsed() < Duration::from_millis(1500) {
         assert!(

@@ -83,6 +83,12 @@ pub fn exec_main(args: ExecArgs) -> u8 {
         say!("cannot stop the command before it starts: {e}");
         return exit::OSERR;
     }
+    // COMMAND starts with no signal blocked: redlock blocks SIGTTIN and SIGTTOU, and a
+    // blocked mask is inherited through spawn and exec.
+    if let Err(e) = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None) {
+        say!("cannot clear the signal mask for the command: {e}");
+        return exit::OSERR;
+    }
     let program = &args.command[0];
     let e = Command::new(program).args(&args.command[1..]).exec();
     say!("cannot run {}: {e}", program.to_string_lossy());

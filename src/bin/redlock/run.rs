@@ -198,7 +198,7 @@ pub fn main(args: RunArgs) -> u8 {
     // (a background job under `stty tostop` gets SIGTTOU for a write, which would stop
     // redlock and leave COMMAND running): with SIGTTIN and SIGTTOU blocked, such a write
     // goes through. Set before any thread starts (threads inherit the mask); children
-    // start with an empty mask (std resets it).
+    // inherit it too: the exec helper clears it before it execs COMMAND.
     let mut tty = SigSet::empty();
     tty.add(Signal::SIGTTIN);
     tty.add(Signal::SIGTTOU);
@@ -387,6 +387,7 @@ fn hold_and_run(args: &RunArgs, client: &mut Redlock, job: &Mutex<Job>, rx: Rece
             status: None,
             started: false,
             ran: false,
+            killed_held: false,
             lost_at: None,
             killed: false,
         };
@@ -416,10 +417,10 @@ fn hold_and_run(args: &RunArgs, client: &mut Redlock, job: &Mutex<Job>, rx: Rece
             "the lock on {resource} was lost before the command finished ({why}); the command \
              exited with status {}{}",
             done.status,
-            if done.ran {
-                ""
-            } else {
-                " without running again after it was stopped"
+            match (done.killed_held, done.ran) {
+                (false, _) => "",
+                (true, false) => " (killed before it started)",
+                (true, true) => " (killed while stopped, without running again)",
             }
         );
         return args.lost_exit_code;
@@ -440,8 +441,10 @@ struct Done {
     status: u8,
     /// The supervisor found the lock lost (the keeper's signal, or validity run out).
     lost: bool,
-    /// The group ran since it was last continued (false: killed while held stopped).
+    /// The group was continued at least once: COMMAND ran.
     ran: bool,
+    /// The group was killed while held stopped (after a Ctrl-Z, or before it started).
+    killed_held: bool,
 }
 
 /// Runs on the worker thread while the lock is held: starts COMMAND (arms the watchdog,
@@ -462,8 +465,10 @@ struct Supervisor<'a> {
     status: Option<u8>,
     /// The exec helper has stopped itself (and the watchdog is armed).
     started: bool,
-    /// The group was continued at least once, and not held stopped since.
+    /// The group was continued at least once: COMMAND ran.
     ran: bool,
+    /// SIGKILL went to the group while it was held stopped.
+    killed_held: bool,
     lost_at: Option<Instant>,
     killed: bool,
 }
@@ -487,6 +492,7 @@ impl Supervisor<'_> {
                         status,
                         lost: self.lost_at.is_some(),
                         ran: self.ran,
+                        killed_held: self.killed_held,
                     });
                 }
             }
@@ -574,7 +580,7 @@ impl Supervisor<'_> {
             self.lost_at = Some(now);
             self.killed = held;
             if held {
-                self.ran = false;
+                self.killed_held = true;
                 say!(
                     "LOST THE LOCK on {} while the command was stopped: killed it (SIGKILL) \
                      before it could run again",
