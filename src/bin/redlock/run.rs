@@ -63,8 +63,8 @@ COMMAND does not run without the lock:
   at once (a parent-death signal, set by redlock's exec helper before COMMAND starts), and
   a watchdog process (`redlock __watchdog`, in a process group of its own, blocking
   SIGINT, SIGTERM, SIGHUP, SIGQUIT and SIGTSTP) SIGKILLs the rest of COMMAND's process
-  group. If the watchdog is killed too (`kill -9` of both, or of a cgroup without
-  COMMAND), background jobs of COMMAND may outlive the lock.
+  group. If the watchdog is killed as well (`kill -9` of both, say), background jobs of
+  COMMAND may outlive the lock; redlock warns when it sees the watchdog gone.
   Ctrl-Z (SIGTSTP): redlock stops COMMAND's process group (SIGSTOP), then itself. When
   continued (fg, bg, SIGCONT), it lets COMMAND go on only while the lock is valid for
   more than a third of the TTL (waiting for an extension otherwise); if the lock was lost
