@@ -20,7 +20,8 @@ pub struct HoldOptions {
     pub extend_at: f64,
     /// The lost-lock margin: the signal fires when less than this fraction of the TTL is
     /// left before the lock's deadline and no extension moved it (default 0.1; clamped to
-    /// 0..=`extend_at`). An extension that fails for want of answers (masters down, slow
+    /// 0..=`extend_at / 2`, which leaves the other half of the extension margin for
+    /// retries). An extension that fails for want of answers (masters down, slow
     /// or restarting) is retried until then; one that finds the lock gone fires at once.
     pub lost_at: f64,
     /// At most this many extensions (default unlimited); after that the lock runs out and
@@ -47,7 +48,8 @@ impl HoldOptions {
         let d = HoldOptions::default();
         let or = |x: f64, default: f64| if x.is_nan() { default } else { x };
         let extend_at = or(self.extend_at, d.extend_at).clamp(0.05, 0.9);
-        let lost_at = or(self.lost_at, d.lost_at).clamp(0.0, extend_at);
+        // At most half the extension margin: the other half is for retrying.
+        let lost_at = or(self.lost_at, d.lost_at).clamp(0.0, extend_at / 2.0);
         (ttl.mul_f64(extend_at), ttl.mul_f64(lost_at))
     }
 }

@@ -7,6 +7,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -278,6 +279,29 @@ fn run_exits_with_the_command_status() {
 }
 
 #[test]
+fn run_starts_the_command_with_no_signal_blocked() {
+    // redlock blocks SIGTTIN and SIGTTOU for itself; the command must not inherit that.
+    let m = masters(3);
+    let out = output(
+        redlock(
+            Some(&m),
+            &[
+                "run",
+                "cli:mask",
+                "--",
+                "grep",
+                "^SigBlk:",
+                "/proc/self/status",
+            ],
+        ),
+        Duration::from_secs(15),
+    );
+    assert_eq!(code(&out), 0, "stderr: {}", stderr(&out));
+    let line = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(line.trim(), "SigBlk:\t0000000000000000", "{line}");
+}
+
+#[test]
 fn run_returns_the_conflict_code_when_the_lock_is_taken() {
     let m = masters(3);
     let s = Scratch::new();
@@ -349,6 +373,19 @@ impl Drop for KillGroupOnDrop {
     fn drop(&mut self) {
         if thread::panicking() {
             let _ = kill(Pid::from_raw(-(self.0 as i32)), Signal::SIGKILL);
+        }
+    }
+}
+
+/// SIGKILLs a process (a `redlock` the test started and has not reaped, so its PID cannot
+/// be reused) when dropped during a panic: a stopped redlock left behind would hold the
+/// test's pipes open.
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if thread::panicking() {
+            let _ = kill(Pid::from_raw(self.0 as i32), Signal::SIGKILL);
         }
     }
 }
@@ -676,4 +713,328 @@ fn bench_ctrl_c_stops_the_local_masters_and_exits_130() {
     for pid in servers {
         assert!(!alive(pid), "redis-server {pid} outlived the bench");
     }
+}
+
+/// The state letter of `/proc/<pid>/stat` (`R`, `S`, `T` stopped, `Z` zombie...), or `None`
+/// when there is no such process.
+fn proc_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.trim_start().chars().next()
+}
+
+fn lines(path: &Path) -> usize {
+    std::fs::read_to_string(path)
+        .map(|s| s.lines().count())
+        .unwrap_or(0)
+}
+
+/// Read a child's piped stderr to the end (after it exited).
+fn take_stderr(child: &mut Child) -> String {
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+    }
+    err
+}
+
+#[test]
+fn sigkill_to_redlock_takes_the_command_and_its_background_jobs_with_it() {
+    let m = masters(3);
+    let s = Scratch::new();
+    let key = "cli:killed";
+    // A background grandchild in COMMAND's process group, and the leader waiting for it.
+    let script = format!(
+        "sleep 600 & echo $! > '{job}'; echo $$ > '{pid}'; wait",
+        job = s.file("job"),
+        pid = s.file("pid")
+    );
+    let mut run = redlock(
+        Some(&m),
+        &[
+            "run",
+            "--ttl",
+            "1s",
+            "--kill-grace",
+            "300ms",
+            key,
+            "--",
+            "sh",
+            "-c",
+        ],
+    )
+    .arg(&script)
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("spawn redlock run");
+    eventually("the command to start", Duration::from_secs(10), || {
+        read_pid(&s.path("pid")).is_some() && read_pid(&s.path("job")).is_some()
+    });
+    let pid = read_pid(&s.path("pid")).unwrap();
+    let job = read_pid(&s.path("job")).unwrap();
+    let _group = KillGroupOnDrop(pid);
+    assert!(alive(pid) && alive(job));
+    assert!(holders(&m, key).iter().all(Option::is_some));
+
+    kill(Pid::from_raw(run.id() as i32), Signal::SIGKILL).unwrap();
+    let status = wait_exit(&mut run, Duration::from_secs(5));
+    assert_eq!(status.signal(), Some(9), "{status:?}");
+    // The leader (parent-death signal) and the background job (watchdog) go at once,
+    // long before the lock's TTL lets anyone else in.
+    eventually(
+        "the command and its background job to be gone after redlock was killed",
+        Duration::from_secs(2),
+        || !alive(pid) && !alive(job),
+    );
+
+    // After the TTL a second holder runs, and nothing of the first command runs with it.
+    eventually("the lock to expire", Duration::from_secs(5), || {
+        holders(&m, key).iter().all(Option::is_none)
+    });
+    let second = output(
+        {
+            let mut c = redlock(Some(&m), &["run", "-n", key, "--", "sh", "-c"]);
+            c.arg(format!("touch '{}'", s.file("second")));
+            c
+        },
+        Duration::from_secs(10),
+    );
+    assert_eq!(code(&second), 0, "stderr: {}", stderr(&second));
+    assert!(s.path("second").exists());
+    assert!(
+        !alive(pid) && !alive(job),
+        "the first command overlapped the second holder"
+    );
+}
+
+/// Start `sh -c` ticking into a file under `run --ttl TTL`, and wait until it ticks.
+fn ticking(m: &LocalMasters, s: &Scratch, key: &str, ttl: &str, extra: &[&str]) -> (Child, u32) {
+    let script = format!(
+        "echo $$ > '{pid}'; i=0; while [ ! -e '{go}' ] && [ $i -lt 1200 ]; do \
+         echo t >> '{ticks}'; sleep 0.05; i=$((i+1)); done",
+        pid = s.file("pid"),
+        go = s.file("go"),
+        ticks = s.file("ticks"),
+    );
+    let run = redlock(
+        Some(m),
+        &[
+            "run",
+            "--ttl",
+            ttl,
+            "--kill-grace",
+            "300ms",
+            "--round-timeout",
+            "200ms",
+        ],
+    )
+    .args(extra)
+    .args([key, "--", "sh", "-c", &script])
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("spawn redlock run");
+    eventually("the command to tick", Duration::from_secs(10), || {
+        read_pid(&s.path("pid")).is_some() && lines(&s.path("ticks")) > 0
+    });
+    (run, read_pid(&s.path("pid")).unwrap())
+}
+
+/// Wait (bounded) until redlock and the command are both stopped (`T`).
+fn both_stopped(redlock: u32, command: u32) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let states = (proc_state(redlock), proc_state(command));
+        if states == (Some('T'), Some('T')) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "redlock and the command not both stopped (T) after SIGTSTP to redlock: \
+             redlock {:?}, command {:?}",
+            states.0,
+            states.1
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn ctrl_z_stops_the_command_too_and_kills_it_if_the_lock_expired_meanwhile() {
+    let m = masters(3);
+    let s = Scratch::new();
+    let key = "cli:tstp-expired";
+    let (mut run, pid) = ticking(&m, &s, key, "1s", &[]);
+    let _run = KillOnDrop(run.id());
+    let _group = KillGroupOnDrop(pid);
+    let started = Instant::now();
+    eventually(
+        "the lock extended past its TTL",
+        Duration::from_secs(5),
+        || {
+            started.elapsed() > Duration::from_millis(1500)
+                && holders(&m, key).iter().all(Option::is_some)
+        },
+    );
+
+    kill(Pid::from_raw(run.id() as i32), Signal::SIGTSTP).unwrap();
+    both_stopped(run.id(), pid);
+    let ticks = lines(&s.path("ticks"));
+    // Stopped past its TTL: the lock expires, and a second holder may run.
+    eventually("the lock to expire", Duration::from_secs(5), || {
+        holders(&m, key).iter().all(Option::is_none)
+    });
+    let second = output(
+        redlock(Some(&m), &["run", "-n", key, "--", "true"]),
+        Duration::from_secs(10),
+    );
+    assert_eq!(code(&second), 0, "stderr: {}", stderr(&second));
+    assert_eq!(proc_state(pid), Some('T'), "the first command ran on");
+    assert_eq!(lines(&s.path("ticks")), ticks, "the first command ran on");
+
+    // Continued: the lock is gone, so the command is killed, never continued.
+    kill(Pid::from_raw(run.id() as i32), Signal::SIGCONT).unwrap();
+    let status = wait_exit(&mut run, Duration::from_secs(10));
+    let err = take_stderr(&mut run);
+    assert_eq!(status.code(), Some(75), "stderr: {err}");
+    assert!(!alive(pid), "the command outlived the lost lock");
+    assert_eq!(
+        lines(&s.path("ticks")),
+        ticks,
+        "the command ran after the lock expired"
+    );
+}
+
+#[test]
+fn ctrl_z_then_fg_within_the_ttl_continues_the_command_under_the_lock() {
+    let m = masters(3);
+    let s = Scratch::new();
+    let key = "cli:tstp-fg";
+    let (mut run, pid) = ticking(&m, &s, key, "20s", &[]);
+    let _run = KillOnDrop(run.id());
+    let _group = KillGroupOnDrop(pid);
+    let token = holders(&m, key)[0].clone().expect("held");
+
+    kill(Pid::from_raw(run.id() as i32), Signal::SIGTSTP).unwrap();
+    both_stopped(run.id(), pid);
+    let ticks = lines(&s.path("ticks"));
+    kill(Pid::from_raw(run.id() as i32), Signal::SIGCONT).unwrap();
+    eventually("the command to tick again", Duration::from_secs(5), || {
+        lines(&s.path("ticks")) > ticks
+    });
+    assert!(holders(&m, key)
+        .iter()
+        .all(|h| h.as_deref() == Some(&token[..])));
+
+    std::fs::write(s.path("go"), b"").unwrap();
+    let status = wait_exit(&mut run, Duration::from_secs(10));
+    let err = take_stderr(&mut run);
+    assert_eq!(status.code(), Some(0), "stderr: {err}");
+    assert_eq!(holders(&m, key), vec![None, None, None]);
+}
+
+#[test]
+fn lost_lock_with_stderr_a_broken_pipe_still_terminates_the_command() {
+    let mut m = masters(3);
+    let s = Scratch::new();
+    let key = "cli:epipe";
+    // The command's own stderr goes elsewhere: `sh` reporting its killed `sleep` on a
+    // broken pipe would die of SIGPIPE before its trap runs.
+    let script = format!(
+        "exec 2>/dev/null; echo $$ > '{pid}'; trap 'echo got > \"{term}\"; exit 0' TERM; \
+         i=0; while [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done",
+        pid = s.file("pid"),
+        term = s.file("term"),
+    );
+    // --kill-grace below a third of --ttl: no warning at start, the first message is the
+    // lost lock's.
+    let mut run = redlock(
+        Some(&m),
+        &[
+            "run",
+            "--ttl",
+            "1s",
+            "--kill-grace",
+            "300ms",
+            "--round-timeout",
+            "200ms",
+            key,
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    )
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("spawn redlock run");
+    // Nobody reads redlock's stderr any more: writes to it fail with EPIPE.
+    drop(run.stderr.take());
+    eventually("the command to start", Duration::from_secs(10), || {
+        read_pid(&s.path("pid")).is_some()
+    });
+    let pid = read_pid(&s.path("pid")).unwrap();
+    let _group = KillGroupOnDrop(pid);
+    let started = Instant::now();
+    eventually(
+        "the lock extended past its TTL",
+        Duration::from_secs(5),
+        || {
+            started.elapsed() > Duration::from_millis(1500)
+                && holders(&m, key).iter().all(Option::is_some)
+        },
+    );
+    m[0].freeze().unwrap();
+    m[1].freeze().unwrap();
+    let status = wait_exit(&mut run, Duration::from_secs(10));
+    assert_eq!(status.code(), Some(75), "{status:?}");
+    let got = std::fs::read_to_string(s.path("term")).unwrap_or_default();
+    assert_eq!(got.trim(), "got", "the command did not get SIGTERM");
+    assert!(!alive(pid), "the command outlived the lost lock");
+}
+
+#[test]
+fn run_keeps_the_lock_until_background_jobs_of_the_command_exit() {
+    let m = masters(3);
+    let s = Scratch::new();
+    let key = "cli:background";
+    // The leader starts a job in its process group and exits at once.
+    let script = format!(
+        "( {job} ) & echo $$ > '{pid}'; exit 0",
+        job = gated(&s, "exit 0"),
+        pid = s.file("pid")
+    );
+    let mut run = redlock(Some(&m), &["run", "--ttl", "1s", "--kill-grace", "300ms"])
+        .args([key, "--", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn redlock run");
+    eventually("the command to start", Duration::from_secs(10), || {
+        read_pid(&s.path("pid")).is_some() && s.path("started").exists()
+    });
+    let pid = read_pid(&s.path("pid")).unwrap();
+    let _group = KillGroupOnDrop(pid);
+    eventually("the leader to exit", Duration::from_secs(5), || !alive(pid));
+    let leader_gone = Instant::now();
+    let token = holders(&m, key)[0]
+        .clone()
+        .expect("the lock was released when the leader exited, while its job still runs");
+    // Held, and extended past its TTL, while the job runs.
+    while leader_gone.elapsed() < Duration::from_millis(1500) {
+        assert!(
+            holders(&m, key)
+                .iter()
+                .all(|h| h.as_deref() == Some(&token[..])),
+            "the lock was released while a job of the command still ran"
+        );
+        assert_eq!(run.try_wait().expect("try_wait"), None, "redlock exited");
+        thread::sleep(Duration::from_millis(50));
+    }
+    std::fs::write(s.path("go"), b"").unwrap();
+    let status = wait_exit(&mut run, Duration::from_secs(10));
+    let err = take_stderr(&mut run);
+    assert_eq!(status.code(), Some(0), "stderr: {err}");
+    assert_eq!(holders(&m, key), vec![None, None, None]);
 }

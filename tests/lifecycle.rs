@@ -28,12 +28,17 @@ fn run_locked_keeps_the_lock_alive_past_its_ttl() {
     let held = c
         .run_locked("long-job", ttl, |signal| {
             let start = Instant::now();
-            // Work for 4 TTLs; the lock must stay ours throughout.
+            let first_until = signal.valid_until();
+            assert!(first_until > start && first_until <= start + ttl);
+            // Work for 4 TTLs; the lock must stay ours throughout, its validity ahead.
             while start.elapsed() < ttl * 4 {
                 assert!(!signal.is_lost());
+                assert!(signal.valid_until() > Instant::now());
                 assert!(other.try_lock("long-job", Duration::from_secs(5)).is_err());
                 signal.wait_lost(Duration::from_millis(100));
             }
+            // Extensions moved the validity forward.
+            assert!(signal.valid_until() > first_until + ttl * 2);
             42
         })
         .unwrap();

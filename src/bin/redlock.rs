@@ -9,6 +9,8 @@ use clap::{Args, Parser, Subcommand};
 
 #[path = "redlock/bench.rs"]
 mod bench;
+#[path = "redlock/child.rs"]
+mod child;
 #[path = "redlock/common.rs"]
 mod common;
 #[path = "redlock/run.rs"]
@@ -50,6 +52,12 @@ enum Command {
     /// Show who holds a lock on each master, and for how long.
     #[command(after_help = status::AFTER_HELP)]
     Status(status::StatusArgs),
+    /// `run`'s exec helper (internal): parent-death signal, then exec COMMAND.
+    #[command(name = "__exec", hide = true)]
+    Exec(child::ExecArgs),
+    /// `run`'s watchdog (internal): kills COMMAND's process group if redlock dies.
+    #[command(name = "__watchdog", hide = true)]
+    Watchdog(child::WatchdogArgs),
 }
 
 /// The masters to use, shared by every subcommand.
@@ -91,6 +99,8 @@ fn main() -> ExitCode {
         Command::Run(args) => run::main(args),
         Command::Bench(args) => bench::main(args),
         Command::Status(args) => status::main(args),
+        Command::Exec(args) => child::exec_main(args),
+        Command::Watchdog(args) => child::watchdog_main(args),
     };
     ExitCode::from(code)
 }

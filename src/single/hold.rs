@@ -23,6 +23,8 @@ pub struct LockSignal {
     /// Past this instant (nanoseconds after `base`) the lock counts as lost: its deadline
     /// minus the margin. Moved later by each extension.
     stop_at: AtomicU64,
+    /// The lock's deadline (nanoseconds after `base`), as of the last extension.
+    valid_until: AtomicU64,
     base: Instant,
     state: Mutex<State>,
     cv: Condvar,
@@ -35,17 +37,26 @@ struct State {
 }
 
 impl LockSignal {
-    fn new(stop_at: Instant) -> Self {
+    fn new(valid_until: Instant, stop_at: Instant) -> Self {
         let base = Instant::now();
         let signal = LockSignal {
             lost: AtomicBool::new(false),
             stop_at: AtomicU64::new(0),
+            valid_until: AtomicU64::new(0),
             base,
             state: Mutex::new(State::default()),
             cv: Condvar::new(),
         };
-        signal.set_stop_at(stop_at);
+        signal.set_deadline(valid_until, stop_at);
         signal
+    }
+
+    /// When the lock's validity ends, as of its acquisition or its last successful
+    /// extension (each extension moves it forward; after a loss it stays where it was).
+    /// Work that was paused (its process stopped, say) can compare it with the clock
+    /// before it touches the protected resource again.
+    pub fn valid_until(&self) -> Instant {
+        self.base + Duration::from_nanos(self.valid_until.load(Ordering::Acquire))
     }
 
     /// `true` once the lock is lost: an extension found it no longer held, or less than
@@ -95,10 +106,13 @@ impl LockSignal {
         self.base + Duration::from_nanos(self.stop_at.load(Ordering::Acquire))
     }
 
-    fn set_stop_at(&self, at: Instant) {
-        let ns = at.saturating_duration_since(self.base).as_nanos();
-        self.stop_at
-            .store(u64::try_from(ns).unwrap_or(u64::MAX), Ordering::Release);
+    /// The lock's deadline moved (acquired, extended), and with it the lost instant.
+    fn set_deadline(&self, valid_until: Instant, stop_at: Instant) {
+        let ns = |t: Instant| {
+            u64::try_from(t.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX)
+        };
+        self.valid_until.store(ns(valid_until), Ordering::Release);
+        self.stop_at.store(ns(stop_at), Ordering::Release);
     }
 
     fn mark_lost(&self) {
@@ -210,7 +224,7 @@ impl Redlock {
         T: Send,
     {
         let mut keep = KeepAlive::new(ttl, &opts, Instant::now());
-        let signal = LockSignal::new(keep.stop_at(lock.valid_until()));
+        let signal = LockSignal::new(lock.valid_until(), keep.stop_at(lock.valid_until()));
         let mut lost: Option<Error> = None;
         let value = std::thread::scope(|s| {
             let worker = s.spawn(|| {
@@ -242,7 +256,10 @@ impl Redlock {
                 let result = self.extend(&mut lock, keep.ttl());
                 let retry_in = self.round_timeout(keep.ttl());
                 match keep.after_extend(result, Instant::now(), retry_in) {
-                    AfterExtend::KeepGoing => signal.set_stop_at(keep.stop_at(lock.valid_until())),
+                    AfterExtend::KeepGoing => {
+                        let until = lock.valid_until();
+                        signal.set_deadline(until, keep.stop_at(until));
+                    }
                     AfterExtend::Lost(e) => {
                         lost = Some(e);
                         signal.mark_lost();

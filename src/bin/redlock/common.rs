@@ -31,11 +31,14 @@ pub mod exit {
     }
 }
 
-/// Print a message to stderr, prefixed `redlock:`.
+/// Print a message to stderr, prefixed `redlock:`. Never panics: a write error (stderr a
+/// closed pipe, a full disk) is ignored, since a message must never stop redlock from
+/// doing what it says (`eprintln!` panics on EPIPE).
 macro_rules! say {
-    ($($arg:tt)*) => {
-        eprintln!("redlock: {}", format_args!($($arg)*))
-    };
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), "redlock: {}", format_args!($($arg)*));
+    }};
 }
 pub(crate) use say;
 

@@ -1,49 +1,96 @@
 //! `redlock run`: run a command while holding a lock, keep the lock extended while it
-//! runs, release it when it exits.
+//! runs, release it once no process of the command is left.
+//!
+//! The promise: COMMAND never runs without the lock. Decisions, each also in `--help`:
+//! * redlock killed: COMMAND's leader gets SIGKILL from the kernel (parent-death signal,
+//!   set by the exec helper) and the rest of its process group from the watchdog
+//!   (child.rs). A watchdog, not just the signal: background jobs are common in the
+//!   scripts this runs (`a & b; wait`), and the signal reaches the direct child only.
+//! * Ctrl-Z: COMMAND's group is stopped first (SIGSTOP), then redlock. Continued, redlock
+//!   lets the group go on only while the lock is valid for more than the extension margin,
+//!   and SIGKILLs it if the lock expired meanwhile (it never ran without the lock). Stopping
+//!   rather than ignoring SIGTSTP: a Ctrl-Z that does nothing surprises people, one that
+//!   stops the job as usual and costs the lock only if it lasts does not. SIGSTOP to
+//!   redlock cannot be caught (documented).
+//! * COMMAND's exit: the lock is released only after every process of its process group
+//!   is gone (reaped); while some run, the lock is held and extended, however long. A
+//!   release while a job runs would break the promise; a job that never ends is the
+//!   user's to end (SIGTERM to redlock is forwarded to it).
+//! * Messages never panic and come after the signals they report.
 
 use std::ffi::OsString;
 use std::io;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::{Child, Command, ExitStatus};
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use nix::sys::signal::{kill, Signal};
+use nix::errno::Errno;
+use nix::sys::signal::{kill, pthread_sigmask, raise, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use redlock_mux::{Error, HoldOptions, Lock, LockSignal, Outcome, Redlock};
-use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGQUIT, SIGTERM};
+use signal_hook::consts::{SIGCHLD, SIGCONT, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGTSTP};
 use signal_hook::iterator::Signals;
 
+use crate::child::{self, Watchdog};
 use crate::common::{exit, human_duration, say};
 use crate::{duration, MasterArgs};
 
 pub const AFTER_HELP: &str = "\
 How it works:
   Takes the lock (waiting up to --wait), runs COMMAND in its own process group, extends the
-  lock whenever a third of its validity is left, and releases it when COMMAND exits. The
-  lock is lost when an extension fails (no quorum, or no longer held) or its validity runs
-  out; then COMMAND's process group gets SIGTERM, and SIGKILL after --kill-grace.
+  lock whenever a third of its validity is left, and releases it once no process of that
+  group is left (see below). The lock is lost when an extension fails (no quorum, or no
+  longer held) or its validity runs out; then COMMAND's process group gets SIGTERM, and
+  SIGKILL after --kill-grace.
   SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to redlock are forwarded to COMMAND's process
-  group (followed by SIGCONT); the lock is released once COMMAND has exited. Because
-  COMMAND has its own process group it cannot use the terminal interactively (reading from
-  it stops it): run non-interactive commands, as from cron or scripts.
-  A loss is noticed when at most a third of the TTL is left: keep --kill-grace below
-  --ttl / 3 (the defaults, 5s and 30s, do) so that COMMAND is gone before the lock expires.
+  group (followed by SIGCONT). Because COMMAND has its own process group it cannot use the
+  terminal interactively (reading from it stops it): run non-interactive commands, as from
+  cron or scripts.
+  An extension that gets no quorum of answers is retried (on fresh connections) until the
+  lost margin is reached: --kill-grace plus two round timeouts before the lock's end (at
+  least a tenth of the TTL; extensions start at twice that, and at least at a third).
+  Then the lock counts as lost, and COMMAND is gone before the lock can expire. Keep
+  --kill-grace plus two round timeouts below 0.45 x --ttl (the defaults, 5s and 30s, do);
+  redlock warns otherwise.
+
+COMMAND does not run without the lock:
+  Background jobs: the lock is held, and extended, until every process of COMMAND's
+  process group has exited, not only COMMAND: `sh -c 'job & exit 0'` keeps it until job
+  ends, however long that is (end it with a signal to redlock, which is forwarded).
+  Processes that leave the group (setsid, setpgid: daemons) are neither waited for nor
+  killed: do not run daemons under redlock.
+  redlock killed (SIGKILL, the OOM killer, a crash): COMMAND gets SIGKILL from the kernel
+  at once (a parent-death signal, set by redlock's exec helper before COMMAND starts), and
+  a watchdog process (`redlock __watchdog`, in a process group of its own, blocking
+  SIGINT, SIGTERM, SIGHUP, SIGQUIT and SIGTSTP) SIGKILLs the rest of COMMAND's process
+  group. If the watchdog is killed as well (`kill -9` of both, say), background jobs of
+  COMMAND may outlive the lock; redlock warns when it sees the watchdog gone.
+  Ctrl-Z (SIGTSTP): redlock stops COMMAND's process group (SIGSTOP), then itself. When
+  continued (fg, bg, SIGCONT), it lets COMMAND go on only while the lock is valid for
+  more than a third of the TTL (waiting for an extension otherwise); if the lock was lost
+  meanwhile, COMMAND's group gets SIGKILL without running again and redlock exits with
+  --lost-exit-code. SIGSTOP to redlock itself (`kill -STOP`) cannot be caught: COMMAND runs
+  on while redlock is stopped, and the lock expires after the TTL; so does anything that
+  pauses redlock alone (a debugger, a frozen cgroup). Send SIGTSTP instead.
 
 Exit status:
-  COMMAND's exit status   COMMAND ran and exited (128+N if it was killed by signal N)
+  COMMAND's exit status   COMMAND ran and exited (128+N if it was killed by signal N); its
+                          background jobs in its process group have exited too
   1 (-E N)                the lock is held by someone else (after --wait, or at once
                           with --no-wait); COMMAND did not run
   75 (--lost-exit-code)   the lock was lost before COMMAND finished; COMMAND (its whole
                           process group) was terminated if still running
   64                      usage or configuration error (no masters, bad URL, bad duration)
   69                      no quorum of masters answered; COMMAND did not run
-  71                      local OS error (event loop, signals)
-  126, 127                COMMAND could not be executed / was not found
+  71                      local OS error (event loop, signals, starting the watchdog or the
+                          exec helper); COMMAND did not run, or was killed
+  126, 127                COMMAND could not be executed / was not found; reported by the
+                          exec helper once the lock was held (and released after), so a
+                          COMMAND that itself exits 126 or 127 looks the same, as in shells
   128+N                   redlock got signal N before COMMAND started
 
 Example (crontab on several hosts: the nightly backup runs on one of them):
@@ -77,12 +124,13 @@ pub struct RunArgs {
     /// Exit status when the lock was lost while COMMAND ran (COMMAND is terminated).
     #[arg(long, value_name = "N", default_value_t = exit::LOST)]
     lost_exit_code: u8,
-    /// After the lock is lost: time between SIGTERM and SIGKILL to COMMAND.
-    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration)]
-    kill_grace: Duration,
+    /// After the lock is lost: time between SIGTERM and SIGKILL to COMMAND [default: 5s,
+    /// or a sixth of --ttl if that is less].
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    kill_grace: Option<Duration>,
     /// How long one round (acquire, extend or release on all masters at once) waits for
-    /// the masters' answers [default: TTL / 100, within 50ms..500ms]. A round that gets no
-    /// quorum in time fails; an extension that fails loses the lock.
+    /// the masters' answers [default: TTL / 100, within 50ms..500ms]. An extension that
+    /// gets no quorum in time is retried until the lost margin (see below).
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     round_timeout: Option<Duration>,
     /// Say nothing when the lock is held by someone else (cron mails stay quiet); other
@@ -100,32 +148,95 @@ pub struct RunArgs {
     command: Vec<OsString>,
 }
 
-/// Longest time the main loop sleeps before checking the child and the lock again.
+/// Longest time the supervisor sleeps before checking the command and the lock again.
 const POLL: Duration = Duration::from_millis(50);
+
+impl RunArgs {
+    /// `--kill-grace`, or its default: 5 s, or a sixth of the TTL if that is less.
+    fn kill_grace(&self) -> Duration {
+        self.kill_grace
+            .unwrap_or_else(|| Duration::from_secs(5).min(self.ttl / 6))
+    }
+}
 
 fn is_terminating(sig: i32) -> bool {
     matches!(sig, SIGINT | SIGTERM | SIGHUP | SIGQUIT)
 }
 
+/// What the signal thread, the main thread and the supervisor share about COMMAND's
+/// process group. Job control (stop, continue) is signalled to the group under this lock
+/// only, so that a stop and a continue never cross.
+#[derive(Debug, Default)]
+struct Job {
+    /// The lock is being acquired: a terminating signal cancels the attempt.
+    acquiring: bool,
+    /// COMMAND's process group (the PID of its leader, the exec helper), from the spawn
+    /// until the group is seen empty; after that its number may be reused: never signal it.
+    group: Option<Pid>,
+    /// The exec helper has stopped itself, waiting to be continued. Before that, stopping
+    /// the group would be mistaken for the helper's own stop.
+    started: bool,
+    /// The group is stopped by redlock and stays so until the supervisor has checked the
+    /// lock: from the spawn to the first continue, and again from each Ctrl-Z.
+    held: bool,
+}
+
+fn lock_job(job: &Mutex<Job>) -> MutexGuard<'_, Job> {
+    job.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The target of `kill` for process group `pgid`.
+fn group_of(pgid: Pid) -> Pid {
+    Pid::from_raw(-pgid.as_raw())
+}
+
+/// Ctrl-Z (SIGTSTP), on the signal thread under the job lock: stop COMMAND's process group,
+/// then redlock itself, so that COMMAND never runs while nobody keeps the lock. Returns
+/// once redlock is continued; the group stays stopped ("held") until the supervisor has
+/// seen the lock still valid.
+fn stop_job(job: &mut Job) {
+    if let (Some(pgid), true) = (job.group, job.started) {
+        let _ = kill(group_of(pgid), Signal::SIGSTOP);
+        job.held = true;
+    }
+    // `raise`, not `kill(getpid())`: a signal to the process may be taken by another
+    // thread, and this one would run on, drop the job lock, and let the supervisor
+    // continue the group before redlock stops. Raised on this thread, the stop takes it
+    // before it returns to user code; it holds the job lock until redlock is continued.
+    let _ = raise(Signal::SIGSTOP);
+}
+
 pub fn main(args: RunArgs) -> u8 {
+    // redlock never reads the terminal, and a message of its own must not stop it alone
+    // (a background job under `stty tostop` gets SIGTTOU for a write, which would stop
+    // redlock and leave COMMAND running): with SIGTTIN and SIGTTOU blocked, such a write
+    // goes through. Set before any thread starts (threads inherit the mask); children
+    // inherit it too: the exec helper clears it before it execs COMMAND.
+    let mut tty = SigSet::empty();
+    tty.add(Signal::SIGTTIN);
+    tty.add(Signal::SIGTTOU);
+    let _ = pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&tty), None);
+
     let urls = args.masters.urls();
     if urls.is_empty() {
         say!("no masters: pass --masters URLS or set REDLOCK_MASTERS");
         return exit::USAGE;
     }
-    if args.kill_grace > args.ttl / 3 {
-        say!(
-            "warning: --kill-grace {} is above a third of --ttl {}: after a lost lock the \
-             command may outlive the lock's validity",
-            humantime::format_duration(args.kill_grace),
-            humantime::format_duration(args.ttl)
-        );
-    }
-    // More patient than the library's default (TTL / 100 within 10..50 ms): a command
-    // is killed when one extension fails, and a few hundred ms cost a cron job nothing.
+    // More patient than the library's default (TTL / 100 within 10..50 ms): a few
+    // hundred ms cost a cron job nothing.
     let round_timeout = args.round_timeout.unwrap_or_else(|| {
         (args.ttl / 100).clamp(Duration::from_millis(50), Duration::from_millis(500))
     });
+    if let Some(grace) = args.kill_grace {
+        if (grace + 2 * round_timeout).as_secs_f64() > 0.45 * args.ttl.as_secs_f64() {
+            say!(
+                "warning: --kill-grace {} plus two round timeouts is above 0.45 x --ttl {}: \
+                 after a lost lock the command may outlive the lock's validity",
+                humantime::format_duration(grace),
+                humantime::format_duration(args.ttl)
+            );
+        }
+    }
     let mut client = match Redlock::builder()
         .masters(&urls)
         .node_timeout(round_timeout)
@@ -142,26 +253,34 @@ pub fn main(args: RunArgs) -> u8 {
 
     // Signals are read on a thread and handed over a channel to whoever watches the
     // command. While the lock is being acquired, a terminating signal also cancels the
-    // attempt, so that a Ctrl-C does not wait out `--wait`.
-    let mut signals = match Signals::new([SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD]) {
-        Ok(s) => s,
-        Err(e) => {
-            say!("cannot install signal handlers: {e}");
-            return exit::OSERR;
-        }
-    };
+    // attempt, so that a Ctrl-C does not wait out `--wait`. A Ctrl-Z is acted on here, at
+    // once (stop_job); this thread never writes anything, so it cannot block on stderr.
+    let mut signals =
+        match Signals::new([SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD, SIGTSTP, SIGCONT]) {
+            Ok(s) => s,
+            Err(e) => {
+                say!("cannot install signal handlers: {e}");
+                return exit::OSERR;
+            }
+        };
     let signals_handle = signals.handle();
-    let acquiring = Arc::new(Mutex::new(true));
+    let job = Arc::new(Mutex::new(Job {
+        acquiring: true,
+        ..Job::default()
+    }));
     let (tx, rx) = mpsc::channel::<i32>();
     {
-        let acquiring = acquiring.clone();
+        let job = job.clone();
         let cancel = client.cancel_handle();
         thread::spawn(move || {
             for sig in signals.forever() {
                 // Cancel and send under the lock: once the main thread has cleared
                 // `acquiring`, every signal that cancelled is already in the channel.
-                let acquiring = acquiring.lock().unwrap_or_else(|p| p.into_inner());
-                if is_terminating(sig) && *acquiring {
+                let mut job = lock_job(&job);
+                if sig == SIGTSTP {
+                    stop_job(&mut job);
+                }
+                if is_terminating(sig) && job.acquiring {
                     cancel.cancel();
                 }
                 if tx.send(sig).is_err() {
@@ -171,17 +290,12 @@ pub fn main(args: RunArgs) -> u8 {
         });
     }
 
-    let code = hold_and_run(&args, &mut client, &acquiring, rx);
+    let code = hold_and_run(&args, &mut client, &job, rx);
     signals_handle.close();
     code
 }
 
-fn hold_and_run(
-    args: &RunArgs,
-    client: &mut Redlock,
-    acquiring: &Mutex<bool>,
-    rx: Receiver<i32>,
-) -> u8 {
+fn hold_and_run(args: &RunArgs, client: &mut Redlock, job: &Mutex<Job>, rx: Receiver<i32>) -> u8 {
     let resource = args.resource.as_str();
     let ttl = args.ttl;
     let started = Instant::now();
@@ -204,7 +318,7 @@ fn hold_and_run(
     };
     // From here on a signal no longer cancels: a cancel would cut short the extend and
     // release rounds.
-    *acquiring.lock().unwrap_or_else(|p| p.into_inner()) = false;
+    lock_job(job).acquiring = false;
     let early_signal = rx.try_iter().find(|s| is_terminating(*s));
 
     let lock = match result {
@@ -234,43 +348,106 @@ fn hold_and_run(
         return exit::signal(sig);
     }
 
-    // Processes of the command orphaned by its exit come to us, so that a lost lock can
-    // wait for (reap) every one of them, even where PID 1 reaps lazily.
+    // COMMAND must not outlive redlock (see child.rs): the watchdog first, then COMMAND
+    // through the exec helper, which waits stopped until the supervisor has armed the
+    // watchdog and seen the lock valid.
+    let mut watchdog = match Watchdog::spawn() {
+        Ok(w) => w,
+        Err(e) => {
+            say!("cannot start the watchdog process: {e}; the command did not run");
+            release(args, client, lock);
+            return exit::OSERR;
+        }
+    };
+    // Processes of the command orphaned by an exit in their group come to us, so that the
+    // supervisor can reap them while it waits for the group to drain, even where PID 1
+    // reaps lazily.
     #[cfg(target_os = "linux")]
     let _ = nix::sys::prctl::set_child_subreaper(true);
-    let mut child = match spawn(&args.command) {
-        Ok(c) => c,
+    // Spawned on this (the main) thread, which lives as long as redlock: the helper's
+    // parent-death signal fires when the spawning thread ends. Under the job lock, so that
+    // a Ctrl-Z sees the group either not yet or fully registered.
+    let spawned = {
+        let mut job = lock_job(job);
+        child::spawn_command(&args.command).map(|c| {
+            let leader = Pid::from_raw(c.id() as i32);
+            job.group = Some(leader);
+            job.held = true;
+            leader
+        })
+    };
+    let leader = match spawned {
+        Ok(leader) => leader,
         Err(e) => {
-            say!(
-                "cannot run {}: {e}",
-                args.command[0].to_string_lossy().into_owned()
-            );
+            say!("cannot start the command's exec helper: {e}; the command did not run");
+            watchdog.done();
             release(args, client, lock);
-            return match e.kind() {
-                io::ErrorKind::NotFound => exit::NOT_FOUND,
-                _ => exit::CANNOT_EXEC,
-            };
+            return exit::OSERR;
         }
     };
 
     // This thread keeps the lock extended (extend when a third of the validity is left);
-    // the scoped worker watches the command, forwards signals, and terminates the command
-    // the moment the lock is lost. The lock is released when the worker returns.
-    let held = client.hold(lock, ttl, HoldOptions::default(), move |signal| {
-        supervise(args, &mut child, signal, &rx)
+    // the scoped worker supervises the command's process group. The lock is released when
+    // the worker returns, which is once no process of the group is left.
+    // The lock counts as lost while enough validity is left to end COMMAND: its SIGKILL
+    // comes --kill-grace after the SIGTERM, and a round timeout more covers the clocks.
+    let lost_margin = args.kill_grace() + 2 * client.round_timeout(ttl);
+    // (`HoldOptions` clamps the same way: extensions at most at 0.9, the lost margin at
+    // most half of the extension margin.)
+    let lost_at = (lost_margin.as_secs_f64() / ttl.as_secs_f64()).clamp(0.1, 0.45);
+    let opts = HoldOptions {
+        lost_at,
+        // Room for retries between the extension and the lost margin.
+        extend_at: (2.0 * lost_at).clamp(1.0 / 3.0, 0.9),
+        ..HoldOptions::default()
+    };
+    let margin = ttl.mul_f64(opts.extend_at);
+    let held = client.hold(lock, ttl, opts, move |signal| {
+        let mut sup = Supervisor {
+            args,
+            job,
+            signal,
+            watchdog: &mut watchdog,
+            leader,
+            margin,
+            status: None,
+            started: false,
+            ran: false,
+            killed_held: false,
+            lost_at: None,
+            killed: false,
+        };
+        match panic::catch_unwind(AssertUnwindSafe(|| sup.run(&rx))) {
+            Ok(done) => done,
+            Err(p) => {
+                // The lock is released after the work returns, even by a panic: not while
+                // the group lives.
+                sup.kill_and_drain();
+                panic::resume_unwind(p)
+            }
+        }
     });
-    let status = match held.value {
-        Ok(status) => status,
+    let done = match held.value {
+        Ok(done) => done,
         Err(e) => {
-            say!("cannot wait for the command: {e}");
+            say!("cannot wait for the command: {e}; its process group was killed");
             return exit::OSERR;
         }
     };
-    if let Some(why) = held.lost {
+    let lost = held.lost.map(|e| e.to_string()).or_else(|| {
+        done.lost
+            .then(|| "its validity ran out before an extension came through".to_string())
+    });
+    if let Some(why) = lost {
         say!(
             "the lock on {resource} was lost before the command finished ({why}); the command \
-             exited with status {}",
-            status_code(status)
+             exited with status {}{}",
+            done.status,
+            match (done.killed_held, done.ran) {
+                (false, _) => "",
+                (true, false) => " (killed before it started)",
+                (true, true) => " (killed while stopped, without running again)",
+            }
         );
         return args.lost_exit_code;
     }
@@ -281,106 +458,248 @@ fn hold_and_run(
             if held.extensions == 1 { "" } else { "s" }
         );
     }
-    status_code(status)
+    done.status
 }
 
-/// Runs on the worker thread while the lock is held: wait for the command to exit,
-/// forward signals to its process group, and terminate it when the lock is lost (SIGTERM,
-/// then SIGKILL after the grace period).
-fn supervise(
-    args: &RunArgs,
-    child: &mut Child,
-    signal: &LockSignal,
-    rx: &Receiver<i32>,
-) -> io::Result<ExitStatus> {
-    let group = Pid::from_raw(-(child.id() as i32));
-    let mut lost_at: Option<Instant> = None;
-    let mut killed = false;
-    loop {
-        let status = match child.try_wait() {
-            Ok(s) => s,
-            Err(e) => {
-                let _ = kill(group, Signal::SIGKILL);
-                let _ = child.wait();
+/// What the supervisor saw.
+struct Done {
+    /// The leader's exit status as an exit code (128+N for signal N).
+    status: u8,
+    /// The supervisor found the lock lost (the keeper's signal, or validity run out).
+    lost: bool,
+    /// The group was continued at least once: COMMAND ran.
+    ran: bool,
+    /// The group was killed while held stopped (after a Ctrl-Z, or before it started).
+    killed_held: bool,
+}
+
+/// Runs on the worker thread while the lock is held: starts COMMAND (arms the watchdog,
+/// continues the stopped exec helper once the lock is seen valid), forwards signals,
+/// continues the group after a Ctrl-Z only while the lock is valid, terminates it when the
+/// lock is lost, and returns once no process of the group is left.
+struct Supervisor<'a> {
+    args: &'a RunArgs,
+    job: &'a Mutex<Job>,
+    signal: &'a LockSignal,
+    watchdog: &'a mut Watchdog,
+    /// The exec helper, then COMMAND: leader of the process group of the same number.
+    leader: Pid,
+    /// Continue the group only with more validity than this left: the keeper extends at
+    /// that point, so less means an extension is due (wait for it).
+    margin: Duration,
+    /// The leader's exit status, once reaped.
+    status: Option<u8>,
+    /// The exec helper has stopped itself (and the watchdog is armed).
+    started: bool,
+    /// The group was continued at least once: COMMAND ran.
+    ran: bool,
+    /// SIGKILL went to the group while it was held stopped.
+    killed_held: bool,
+    lost_at: Option<Instant>,
+    killed: bool,
+}
+
+impl Supervisor<'_> {
+    fn group(&self) -> Pid {
+        group_of(self.leader)
+    }
+
+    fn run(&mut self, rx: &Receiver<i32>) -> io::Result<Done> {
+        loop {
+            if let Err(e) = self.reap_leader() {
+                self.kill_and_drain();
                 return Err(e);
             }
-        };
-        let now = Instant::now();
-        if let Some(status) = status {
-            if let Some(at) = lost_at {
-                // The leader exited; no member of its group may outlive the grace.
-                drain_group(group, at + args.kill_grace);
+            if let Some(status) = self.status {
+                // The leader is gone; the lock is kept (and extended) until the rest of
+                // its group is too, however long that takes.
+                if self.drained() {
+                    return Ok(Done {
+                        status,
+                        lost: self.lost_at.is_some(),
+                        ran: self.ran,
+                        killed_held: self.killed_held,
+                    });
+                }
             }
-            return Ok(status);
-        }
-        if lost_at.is_none() && signal.is_lost() {
-            say!(
-                "LOST THE LOCK on {}: terminating the command (SIGTERM, SIGKILL after {})",
-                args.resource,
-                humantime::format_duration(args.kill_grace)
-            );
-            signal_group(group, Signal::SIGTERM);
-            lost_at = Some(now);
-        }
-        if let Some(at) = lost_at {
-            if !killed && now >= at + args.kill_grace {
+            self.check_lock();
+            self.continue_if_valid();
+            if let Some(pid) = self.watchdog.newly_gone() {
                 say!(
-                    "the command is still running {} after SIGTERM: SIGKILL",
-                    humantime::format_duration(args.kill_grace)
+                    "warning: the watchdog process {pid} is gone: should redlock be killed \
+                     now, processes of the command's group other than its leader would run on"
                 );
-                let _ = kill(group, Signal::SIGKILL);
-                killed = true;
             }
-        }
-        // SIGCHLD arrives through the channel too, so a command's exit wakes this at once.
-        match rx.recv_timeout(POLL) {
-            Ok(sig) if is_terminating(sig) => {
-                if args.verbose {
-                    say!("forwarding {} to the command", signal_name(sig));
-                }
-                if let Ok(sig) = Signal::try_from(sig) {
-                    signal_group(group, sig);
-                }
+            // SIGCHLD and SIGCONT arrive through the channel too, so an exit or a continue
+            // wakes this at once.
+            match rx.recv_timeout(POLL) {
+                Ok(sig) if is_terminating(sig) => self.forward(sig),
+                Ok(_) | Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => thread::sleep(POLL),
             }
-            Ok(_) | Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => thread::sleep(POLL),
         }
     }
-}
 
-/// Send `sig` to the command's process group, then SIGCONT, so that a stopped command
-/// (one that tried to read from the terminal, say) gets it too, as shells do for jobs.
-fn signal_group(group: Pid, sig: Signal) {
-    let _ = kill(group, sig);
-    let _ = kill(group, Signal::SIGCONT);
-}
+    /// Reap the leader if it exited. Until it has started: see whether the exec helper has
+    /// stopped itself, and arm the watchdog then.
+    fn reap_leader(&mut self) -> io::Result<()> {
+        if self.status.is_some() {
+            return Ok(());
+        }
+        let flags = if self.started {
+            WaitPidFlag::WNOHANG
+        } else {
+            WaitPidFlag::WNOHANG | WaitPidFlag::WUNTRACED
+        };
+        match waitpid(self.leader, Some(flags)) {
+            Ok(WaitStatus::Exited(_, code)) => self.status = Some(code.clamp(0, 255) as u8),
+            Ok(WaitStatus::Signaled(_, sig, _)) => self.status = Some(exit::signal(sig as i32)),
+            Ok(WaitStatus::Stopped(..)) if !self.started => {
+                self.watchdog.arm(self.leader).map_err(|e| {
+                    io::Error::new(e.kind(), format!("cannot arm the watchdog: {e}"))
+                })?;
+                lock_job(self.job).started = true;
+                self.started = true;
+            }
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+        Ok(())
+    }
 
-/// Wait until no process of the command's group is left, reaping the ones orphaned to us;
-/// SIGKILL whatever is left at `deadline`. Call only after the leader was reaped.
-fn drain_group(group: Pid, deadline: Instant) {
-    loop {
+    /// Reap the group's processes orphaned to us; `true` once none is left. Then forget the
+    /// group (its number may be reused) and let the watchdog go.
+    fn drained(&mut self) -> bool {
+        let group = self.group();
         while let Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) =
             waitpid(group, Some(WaitPidFlag::WNOHANG))
         {}
-        if kill(group, None).is_err() {
-            return;
+        // EPERM (a member we may not signal) is a member too.
+        if kill(group, None) != Err(Errno::ESRCH) {
+            return false;
         }
-        if Instant::now() >= deadline {
-            let _ = kill(group, Signal::SIGKILL);
-            return;
-        }
-        thread::sleep(Duration::from_millis(10));
+        lock_job(self.job).group = None;
+        self.watchdog.done();
+        true
     }
-}
 
-fn spawn(command: &[OsString]) -> io::Result<Child> {
-    let mut cmd = Command::new(&command[0]);
-    cmd.args(&command[1..]);
-    // Its own process group: forwarded signals and the lost-lock kill reach every process
-    // of the command (`sh -c 'a | b'` included), and a terminal's Ctrl-C reaches it once,
-    // through redlock.
-    cmd.process_group(0);
-    cmd.spawn()
+    /// Terminate the group once the lock is lost (the keeper said so, or the validity ran
+    /// out before it noticed, as after a stop): SIGTERM and SIGCONT, SIGKILL after the
+    /// grace. A group held stopped gets SIGKILL at once: it must not run again. Signals go
+    /// out before any message.
+    fn check_lock(&mut self) {
+        if self.lost_at.is_none() {
+            let job = lock_job(self.job);
+            // Read the clock under the lock: taking it may have waited out a stop.
+            let now = Instant::now();
+            if !self.signal.is_lost() && now < self.signal.valid_until() {
+                return;
+            }
+            let held = job.held;
+            if held {
+                let _ = kill(self.group(), Signal::SIGKILL);
+            } else {
+                let _ = kill(self.group(), Signal::SIGTERM);
+                let _ = kill(self.group(), Signal::SIGCONT);
+            }
+            drop(job);
+            self.lost_at = Some(now);
+            self.killed = held;
+            if held {
+                self.killed_held = true;
+                say!(
+                    "LOST THE LOCK on {} while the command was stopped: killed it (SIGKILL) \
+                     before it could run again",
+                    self.args.resource
+                );
+            } else {
+                say!(
+                    "LOST THE LOCK on {}: terminating the command (SIGTERM, SIGKILL after {})",
+                    self.args.resource,
+                    humantime::format_duration(self.args.kill_grace())
+                );
+            }
+        }
+        if let Some(at) = self.lost_at {
+            if !self.killed && Instant::now() >= at + self.args.kill_grace() {
+                let _ = kill(self.group(), Signal::SIGKILL);
+                self.killed = true;
+                say!(
+                    "the command was still running {} after SIGTERM: SIGKILL",
+                    humantime::format_duration(self.args.kill_grace())
+                );
+            }
+        }
+    }
+
+    /// Let a held group run (the exec helper waiting to exec COMMAND, or the group after a
+    /// Ctrl-Z) once the lock is valid for more than the margin; with less, an extension is
+    /// due: look again after it.
+    fn continue_if_valid(&mut self) {
+        if !self.started || self.lost_at.is_some() {
+            return;
+        }
+        let mut job = lock_job(self.job);
+        if !job.held {
+            return;
+        }
+        let left = self
+            .signal
+            .valid_until()
+            .saturating_duration_since(Instant::now());
+        if self.signal.is_lost() || left <= self.margin {
+            return;
+        }
+        let _ = kill(self.group(), Signal::SIGCONT);
+        job.held = false;
+        drop(job);
+        if self.args.verbose {
+            if self.ran {
+                say!(
+                    "continued after a stop: the lock is valid for {} more, the command goes on",
+                    human_duration(left)
+                );
+            } else {
+                say!("running the command (process group {})", self.leader);
+            }
+        }
+        self.ran = true;
+    }
+
+    /// Forward a terminating signal sent to redlock to the group, with SIGCONT so that a
+    /// command stopped by itself (reading the terminal) gets it too, as shells do for jobs;
+    /// not to a group held stopped: it gets the signal when it is continued (or killed).
+    fn forward(&mut self, sig: i32) {
+        let Ok(sig) = Signal::try_from(sig) else {
+            return;
+        };
+        {
+            let job = lock_job(self.job);
+            if job.group.is_none() {
+                return;
+            }
+            let _ = kill(self.group(), sig);
+            if !job.held {
+                let _ = kill(self.group(), Signal::SIGCONT);
+            }
+        }
+        if self.args.verbose {
+            say!("forwarded {} to the command", sig.as_str());
+        }
+    }
+
+    /// After an error or a panic: SIGKILL the group and wait until none of it is left
+    /// (SIGKILL cannot be caught: this ends), so that the release comes after.
+    fn kill_and_drain(&mut self) {
+        if lock_job(self.job).group.is_none() {
+            return;
+        }
+        let _ = kill(self.group(), Signal::SIGKILL);
+        while !self.drained() {
+            let _ = kill(self.group(), Signal::SIGKILL);
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
 }
 
 fn release(args: &RunArgs, client: &mut Redlock, lock: Lock) {
@@ -436,14 +755,6 @@ pub fn error_code(e: &Error) -> u8 {
         | Error::ValidityUsedUp(_)
         | Error::DeadlineExceeded(_) => exit::UNAVAILABLE,
         _ => exit::SOFTWARE,
-    }
-}
-
-fn status_code(status: ExitStatus) -> u8 {
-    match (status.code(), status.signal()) {
-        (Some(c), _) => c.clamp(0, 255) as u8,
-        (None, Some(sig)) => exit::signal(sig),
-        (None, None) => exit::SOFTWARE,
     }
 }
 
