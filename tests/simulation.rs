@@ -115,6 +115,8 @@ fn base(seed: u64) -> Config {
         honest_holders: true,
         close_delivers_in_flight: false,
         cleanup_only_where_ok: false,
+        cancel_prob: 0.02,
+        cancelled_counts_as_undecided: false,
         old: Old::default(),
     }
 }
@@ -351,6 +353,7 @@ fn noscript_stress(seed: u64) -> Config {
     c.mix.link_reset = 1;
     c.mix.restart = 1;
     c.faults = 24;
+    c.cancel_prob = 0.1;
     c.slow_prob = 0.15;
     c.slow_max = c.round_timeout * 3;
     c
@@ -383,6 +386,15 @@ fn graceful_close(seed: u64) -> Config {
 fn cleanup_only_where_ok(seed: u64) -> Config {
     let mut c = noscript_stress(seed);
     c.cleanup_only_where_ok = true;
+    c
+}
+
+/// The literal reading of the NEW NOSCRIPT rule: a cancelled attempt's round "never got
+/// decided", so its late `-NOSCRIPT` is still retried, behind the cleanup release.
+fn cancelled_counts_as_undecided(seed: u64) -> Config {
+    let mut c = noscript_stress(seed);
+    c.cancelled_counts_as_undecided = true;
+    c.cancel_prob = 0.3;
     c
 }
 
@@ -657,7 +669,7 @@ fn safe_no_orphan_key_after_cleanup() {
             "{s:?}"
         );
         assert!(s.noscript_release_retries > 0, "{s:?}");
-        assert!(s.noscript_after_decision > 0, "{s:?}");
+        assert!(s.noscript_after_decision > 0 && s.cancels > 1000, "{s:?}");
         assert!(
             s.multi_grants > 1000 && s.releases_after_failure > 1000,
             "{s:?}"
@@ -787,6 +799,18 @@ fn hazard_graceful_close_lets_cleanup_overtake_a_late_acquire() {
     );
 }
 
+/// Finding: a cancelled attempt must count as decided for the NOSCRIPT rule, or its late
+/// `EVAL` re-takes the key behind the cleanup release (the OLD hazard, through a cancel).
+#[test]
+fn hazard_cancelled_round_counted_as_undecided_orphans_a_key() {
+    expect_hazard(
+        "hazard_cancelled_round_counted_as_undecided_orphans_a_key",
+        cancelled_counts_as_undecided,
+        2000,
+        Property::OrphanKey,
+    );
+}
+
 /// Finding: the amnesia guard must cover the longest TTL a key can get, an extend's too.
 #[test]
 fn hazard_amnesia_guard_shorter_than_extend_ttl_breaks_mutual_exclusion() {
@@ -887,7 +911,7 @@ fn deterministic() {
 #[test]
 #[ignore]
 fn hazard_density() {
-    let families: [(&str, Family, Property); 13] = [
+    let families: [(&str, Family, Property); 14] = [
         (
             "amnesia_unguarded",
             amnesia_unguarded,
@@ -927,6 +951,11 @@ fn hazard_density() {
         (
             "cleanup_only_where_ok",
             cleanup_only_where_ok,
+            Property::OrphanKey,
+        ),
+        (
+            "cancelled_counts_as_undecided",
+            cancelled_counts_as_undecided,
             Property::OrphanKey,
         ),
     ];

@@ -203,6 +203,13 @@ pub struct Config {
     /// Checker self-test, not a protocol variant: after a failed acquire, release only on
     /// the masters that said OK (not where the `SET` may have landed late).
     pub cleanup_only_where_ok: bool,
+    /// Probability that the caller cancels a lock attempt (a dropped future, a
+    /// `CancelHandle`, a deadline) at a random moment of its acquire round: the attempt
+    /// fails and is cleaned up like a failed one.
+    pub cancel_prob: f64,
+    /// The literal reading of the NEW NOSCRIPT rule: a cancelled round never reached a
+    /// decision, so it still counts as undecided and its late `-NOSCRIPT` is retried.
+    pub cancelled_counts_as_undecided: bool,
     pub old: Old,
 }
 
@@ -304,6 +311,8 @@ stats! {
     noscript_retries_after_decision,
     link_resets,
     slow_links,
+    /// Attempts the caller cancelled mid-round.
+    cancels,
     /// Requests of a closed connection that still ran on the master (graceful close).
     ran_after_close,
 }
@@ -349,6 +358,11 @@ enum Ev {
         c: usize,
         op: u64,
     },
+    /// The caller gives up the attempt whose round is `op`.
+    Cancel {
+        c: usize,
+        op: u64,
+    },
     /// The client's connection to `m` died while round `op` waited for it.
     LinkClosed {
         c: usize,
@@ -378,6 +392,7 @@ impl Ev {
         match *self {
             Ev::ToClient { c, .. }
             | Ev::RoundTimeout { c, .. }
+            | Ev::Cancel { c, .. }
             | Ev::LinkClosed { c, .. }
             | Ev::Start { c }
             | Ev::WorkDone { c, .. }
@@ -456,6 +471,8 @@ struct Client {
     extends_left: u32,
     /// The last failed extend of this hold: (when, its TTL).
     ext_failed: Option<(Us, Us)>,
+    /// The round of the last attempt the caller cancelled.
+    cancelled_op: u64,
 }
 
 /// What the checker knows of one lock attempt (indexed by its token).
@@ -585,6 +602,7 @@ impl Sim {
                 valid_until: 0,
                 extends_left: 0,
                 ext_failed: None,
+                cancelled_op: 0,
             })
             .collect();
         let links = cfg.clients * n;
@@ -876,6 +894,7 @@ impl Sim {
                     }
                 }
             }
+            Ev::Cancel { c, op } => self.cancel(c, op),
             Ev::Start { c } => self.start_acquire(c),
             Ev::WorkDone { c, hold } => self.work_done(c, hold),
             Ev::ExtendDue { c, hold } => self.extend_due(c, hold),
@@ -1018,7 +1037,9 @@ impl Sim {
         }
         let current = self.clients[c].round.is_some() && self.clients[c].op == op;
         if noscript {
-            if current || self.cfg.old.noscript_retry_after_decision {
+            let undecided = current
+                || (self.cfg.cancelled_counts_as_undecided && self.clients[c].cancelled_op == op);
+            if undecided || self.cfg.old.noscript_retry_after_decision {
                 self.stats.noscript_retries += 1;
                 if !current {
                     self.stats.noscript_after_decision += 1;
@@ -1029,6 +1050,8 @@ impl Sim {
                         "c{c} <- m{m} op{op} NOSCRIPT for {req}: retry with EVAL{}",
                         if current {
                             ""
+                        } else if undecided {
+                            " (cancelled round counted as undecided)"
                         } else {
                             " (round already decided: OLD rule)"
                         }
@@ -1248,6 +1271,11 @@ impl Sim {
             )
         });
         self.start_round(c, Round::Acquire);
+        if self.clients[c].round.is_some() && self.rng.f64() < self.cfg.cancel_prob {
+            let op = self.clients[c].op;
+            let at = self.now + self.rng.u64(..self.cfg.round_timeout);
+            self.push(at, Ev::Cancel { c, op });
+        }
         if self.clients[c].round.is_some() && self.rng.f64() < self.cfg.pause_in_round {
             let len = self.rng.u64(self.cfg.pause_len.0..=self.cfg.pause_len.1);
             self.pause(c, len);
@@ -1432,6 +1460,36 @@ impl Sim {
                 self.fail_attempt(c, all);
             }
         }
+    }
+
+    /// The caller cancels the attempt whose round `op` is still open (acquire, draw or
+    /// write-back): clean up as for a failed attempt.
+    fn cancel(&mut self, c: usize, op: u64) {
+        let cl = &self.clients[c];
+        let Some(kind) = cl.round else { return };
+        if cl.op != op || kind == Round::Extend {
+            return;
+        }
+        self.stats.cancels += 1;
+        let votes = self.votes(c);
+        let cl = &mut self.clients[c];
+        cl.round = None;
+        cl.cancelled_op = op;
+        self.tr(Some(c), true, || {
+            format!("c{c} op{op} CANCELLED by the caller ({kind:?} round, votes {votes})")
+        });
+        let targets = if kind == Round::Acquire {
+            let mut t = 0u16;
+            for (m, &o) in self.clients[c].tally.outcomes().iter().enumerate() {
+                if rules::may_hold(o) {
+                    t |= 1 << m;
+                }
+            }
+            t
+        } else {
+            self.all_masters()
+        };
+        self.fail_attempt(c, targets);
     }
 
     /// The attempt failed: release on `targets`, retry later.
