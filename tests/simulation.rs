@@ -1,10 +1,10 @@
 //! Deterministic simulation of the Redlock core (`redlock_mux::rules`) over N simulated
-//! masters with skewed clocks, a lossy network, partitions, connection resets, client
-//! pauses, master restarts with and without persistence and script-cache flushes. The
-//! model is in `tests/sim/`. It models the NEW protocol (fencing by a draw and a write-back
-//! round after the acquire, persistence required for fencing votes, extends that never
-//! shorten, `-NOSCRIPT` retried for grant requests only while their round is undecided);
-//! `Config::old` brings back each OLD behaviour.
+//! masters with skewed clocks, a lossy network, partitions, slow links, connection resets,
+//! client pauses and cancels, master restarts with and without persistence and
+//! script-cache flushes. The model is in `tests/sim/`. It models the NEW protocol (fencing
+//! by a draw and a write-back round after the acquire, persistence required for fencing
+//! votes, extends that never shorten, `-NOSCRIPT` retried for grant requests only while
+//! their round is undecided); `Config::old` brings back each OLD behaviour.
 //!
 //! Properties, checked in every run:
 //! (i) at most one holder of a resource at any instant;
@@ -12,20 +12,27 @@
 //!     lock's token exceeds every earlier token of any of its resources);
 //! (iii) after a failed extend, nobody else is granted the resource while the lock still
 //!     reports valid;
-//! (iv) no key of an attempt is created on a master after the attempt's release ran there,
-//!     and a failed attempt's key survives only on masters its report marks as timed out or
-//!     failed.
+//! (iv) no key of an attempt is created on a master after a release of that attempt ran
+//!     there; a failed attempt's key that no release removed is only on masters its cleanup
+//!     was sent to and could not reach (reply missing or a failure).
 //!
-//! * Under the model's assumptions no seed may violate any of them.
+//! * Under the model's assumptions no seed may violate any of them (`safe_*`).
 //! * Outside them (restart without persistence and immediate rejoin, a master clock running
 //!   fast or jumping, a holder that keeps using the lock after a long pause) and with each
-//!   OLD behaviour, a bounded search must find the violation: the checker can fail.
+//!   OLD behaviour, a bounded search must find the violation: the checker can fail
+//!   (`hazard_*`; the `hazard_old_*` tests also run the NEW protocol on the same seeds).
+//! * Three `hazard_*` tests are findings: ways the NEW protocol, as specified, still fails
+//!   (graceful close, a cancelled round counted as undecided, an amnesia guard shorter than
+//!   an extend's TTL).
 //!
 //! Environment:
 //! * `SIM_SEEDS=<n>`: seeds per safety test / search bound per hazard test (soak).
-//! * `SIM_SEED=<n>`: run only that seed, print its trace.
+//! * `SIM_SEED=<n>`: run only that seed, print its trace (the clients involved, the last 200
+//!   lines); `SIM_TRACE_ALL=1` prints every line.
 //!
 //! Replay a seed: `SIM_SEED=123 cargo test --test simulation <test name> -- --nocapture`.
+//! Hazard densities: `cargo test --release --test simulation hazard_density -- --ignored
+//! --nocapture`.
 
 mod sim;
 
