@@ -297,12 +297,16 @@ fn fencing_on_non_persistent(seed: u64) -> Config {
     c
 }
 
-/// The same, with the refusal (NEW): fencing votes only from persistent masters, and half
-/// the masters (a minority) without persistence restarting often.
+/// The same, with the refusal (NEW): fencing votes only from persistent masters, and the
+/// largest minority of masters without persistence, restarting often. Every lock is fenced
+/// and there is no amnesia guard: the refusal alone keeps forgetful masters out of every
+/// quorum, so (i) must hold too.
 fn fencing_with_refusal(seed: u64) -> Config {
     let mut c = fencing_on_non_persistent(seed);
     c.old.no_persistence_refusal = false;
     c.non_persistent = c.masters - sim_quorum(c.masters);
+    c.fence_prob = 1.0;
+    c.amnesia_guard = false;
     c
 }
 
