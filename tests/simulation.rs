@@ -234,6 +234,8 @@ fn fencing_stress(seed: u64) -> Config {
     c.slow_prob = 0.1;
     c.slow_max = c.round_timeout * 3;
     c.faults = 16;
+    // Validity runs out between the acquire and the write-back now and then.
+    c.pause_in_round = 0.03;
     c
 }
 
@@ -632,7 +634,7 @@ fn safe_fencing_tokens_increase() {
             "{s:?}"
         );
         assert!(s.draws_failed > 0 && s.write_backs_failed > 0, "{s:?}");
-        assert!(s.fence_validity_used_up > 0, "{s:?}");
+        assert!(s.fence_validity_used_up > 20, "{s:?}");
         assert!(s.restarts_lost > 0 && s.refused_not_persistent > 0, "{s:?}");
         assert!(s.restarts > s.restarts_lost, "{s:?}");
     }

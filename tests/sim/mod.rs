@@ -182,8 +182,9 @@ pub struct Config {
     pub pause_len: (Us, Us),
     /// Probability that a client pauses right after it was granted a lock (a GC pause).
     pub pause_after_acquire: f64,
-    /// Probability that a client pauses right after writing an acquire round, before it
-    /// reads the replies (the round's elapsed time then includes the pause).
+    /// Probability that a client pauses right after writing a round of a lock attempt
+    /// (acquire, draw, write-back), before it reads the replies (the attempt's elapsed time
+    /// then includes the pause).
     pub pause_in_round: f64,
     pub downtime: (Us, Us),
     /// How many masters (the last ones) run without persistence: a restart loses their
@@ -1232,6 +1233,13 @@ impl Sim {
         if self.clients[c].tally.decision() != Decision::Open {
             // Too many votes refused up front.
             self.decide(c);
+            return;
+        }
+        if kind != Round::Extend && self.rng.f64() < self.cfg.pause_in_round {
+            // A pause between writing a round of a lock attempt and reading its replies:
+            // the attempt's elapsed time (validity) includes it.
+            let len = self.rng.u64(self.cfg.pause_len.0..=self.cfg.pause_len.1);
+            self.pause(c, len);
         }
     }
 
@@ -1275,10 +1283,6 @@ impl Sim {
             let op = self.clients[c].op;
             let at = self.now + self.rng.u64(..self.cfg.round_timeout);
             self.push(at, Ev::Cancel { c, op });
-        }
-        if self.clients[c].round.is_some() && self.rng.f64() < self.cfg.pause_in_round {
-            let len = self.rng.u64(self.cfg.pause_len.0..=self.cfg.pause_len.1);
-            self.pause(c, len);
         }
     }
 
