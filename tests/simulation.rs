@@ -1,25 +1,47 @@
 //! Deterministic simulation of the Redlock core (`redlock_mux::rules`) over N simulated
-//! masters with skewed clocks, a lossy network, partitions, client pauses and master
-//! restarts. The model is in `tests/sim/mod.rs`.
+//! masters with skewed clocks, a lossy network, partitions, slow links, connection resets,
+//! client pauses and cancels, master restarts with and without persistence and
+//! script-cache flushes. The model is in `tests/sim/`. It models the NEW protocol (fencing
+//! by a draw and a write-back round after the acquire, persistence required for fencing
+//! votes, extends that never shorten, `-NOSCRIPT` retried for grant requests only while
+//! their round is undecided); `Config::old` brings back each OLD behaviour.
 //!
-//! * Under the model's assumptions (clock rates within the drift bound, restarts that keep
-//!   their data or are guarded, holders that stop at validity end) no seed may find a
-//!   double grant.
+//! Properties, checked in every run:
+//! (i) at most one holder of a resource at any instant;
+//! (ii) fencing tokens strictly increase in grant order per resource (a multi-resource
+//!     lock's token exceeds every earlier token of any of its resources);
+//! (iii) after a failed extend, nobody else is granted the resource while the lock still
+//!     reports valid;
+//! (iv) no key of an attempt is created on a master after a release of that attempt ran
+//!     there; a failed attempt's key that no release removed is only on masters its cleanup
+//!     was sent to and could not reach (reply missing or a failure).
+//!
+//! * Under the model's assumptions no seed may violate any of them (`safe_*`).
 //! * Outside them (restart without persistence and immediate rejoin, a master clock running
-//!   fast or jumping, a holder that keeps using the lock after a long pause) a bounded
-//!   search must find one: the checker can fail.
+//!   fast or jumping, a holder that keeps using the lock after a long pause) and with each
+//!   OLD behaviour, a bounded search must find the violation: the checker can fail
+//!   (`hazard_*`; the `hazard_old_*` tests also run the NEW protocol on the same seeds).
+//! * Three `hazard_*` tests are findings: ways the NEW protocol, as specified, still fails
+//!   (graceful close, a cancelled round counted as undecided, an amnesia guard shorter than
+//!   an extend's TTL).
 //!
 //! Environment:
 //! * `SIM_SEEDS=<n>`: seeds per safety test / search bound per hazard test (soak).
-//! * `SIM_SEED=<n>`: run only that seed, print its trace.
+//! * `SIM_SEED=<n>`: run only that seed, print its trace (the clients involved, the last 200
+//!   lines); `SIM_TRACE_ALL=1` prints every line.
 //!
 //! Replay a seed: `SIM_SEED=123 cargo test --test simulation <test name> -- --nocapture`.
+//! Hazard densities: `cargo test --release --test simulation hazard_density -- --ignored
+//! --nocapture`.
 
 mod sim;
 
 use std::time::Instant;
 
-use sim::{check_intervals, ms, Config, FaultMix, Held, Sim, Stats, Violation, MS};
+use sim::{
+    check_intervals, check_tokens, ms, Config, FaultMix, Grant, Held, Keys, Old, Property, Sim,
+    Stats, Violation, MS,
+};
 
 const DRIFT: f64 = 0.01;
 
@@ -45,10 +67,13 @@ fn base(seed: u64) -> Config {
     } * MS;
     let round_timeout = (ttl * r.u64(2..=20) / 100).max(MS);
     let slow = r.u8(..3) == 0;
+    let resources = [1, 1, 2, 2, 3][r.usize(..5)];
     Config {
         masters,
         clients: r.usize(2..=5),
-        resources: if r.u8(..4) == 0 { 2 } else { 1 },
+        resources,
+        multi_prob: if resources > 1 { r.f64() * 0.6 } else { 0.0 },
+        fence_prob: [0.0, 0.5, 1.0][r.usize(..3)],
         ttl,
         drift_factor: DRIFT,
         min_validity: 0,
@@ -58,6 +83,8 @@ fn base(seed: u64) -> Config {
         think_max: ttl / 4,
         work_max: ttl * 3 / 2,
         max_extends: r.u32(0..=3),
+        // Shorter and longer than the acquire's TTL.
+        extend_ttl: (0.05, 2.0),
         horizon: ttl * 25,
         max_events: 20_000,
         latency: (20, r.u64(100..=1500)),
@@ -77,17 +104,27 @@ fn base(seed: u64) -> Config {
             pause: 3,
             restart: 2,
             clock_jump: 0,
+            script_flush: 2,
+            link_reset: 2,
+            slow_link: 2,
         },
         partition_len: (MS, ttl),
         pause_len: (MS, ttl * 2),
         pause_after_acquire: r.f64() * 0.3,
         pause_in_round: r.f64() * 0.02,
         downtime: (0, ttl),
-        persistence: true,
+        non_persistent: 0,
         amnesia_guard: false,
-        max_ttl: ttl,
+        // The longest TTL a key can get: an extend's, up to twice the acquire's.
+        max_ttl: ttl * 2,
+        initial_counters: if r.bool() { 0 } else { 20 },
         clock_jump: (0, 0),
         honest_holders: true,
+        close_delivers_in_flight: false,
+        cleanup_only_where_ok: false,
+        cancel_prob: 0.02,
+        cancelled_counts_as_undecided: false,
+        old: Old::default(),
     }
 }
 
@@ -100,7 +137,7 @@ fn within_model(seed: u64) -> Config {
 /// master out of every quorum for `max_ttl` on its own clock.
 fn guarded_amnesia(seed: u64) -> Config {
     let mut c = base(seed);
-    c.persistence = false;
+    c.non_persistent = c.masters;
     c.amnesia_guard = true;
     c.mix.restart = 6;
     c.downtime = (0, 2 * MS);
@@ -119,19 +156,19 @@ fn hazard_base(seed: u64) -> Config {
     c.mix = FaultMix {
         partition: 2,
         isolate: 2,
-        pause: 0,
-        restart: 0,
-        clock_jump: 0,
+        ..FaultMix::default()
     };
     c.max_extends = 0;
     c.work_max = c.ttl;
+    c.fence_prob = 0.0;
+    c.multi_prob = 0.0;
     c
 }
 
 /// (b) Restart without persistence and immediate rejoin, no guard.
 fn amnesia_unguarded(seed: u64) -> Config {
     let mut c = hazard_base(seed);
-    c.persistence = false;
+    c.non_persistent = c.masters;
     c.amnesia_guard = false;
     c.mix.restart = 6;
     c.downtime = (0, 2 * MS);
@@ -172,62 +209,284 @@ fn pause_past_validity(seed: u64) -> Config {
     c
 }
 
+// ---------------------------------------------------------------------------------------
+// (ii) fencing
+// ---------------------------------------------------------------------------------------
+
+/// Fencing under stress: every attempt fenced, multi-resource locks in every order, some
+/// masters without persistence (guarded, and refused for fencing votes) restarting often,
+/// counters that start out of step, slow messages, bare quorums.
+fn fencing_stress(seed: u64) -> Config {
+    let mut c = hazard_base(seed);
+    let mut r = fastrand::Rng::with_seed(seed ^ 0x5eed_f00d);
+    c.fence_prob = 0.9;
+    c.resources = r.usize(1..=3);
+    c.multi_prob = if c.resources > 1 { 0.5 } else { 0.0 };
+    // A minority without persistence: fenced locks still find a persistent quorum.
+    c.non_persistent = r.usize(0..=c.masters - sim_quorum(c.masters));
+    c.amnesia_guard = true;
+    c.mix.restart = 3;
+    c.mix.pause = 1;
+    c.mix.script_flush = 1;
+    c.mix.link_reset = 1;
+    c.downtime = (0, c.ttl / 2);
+    c.initial_counters = 50;
+    c.slow_prob = 0.1;
+    c.slow_max = c.round_timeout * 3;
+    c.faults = 16;
+    // Validity runs out between the acquire and the write-back now and then.
+    c.pause_in_round = 0.03;
+    c
+}
+
+fn sim_quorum(n: usize) -> usize {
+    n / 2 + 1
+}
+
+/// OLD fencing: `INCR` inside the acquire script, token = max of the quorum's answers,
+/// written back before the grant. An acquire that lands early on one master takes a counter
+/// value there before the previous holder's write-back raised it.
+///
+/// The reviewer's scenario needs one acquire round to outlast another client's whole hold
+/// (B's request to M1 is delayed until A released): long rounds, short holds, slow messages.
+fn old_fencing_incr(seed: u64) -> Config {
+    let mut c = hazard_base(seed);
+    c.old.fencing_incr_in_acquire = true;
+    c.fence_prob = 1.0;
+    c.resources = 1;
+    c.masters = 3;
+    c.clients = 3;
+    // Counters out of step from the start ("the counter on M2 is ahead").
+    c.initial_counters = 50;
+    // Short TTLs, latency large next to the retry delay: competing acquires overlap in
+    // flight, and one request is often slow enough to outlast another client's hold.
+    let ttl = (20 + seed % 41) * MS;
+    c.ttl = ttl;
+    c.max_ttl = ttl * 2;
+    // The coincidence is rare (about 1 seed in 200): long runs, many contended grants.
+    c.horizon = ttl * 300;
+    c.max_events = 100_000;
+    c.retry_base = ttl / 8;
+    c.retry_jitter = ttl / 16;
+    c.think_max = ttl / 10;
+    c.work_max = ttl / 20;
+    c.round_timeout = ttl * 3 / 4;
+    c.latency = (20, ttl / 16);
+    c.slow_prob = 0.05;
+    c.slow_max = ttl * 5 / 8;
+    // A's write-back to the master B reaches late must go missing.
+    c.drop_prob = 0.15;
+    c.faults = 16;
+    c.mix = FaultMix {
+        partition: 2,
+        isolate: 2,
+        script_flush: 2,
+        slow_link: 6,
+        ..FaultMix::default()
+    };
+    c.partition_len = (MS, ttl);
+    c
+}
+
+/// NEW fencing, but with every master without persistence and its fencing votes counted:
+/// a restart loses the counters (the amnesia guard protects keys, not counters).
+fn fencing_on_non_persistent(seed: u64) -> Config {
+    let mut c = fencing_stress(seed);
+    c.non_persistent = c.masters;
+    c.old.no_persistence_refusal = true;
+    c.mix.restart = 6;
+    c.downtime = (0, 2 * MS);
+    c
+}
+
+/// The same, with the refusal (NEW): fencing votes only from persistent masters, and the
+/// largest minority of masters without persistence, restarting often. Every lock is fenced
+/// and there is no amnesia guard: the refusal alone keeps forgetful masters out of every
+/// quorum, so (i) must hold too.
+fn fencing_with_refusal(seed: u64) -> Config {
+    let mut c = fencing_on_non_persistent(seed);
+    c.old.no_persistence_refusal = false;
+    c.non_persistent = c.masters - sim_quorum(c.masters);
+    c.fence_prob = 1.0;
+    c.amnesia_guard = false;
+    c
+}
+
+/// OLD multi-resource fencing: the draw and write-back use the first listed resource's
+/// counter only.
+fn old_multi_first_counter(seed: u64) -> Config {
+    let mut c = fencing_stress(seed);
+    c.old.fence_first_resource_only = true;
+    c.non_persistent = 0;
+    c.resources = 2;
+    c.multi_prob = 0.5;
+    c.fence_prob = 1.0;
+    c
+}
+
+// ---------------------------------------------------------------------------------------
+// (iii) extend
+// ---------------------------------------------------------------------------------------
+
+/// Extends under stress: long work, up to 5 extends per hold with TTLs from 0.05x to 2x,
+/// bare quorums, lost messages.
+fn extend_stress(seed: u64) -> Config {
+    let mut c = hazard_base(seed);
+    c.max_extends = 5;
+    c.extend_ttl = (0.05, 2.0);
+    c.work_max = c.ttl * 4;
+    c.fence_prob = 0.3;
+    c.resources = 2;
+    c.multi_prob = 0.3;
+    c.mix.pause = 1;
+    c.mix.link_reset = 1;
+    c
+}
+
+/// OLD extend: an unconditional `PEXPIRE` with the new TTL (a shorter one shortens the keys
+/// it reaches), while a failed extend keeps the old deadline.
+fn old_extend(seed: u64) -> Config {
+    let mut c = extend_stress(seed);
+    c.old.extend_plain_pexpire = true;
+    c
+}
+
+// ---------------------------------------------------------------------------------------
+// (iv) NOSCRIPT
+// ---------------------------------------------------------------------------------------
+
+/// Script-cache flushes under stress: mostly multi-resource locks (acquired by script),
+/// slow messages, rounds that time out.
+fn noscript_stress(seed: u64) -> Config {
+    let mut c = hazard_base(seed);
+    c.resources = 2;
+    c.multi_prob = 0.8;
+    c.fence_prob = 0.3;
+    c.mix.script_flush = 8;
+    c.mix.link_reset = 1;
+    c.mix.restart = 1;
+    c.faults = 24;
+    c.cancel_prob = 0.1;
+    c.slow_prob = 0.15;
+    c.slow_max = c.round_timeout * 3;
+    c
+}
+
+/// OLD `-NOSCRIPT` rule: a grant request is retried with `EVAL` even after its round was
+/// decided and the cleanup release was queued behind it.
+fn old_noscript(seed: u64) -> Config {
+    let mut c = noscript_stress(seed);
+    c.old.noscript_retry_after_decision = true;
+    c
+}
+
+// ---------------------------------------------------------------------------------------
+// Findings: the NEW protocol outside what it assumes
+// ---------------------------------------------------------------------------------------
+
+/// A client that closes a stalled connection gracefully (FIN, no `SO_LINGER 0`): what it
+/// had written may still run on the master after the cleanup release sent on the next
+/// connection.
+fn graceful_close(seed: u64) -> Config {
+    let mut c = noscript_stress(seed);
+    c.close_delivers_in_flight = true;
+    c.mix.script_flush = 0;
+    c.mix.link_reset = 8;
+    c
+}
+
+/// Checker self-test: a cleanup that skips the masters that timed out leaves late keys.
+fn cleanup_only_where_ok(seed: u64) -> Config {
+    let mut c = noscript_stress(seed);
+    c.cleanup_only_where_ok = true;
+    c
+}
+
+/// The literal reading of the NEW NOSCRIPT rule: a cancelled attempt's round "never got
+/// decided", so its late `-NOSCRIPT` is still retried, behind the cleanup release.
+fn cancelled_counts_as_undecided(seed: u64) -> Config {
+    let mut c = noscript_stress(seed);
+    c.cancelled_counts_as_undecided = true;
+    c.cancel_prob = 0.3;
+    c
+}
+
+/// An amnesia guard sized for the acquire's TTL while extends use longer ones.
+fn guard_shorter_than_extend_ttl(seed: u64) -> Config {
+    let mut c = extend_stress(seed);
+    c.non_persistent = c.masters;
+    c.amnesia_guard = true;
+    c.max_ttl = c.ttl;
+    c.extend_ttl = (1.0, 2.0);
+    c.mix.restart = 6;
+    c.downtime = (0, 2 * MS);
+    c
+}
+
 struct RunResult {
-    violation: Option<Violation>,
+    violations: Vec<Violation>,
     stats: Stats,
 }
 
-fn run_seed(family: fn(u64) -> Config, seed: u64) -> RunResult {
+/// A test family: the config for each seed.
+type Family = fn(u64) -> Config;
+
+fn run_seed(family: Family, seed: u64) -> RunResult {
     let mut sim = Sim::new(family(seed), seed, false);
-    let violation = sim.run();
+    let violations = sim.run();
     RunResult {
-        violation,
+        violations,
         stats: sim.stats,
     }
 }
 
-/// Re-run `seed` with tracing on and print what led to the violation (or the whole
-/// headline trace when there is none).
-fn print_trace(test: &str, family: fn(u64) -> Config, seed: u64) -> Option<Violation> {
+/// Re-run `seed` with tracing on and print what led to the violation of `focus` (or the
+/// first one; or the whole headline trace when there is none).
+fn print_trace(test: &str, family: Family, seed: u64, focus: Option<Property>) -> Vec<Violation> {
     let cfg = family(seed);
     println!("seed {seed}: {cfg:?}");
     let mut sim = Sim::new(cfg, seed, true);
-    let violation = sim.run();
-    let (from, to, who) = match &violation {
-        Some(v) => (
-            v.first.t1.min(v.second.t1).saturating_sub(sim.config().ttl),
-            v.second.start,
-            vec![v.first.client, v.second.client],
-        ),
+    let violations = sim.run();
+    let v = violations
+        .iter()
+        .find(|v| Some(v.property()) == focus)
+        .or(violations.first());
+    let (from, to, who) = match v {
+        Some(v) => v.window(sim.config().ttl),
         None => (0, u64::MAX, Vec::new()),
     };
+    // SIM_TRACE_ALL=1: every line of every client, not only those of the clients involved.
+    let all = std::env::var_os("SIM_TRACE_ALL").is_some();
     let lines: Vec<String> = sim
         .trace()
         .iter()
         .filter(|l| l.at >= from && l.at <= to)
-        .filter(|l| l.notable || l.client.is_some_and(|c| who.contains(&c)))
+        .filter(|l| all || l.notable || l.client.is_some_and(|c| who.contains(&c)))
         .map(|l| format!("{:>12} ms  {}", ms(l.at), l.text))
         .collect();
-    let skip = lines.len().saturating_sub(150);
+    let keep = if all { usize::MAX } else { 200 };
+    let skip = lines.len().saturating_sub(keep);
     if skip > 0 {
         println!("  ... {skip} earlier lines");
     }
     for l in &lines[skip..] {
         println!("  {l}");
     }
-    match &violation {
-        Some(v) => println!("VIOLATION: {v}"),
-        None => println!("no violation; {:?}", sim.stats),
+    for v in &violations {
+        println!("VIOLATION: {v}");
+    }
+    if violations.is_empty() {
+        println!("no violation; {:?}", sim.stats);
     }
     println!("replay: SIM_SEED={seed} cargo test --test simulation {test} -- --nocapture --exact");
-    violation
+    violations
 }
 
-/// Every seed must be free of double grants.
-fn expect_safe(test: &str, family: fn(u64) -> Config, default_seeds: u64) -> Stats {
+/// Every seed must be free of violations of every property.
+fn expect_safe(test: &str, family: Family, default_seeds: u64) -> Stats {
     if let Some(seed) = env_u64("SIM_SEED") {
-        let v = print_trace(test, family, seed);
-        assert!(v.is_none(), "{test}: seed {seed} found a double grant");
+        let v = print_trace(test, family, seed, None);
+        assert!(v.is_empty(), "{test}: seed {seed} violated a property");
         return Stats::default();
     }
     let seeds = env_u64("SIM_SEEDS").unwrap_or(default_seeds);
@@ -235,28 +494,31 @@ fn expect_safe(test: &str, family: fn(u64) -> Config, default_seeds: u64) -> Sta
     let mut total = Stats::default();
     for seed in 0..seeds {
         let r = run_seed(family, seed);
-        if let Some(v) = r.violation {
+        if let Some(v) = r.violations.first() {
             println!("{test}: seed {seed} FAILED: {v}");
-            print_trace(test, family, seed);
+            print_trace(test, family, seed, None);
             panic!(
-                "{test}: double grant at seed {seed}; replay with \
+                "{test}: violation at seed {seed}; replay with \
                  SIM_SEED={seed} cargo test --test simulation {test} -- --nocapture --exact"
             );
         }
         total.add(&r.stats);
     }
     println!(
-        "{test}: {seeds} seeds, no double grant, {:.1?}; {total:?}",
+        "{test}: {seeds} seeds, no violation, {:.1?}; {total:?}",
         started.elapsed()
     );
     total
 }
 
-/// A bounded search must find a double grant. Returns the first seed that does.
-fn expect_hazard(test: &str, family: fn(u64) -> Config, default_bound: u64) -> u64 {
+/// A bounded search must find a violation of `property`. Returns the first seed that does.
+fn expect_hazard(test: &str, family: Family, default_bound: u64, property: Property) -> u64 {
     if let Some(seed) = env_u64("SIM_SEED") {
-        let v = print_trace(test, family, seed);
-        assert!(v.is_some(), "{test}: seed {seed} found no double grant");
+        let v = print_trace(test, family, seed, Some(property));
+        assert!(
+            v.iter().any(|v| v.property() == property),
+            "{test}: seed {seed} found no violation of {property:?}"
+        );
         return seed;
     }
     let bound = env_u64("SIM_SEEDS").unwrap_or(default_bound);
@@ -265,7 +527,7 @@ fn expect_hazard(test: &str, family: fn(u64) -> Config, default_bound: u64) -> u
     for seed in 0..bound {
         let r = run_seed(family, seed);
         total.add(&r.stats);
-        if let Some(v) = r.violation {
+        if let Some(v) = r.violations.iter().find(|v| v.property() == property) {
             println!(
                 "{test}: the hazard is real: seed {seed} (after {} seeds, {:.1?}) found {v}",
                 seed + 1,
@@ -278,15 +540,53 @@ fn expect_hazard(test: &str, family: fn(u64) -> Config, default_bound: u64) -> u
         }
     }
     panic!(
-        "{test}: no double grant in {bound} seeds: the simulation did not show the hazard \
-         (checker or fault model too weak); {total:?}"
+        "{test}: no violation of {property:?} in {bound} seeds: the simulation did not show \
+         the hazard (checker or fault model too weak); {total:?}"
     );
 }
+
+/// `expect_hazard` for an OLD behaviour: once the search found its counterexample at seed
+/// `k`, the same family with the NEW protocol (`fixed`) must be free of every violation on
+/// seeds `0..=k` (the same configurations; the schedules part where behaviour differs).
+fn expect_old_hazard(
+    test: &str,
+    old: Family,
+    fixed: Family,
+    default_bound: u64,
+    property: Property,
+) {
+    let found = expect_hazard(test, old, default_bound, property);
+    if replaying() {
+        return;
+    }
+    for seed in 0..=found {
+        let r = run_seed(fixed, seed);
+        if let Some(v) = r.violations.first() {
+            print_trace(test, fixed, seed, Some(v.property()));
+            panic!("{test}: the NEW protocol fails at seed {seed} of the same family: {v}");
+        }
+    }
+    println!("{test}: NEW protocol clean on seeds 0..={found} of the same family");
+}
+
+/// The NEW protocol on a hazard family: the OLD toggles off.
+fn new_protocol(mut c: Config) -> Config {
+    c.old = Old::default();
+    c
+}
+
+fn replaying() -> bool {
+    env_u64("SIM_SEED").is_some()
+}
+
+// ---------------------------------------------------------------------------------------
+// Safety under the model's assumptions (NEW protocol)
+// ---------------------------------------------------------------------------------------
 
 #[test]
 fn safe_under_model_assumptions() {
     let s = expect_safe("safe_under_model_assumptions", within_model, 500);
-    if env_u64("SIM_SEED").is_none() {
+    if !replaying() {
         // The run must not be vacuous: contention, every fault kind, every verdict.
         assert!(s.acquired > 1000, "{s:?}");
         assert!(
@@ -300,6 +600,9 @@ fn safe_under_model_assumptions() {
             "{s:?}"
         );
         assert!(s.releases_after_failure > 0, "{s:?}");
+        assert!(s.fenced_grants > 100 && s.fenced_multi_grants > 0, "{s:?}");
+        assert!(s.script_flushes > 0 && s.noscript_retries > 0, "{s:?}");
+        assert!(s.link_resets > 0, "{s:?}");
     }
 }
 
@@ -308,13 +611,89 @@ fn safe_with_amnesia_guard_after_restart_without_persistence() {
     let s = expect_safe(
         "safe_with_amnesia_guard_after_restart_without_persistence",
         guarded_amnesia,
-        300,
+        500,
     );
-    if env_u64("SIM_SEED").is_none() {
-        assert!(s.restarts > 100 && s.amnesiac_votes > 0, "{s:?}");
+    if !replaying() {
+        assert!(s.restarts_lost > 100 && s.amnesiac_votes > 0, "{s:?}");
         assert!(s.acquired > 500, "{s:?}");
+        // Fencing votes of masters without persistence are refused: no fenced grant.
+        assert!(
+            s.refused_not_persistent > 0 && s.fenced_grants == 0,
+            "{s:?}"
+        );
     }
 }
+
+/// (ii) with the NEW fencing rounds: tokens strictly increase per resource.
+#[test]
+fn safe_fencing_tokens_increase() {
+    let s = expect_safe("safe_fencing_tokens_increase", fencing_stress, 500);
+    if !replaying() {
+        assert!(
+            s.fenced_grants > 2000 && s.fenced_multi_grants > 200,
+            "{s:?}"
+        );
+        assert!(s.draws_failed > 0 && s.write_backs_failed > 0, "{s:?}");
+        assert!(s.fence_validity_used_up > 20, "{s:?}");
+        assert!(s.restarts_lost > 0 && s.refused_not_persistent > 0, "{s:?}");
+        assert!(s.restarts > s.restarts_lost, "{s:?}");
+    }
+}
+
+/// (ii) with masters without persistence among them, restarting often: their fencing votes
+/// are refused, so lost counters never count.
+#[test]
+fn safe_fencing_tokens_with_masters_without_persistence() {
+    let s = expect_safe(
+        "safe_fencing_tokens_with_masters_without_persistence",
+        fencing_with_refusal,
+        500,
+    );
+    if !replaying() {
+        assert!(s.fenced_grants > 1000, "{s:?}");
+        assert!(
+            s.restarts_lost > 500 && s.refused_not_persistent > 1000,
+            "{s:?}"
+        );
+    }
+}
+
+/// (iii) with the NEW extend (never shortens) and random extend TTLs.
+#[test]
+fn safe_no_grant_after_failed_extend() {
+    let s = expect_safe("safe_no_grant_after_failed_extend", extend_stress, 500);
+    if !replaying() {
+        assert!(s.extends_ok > 1000 && s.extends_ok_shorter > 0, "{s:?}");
+        assert!(
+            s.extends_failed > 500 && s.extends_failed_shorter > 200,
+            "{s:?}"
+        );
+        assert!(s.extends_longer > 0, "{s:?}");
+    }
+}
+
+/// (iv) with the NEW NOSCRIPT rule and frequent script-cache flushes.
+#[test]
+fn safe_no_orphan_key_after_cleanup() {
+    let s = expect_safe("safe_no_orphan_key_after_cleanup", noscript_stress, 500);
+    if !replaying() {
+        assert!(
+            s.script_flushes > 1000 && s.noscript_retries > 1000,
+            "{s:?}"
+        );
+        assert!(s.noscript_release_retries > 0, "{s:?}");
+        assert!(s.noscript_after_decision > 0 && s.cancels > 1000, "{s:?}");
+        assert!(
+            s.multi_grants > 1000 && s.releases_after_failure > 1000,
+            "{s:?}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Hazards: outside the assumptions, or with an OLD behaviour, a bounded search finds a
+// violation
+// ---------------------------------------------------------------------------------------
 
 #[test]
 fn hazard_restart_without_persistence_breaks_mutual_exclusion() {
@@ -322,6 +701,7 @@ fn hazard_restart_without_persistence_breaks_mutual_exclusion() {
         "hazard_restart_without_persistence_breaks_mutual_exclusion",
         amnesia_unguarded,
         2000,
+        Property::MutualExclusion,
     );
 }
 
@@ -331,6 +711,7 @@ fn hazard_amnesia_guard_shorter_than_ttl_breaks_mutual_exclusion() {
         "hazard_amnesia_guard_shorter_than_ttl_breaks_mutual_exclusion",
         amnesia_guard_too_short,
         2000,
+        Property::MutualExclusion,
     );
 }
 
@@ -340,6 +721,7 @@ fn hazard_master_clock_running_fast_breaks_mutual_exclusion() {
         "hazard_master_clock_running_fast_breaks_mutual_exclusion",
         fast_clock,
         2000,
+        Property::MutualExclusion,
     );
 }
 
@@ -349,6 +731,7 @@ fn hazard_master_clock_jump_breaks_mutual_exclusion() {
         "hazard_master_clock_jump_breaks_mutual_exclusion",
         clock_jumps,
         2000,
+        Property::MutualExclusion,
     );
 }
 
@@ -358,10 +741,105 @@ fn hazard_holder_paused_past_validity_breaks_mutual_exclusion() {
         "hazard_holder_paused_past_validity_breaks_mutual_exclusion",
         pause_past_validity,
         2000,
+        Property::MutualExclusion,
     );
 }
 
-/// The checker itself: overlapping intervals are caught, touching or disjoint ones are not.
+#[test]
+fn hazard_old_fencing_incr_in_acquire_token_goes_backwards() {
+    expect_old_hazard(
+        "hazard_old_fencing_incr_in_acquire_token_goes_backwards",
+        old_fencing_incr,
+        |s| new_protocol(old_fencing_incr(s)),
+        2000,
+        Property::FencingOrder,
+    );
+}
+
+#[test]
+fn hazard_fencing_counters_without_persistence_go_backwards() {
+    expect_old_hazard(
+        "hazard_fencing_counters_without_persistence_go_backwards",
+        fencing_on_non_persistent,
+        |s| new_protocol(fencing_on_non_persistent(s)),
+        2000,
+        Property::FencingOrder,
+    );
+}
+
+#[test]
+fn hazard_old_multi_resource_fencing_first_counter_only() {
+    expect_old_hazard(
+        "hazard_old_multi_resource_fencing_first_counter_only",
+        old_multi_first_counter,
+        |s| new_protocol(old_multi_first_counter(s)),
+        2000,
+        Property::FencingOrder,
+    );
+}
+
+#[test]
+fn hazard_old_extend_plain_pexpire_grants_after_failed_extend() {
+    expect_old_hazard(
+        "hazard_old_extend_plain_pexpire_grants_after_failed_extend",
+        old_extend,
+        |s| new_protocol(old_extend(s)),
+        2000,
+        Property::GrantAfterFailedExtend,
+    );
+}
+
+#[test]
+fn hazard_old_noscript_retry_after_decision_orphans_a_key() {
+    expect_old_hazard(
+        "hazard_old_noscript_retry_after_decision_orphans_a_key",
+        old_noscript,
+        |s| new_protocol(old_noscript(s)),
+        2000,
+        Property::OrphanKey,
+    );
+}
+
+/// Finding: property (iv) under the NEW protocol needs requests written on a connection the
+/// client closed never to run after the next connection's requests.
+#[test]
+fn hazard_graceful_close_lets_cleanup_overtake_a_late_acquire() {
+    expect_hazard(
+        "hazard_graceful_close_lets_cleanup_overtake_a_late_acquire",
+        graceful_close,
+        2000,
+        Property::OrphanKey,
+    );
+}
+
+/// Finding: a cancelled attempt must count as decided for the NOSCRIPT rule, or its late
+/// `EVAL` re-takes the key behind the cleanup release (the OLD hazard, through a cancel).
+#[test]
+fn hazard_cancelled_round_counted_as_undecided_orphans_a_key() {
+    expect_hazard(
+        "hazard_cancelled_round_counted_as_undecided_orphans_a_key",
+        cancelled_counts_as_undecided,
+        2000,
+        Property::OrphanKey,
+    );
+}
+
+/// Finding: the amnesia guard must cover the longest TTL a key can get, an extend's too.
+#[test]
+fn hazard_amnesia_guard_shorter_than_extend_ttl_breaks_mutual_exclusion() {
+    expect_hazard(
+        "hazard_amnesia_guard_shorter_than_extend_ttl_breaks_mutual_exclusion",
+        guard_shorter_than_extend_ttl,
+        2000,
+        Property::MutualExclusion,
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// The checkers themselves
+// ---------------------------------------------------------------------------------------
+
+/// Overlapping intervals are caught, touching or disjoint ones are not.
 #[test]
 fn checker_catches_overlap() {
     let h = |client, res, start, end| Held {
@@ -382,12 +860,146 @@ fn checker_catches_overlap() {
     assert!(check_intervals(&[h(0, 0, 0, 100), h(1, 1, 10, 20), h(2, 0, 100, 160)]).is_none());
 }
 
+/// Tokens must strictly increase per resource in grant order; a multi-resource grant is
+/// compared with every earlier grant of any of its resources.
+#[test]
+fn checker_catches_fencing_token_going_backwards() {
+    let g = |at, client, keys: &[usize], fence| Grant {
+        at,
+        client,
+        keys: Keys::of(keys),
+        token: at,
+        fence,
+        t1: at,
+        votes: String::new(),
+    };
+    assert!(check_tokens(&[g(1, 0, &[0], 1), g(2, 1, &[0], 2), g(3, 0, &[1], 1)], 2).is_none());
+    // Equal is not increasing.
+    assert!(check_tokens(&[g(1, 0, &[0], 5), g(2, 1, &[0], 5)], 1).is_some());
+    // Recorded out of order: grant order is by time.
+    assert!(check_tokens(&[g(2, 1, &[0], 2), g(1, 0, &[0], 3)], 1).is_some());
+    // lock_many([a, b]) = 7, lock(b) = 3: b went backwards.
+    let v = check_tokens(&[g(1, 0, &[0, 1], 7), g(2, 1, &[1], 3)], 2).expect("backwards");
+    assert!(matches!(v, Violation::Fence { res: 1, .. }), "{v}");
+    // lock(b) = 9, then lock_many([a, b]) = 8 is behind b's 9 although a's best is lower.
+    assert!(check_tokens(
+        &[g(1, 0, &[0], 2), g(2, 1, &[1], 9), g(3, 2, &[0, 1], 8)],
+        2
+    )
+    .is_some());
+    assert!(check_tokens(
+        &[g(1, 0, &[0], 2), g(2, 1, &[1], 9), g(3, 2, &[1, 0], 10)],
+        2
+    )
+    .is_none());
+}
+
+/// The second half of (iv) is live: a cleanup that skips masters whose `SET` may have
+/// landed late (they timed out) leaves keys nobody releases, and the checker says so.
+#[test]
+fn checker_catches_cleanup_that_skips_timed_out_masters() {
+    expect_hazard(
+        "checker_catches_cleanup_that_skips_timed_out_masters",
+        cleanup_only_where_ok,
+        500,
+        Property::OrphanKey,
+    );
+}
+
 /// The same seed gives the same run.
 #[test]
 fn deterministic() {
     for seed in [1, 42, 977] {
-        let a = run_seed(within_model, seed);
-        let b = run_seed(within_model, seed);
-        assert_eq!(format!("{:?}", a.stats), format!("{:?}", b.stats));
+        for family in [within_model, fencing_stress, noscript_stress] {
+            let a = run_seed(family, seed);
+            let b = run_seed(family, seed);
+            assert_eq!(format!("{:?}", a.stats), format!("{:?}", b.stats));
+        }
+    }
+}
+
+/// Not a check: how dense each hazard is (seeds of `0..SIM_SEEDS` that find it), for
+/// sizing the search bounds. `cargo test --release --test simulation hazard_density --
+/// --ignored --nocapture`.
+#[test]
+#[ignore]
+fn hazard_density() {
+    let families: [(&str, Family, Property); 14] = [
+        (
+            "amnesia_unguarded",
+            amnesia_unguarded,
+            Property::MutualExclusion,
+        ),
+        (
+            "amnesia_guard_too_short",
+            amnesia_guard_too_short,
+            Property::MutualExclusion,
+        ),
+        ("fast_clock", fast_clock, Property::MutualExclusion),
+        ("clock_jumps", clock_jumps, Property::MutualExclusion),
+        (
+            "pause_past_validity",
+            pause_past_validity,
+            Property::MutualExclusion,
+        ),
+        ("old_fencing_incr", old_fencing_incr, Property::FencingOrder),
+        (
+            "fencing_on_non_persistent",
+            fencing_on_non_persistent,
+            Property::FencingOrder,
+        ),
+        (
+            "old_multi_first_counter",
+            old_multi_first_counter,
+            Property::FencingOrder,
+        ),
+        ("old_extend", old_extend, Property::GrantAfterFailedExtend),
+        ("old_noscript", old_noscript, Property::OrphanKey),
+        ("graceful_close", graceful_close, Property::OrphanKey),
+        (
+            "guard_shorter_than_extend_ttl",
+            guard_shorter_than_extend_ttl,
+            Property::MutualExclusion,
+        ),
+        (
+            "cleanup_only_where_ok",
+            cleanup_only_where_ok,
+            Property::OrphanKey,
+        ),
+        (
+            "cancelled_counts_as_undecided",
+            cancelled_counts_as_undecided,
+            Property::OrphanKey,
+        ),
+    ];
+    let n = env_u64("SIM_SEEDS").unwrap_or(1000);
+    let all = [
+        Property::MutualExclusion,
+        Property::FencingOrder,
+        Property::GrantAfterFailedExtend,
+        Property::OrphanKey,
+    ];
+    for (name, family, property) in families {
+        let started = Instant::now();
+        let mut hits = Vec::new();
+        // Seeds violating each property (not only the one the family is about).
+        let mut any = [0u64; 4];
+        for seed in 0..n {
+            let v = run_seed(family, seed).violations;
+            for (k, p) in all.iter().enumerate() {
+                if v.iter().any(|v| v.property() == *p) {
+                    any[k] += 1;
+                }
+            }
+            if v.iter().any(|v| v.property() == property) {
+                hits.push(seed);
+            }
+        }
+        println!(
+            "{name}: {property:?} in {} of {n} seeds ({:.1?}), first {:?}; (i)..(iv): {any:?}",
+            hits.len(),
+            started.elapsed(),
+            &hits[..hits.len().min(5)]
+        );
     }
 }

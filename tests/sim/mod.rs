@@ -2,51 +2,150 @@
 //!
 //! Everything the clients decide goes through `redlock_mux::rules` (the same sans-IO core
 //! the real client uses): `Tally` (record / decision / expire), `judge_acquire`,
-//! `classify` (on reply bytes parsed by `resp::parse`), `may_hold` and `retry_delay`.
+//! `classify` (on reply bytes parsed by `resp::parse`), `may_hold`, `validity` and
+//! `retry_delay`. The NEW draw and write-back replies are read by `wire::classify`, a helper
+//! kept here because `rules::Request` has no variant for them yet.
+//!
 //! What is simulated around it:
 //!
 //! * **Time**: a virtual clock in microseconds; nothing sleeps. The clients' clocks are the
 //!   reference ("true") clock. Each master has its own clock `offset + rate * t` (rate
 //!   `1 + skew`), on which it evaluates `PX` expiry with Redis' millisecond precision.
-//! * **Masters**: a key-value store per master with `SET NX PX`, the compare-and-delete
-//!   release script and the compare-and-pexpire extend script. Restarts keep the data
-//!   (persistence) or lose it; the amnesia guard (delayed restart) makes a restarted master
-//!   refuse to vote until it has been up for `max_ttl` on its own clock.
-//! * **Network**: per-message delays (occasionally longer than the round timeout), drops,
-//!   partitions of single client-master links or of a whole master, FIFO order per link
-//!   and direction (one TCP connection each way). A request that reaches a master whose
+//! * **Masters** (`master.rs`): keys with `PX` expiry, fencing counters without TTL, a script
+//!   cache. Requests: `SET NX PX`, the all-or-nothing multi-key acquire, compare-and-delete
+//!   release, extend, the fencing draw and write-back; the OLD variants behind toggles.
+//!   A master is persistent (`appendonly yes` + `appendfsync always`: a restart keeps keys
+//!   and counters) or not (a restart loses both). A restart or a `SCRIPT FLUSH` empties the
+//!   script cache; after a restart the clients' reconnect handshakes load every script
+//!   again, after a flush the next `EVALSHA` of each script gets `-NOSCRIPT`. The amnesia
+//!   guard (delayed restart) makes a restarted master refuse to vote until it has been up
+//!   for `max_ttl` on its own clock.
+//! * **Network**: per-message delays (sometimes slower than a round), drops, partitions of
+//!   single client-master links or of a whole master, FIFO order per connection and
+//!   direction, free reordering across connections. A request that reaches a master whose
 //!   connection died with a restart is answered by a reset; a request to a master that is
-//!   down is refused.
-//! * **Clients**: acquire (t1, fan-out, tally until decided or the round timeout), hold
-//!   for a random work time (extending by quorum when validity runs low, if enabled),
-//!   release; on failure release where `may_hold` and retry after `retry_delay`. Process
-//!   pauses (GC) defer everything a client would do until it resumes.
+//!   down is refused. A link reset (the client's connection to one master dies, e.g. its
+//!   stall timeout closed it) fails the client's outstanding request there at once; what
+//!   was in flight on it is lost (RST) or, with `close_delivers_in_flight`, still executed
+//!   (a graceful close) while the next connection's requests may overtake it.
+//! * **Clients**: acquire (t1, fan-out, tally until decided or the round timeout); with
+//!   fencing two more rounds (draw, write-back); hold for a random work time, extending by
+//!   quorum with random TTLs when validity runs low; release. On failure release (where
+//!   `may_hold`, or everywhere after a failed fencing round) and retry after
+//!   `retry_delay`. `-NOSCRIPT` is answered by re-sending the request with `EVAL` on that
+//!   master (NEW rule: a grant request only while its round is undecided; a release always).
+//!   Process pauses (GC) defer everything a client would do until it resumes.
 //!
-//! The checker records, per client and resource, the interval during which the client
-//! believes it holds the lock: from the decision to the earlier of "work done" and the
-//! lock's validity end (an honest holder stops using the lock when validity runs out;
-//! `honest_holders = false` models a holder that keeps using it after a long pause).
-//! Intervals of different holders of the same resource must never overlap.
+//! The checker (`check.rs`) records hold intervals (from the grant to the earlier of "work
+//! done" and the lock's validity end; `honest_holders = false` models a holder that keeps
+//! using it after a long pause), fenced grants, extends that failed, and per lock attempt
+//! which masters got its keys and where its release ran. It checks properties (i)-(iv).
 #![allow(dead_code)]
+
+pub mod check;
+pub mod master;
+pub mod wire;
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
+use std::fmt;
 use std::time::Duration;
 
-use redlock_mux::resp::{self, Limits, Status};
-use redlock_mux::rules::{self, AcquireVerdict, Decision, Fault, Outcome, Request, Tally};
+use redlock_mux::resp::Limits;
+use redlock_mux::rules::{
+    self, AcquireVerdict, Decision, ErrorText, Fault, Outcome, Request, Tally,
+};
+
+pub use check::{check_intervals, check_tokens, Grant, Held, Property, Violation};
+use master::{Answer, Effect, Master, Msg, Req, Semantics, ALL_SCRIPTS};
 
 /// Simulated time, in microseconds.
 pub type Us = u64;
 /// One millisecond of simulated time.
 pub const MS: Us = 1000;
+/// The most resources one lock covers.
+pub const MAX_KEYS: usize = 3;
+
+/// The resources of one lock, in the order the caller listed them (`lock_many([b, a])`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Keys {
+    len: u8,
+    r: [u8; MAX_KEYS],
+}
+
+impl Keys {
+    pub fn one(r: usize) -> Keys {
+        Keys::of(&[r])
+    }
+    pub fn of(rs: &[usize]) -> Keys {
+        assert!(!rs.is_empty() && rs.len() <= MAX_KEYS);
+        let mut r = [0u8; MAX_KEYS];
+        for (i, &x) in rs.iter().enumerate() {
+            r[i] = x as u8;
+        }
+        Keys {
+            len: rs.len() as u8,
+            r,
+        }
+    }
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+    pub fn first(&self) -> usize {
+        self.r[0] as usize
+    }
+    pub fn iter(self) -> impl Iterator<Item = usize> {
+        (0..self.len as usize).map(move |i| self.r[i] as usize)
+    }
+    pub fn contains(&self, res: usize) -> bool {
+        self.iter().any(|r| r == res)
+    }
+    pub fn overlaps(&self, o: &Keys) -> bool {
+        self.iter().any(|r| o.contains(r))
+    }
+}
+
+impl fmt::Display for Keys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let v: Vec<String> = self.iter().map(|r| format!("r{r}")).collect();
+        write!(f, "[{}]", v.join(","))
+    }
+}
+
+impl fmt::Debug for Keys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// The OLD behaviours, each of which the NEW protocol replaced. All `false`: the NEW
+/// protocol. A hazard test turns one on and must find the property it breaks.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Old {
+    /// Fencing by `INCR` inside the acquire script (the first resource's counter), token =
+    /// max of the quorum's answers, unconditional raise-to-at-least write-back to a quorum.
+    pub fencing_incr_in_acquire: bool,
+    /// Fencing votes of masters without persistence are counted.
+    pub no_persistence_refusal: bool,
+    /// Draw and write-back use the first listed resource's counter only.
+    pub fence_first_resource_only: bool,
+    /// Extend is an unconditional `PEXPIRE` with the new (possibly shorter) TTL.
+    pub extend_plain_pexpire: bool,
+    /// `-NOSCRIPT` is retried with `EVAL` even after the round was decided.
+    pub noscript_retry_after_decision: bool,
+}
 
 /// One simulation's parameters. A test family derives one from each seed.
 #[derive(Clone, Debug)]
 pub struct Config {
     pub masters: usize,
     pub clients: usize,
+    /// Resources (at most `MAX_KEYS`); a lock takes one, or with `multi_prob` several.
     pub resources: usize,
+    /// Probability that a lock covers 2..=resources resources, in random order.
+    pub multi_prob: f64,
+    /// Probability that a lock attempt uses fencing tokens.
+    pub fence_prob: f64,
     /// Lock TTL, whole milliseconds (PX has millisecond resolution).
     pub ttl: Us,
     pub drift_factor: f64,
@@ -58,9 +157,11 @@ pub struct Config {
     pub think_max: Us,
     /// A holder's work time, uniform in `[0, work_max]` (may exceed the validity).
     pub work_max: Us,
-    /// Holders extend (compare-and-pexpire on all masters, judged like an acquire) when
-    /// their validity runs low, at most `max_extends` times per hold.
+    /// Holders extend (on all masters, judged like an acquire) when their validity runs
+    /// low, at most `max_extends` times per hold.
     pub max_extends: u32,
+    /// An extend's TTL is `ttl * f`, `f` uniform in this range (whole ms, at least 1 ms).
+    pub extend_ttl: (f64, f64),
     pub horizon: Us,
     pub max_events: u64,
     /// One-way delay of a normal message, uniform in this range.
@@ -81,19 +182,38 @@ pub struct Config {
     pub mix: FaultMix,
     pub partition_len: (Us, Us),
     pub pause_len: (Us, Us),
-    /// Probability that a client pauses right after it acquired (a GC pause).
+    /// Probability that a client pauses right after it was granted a lock (a GC pause).
     pub pause_after_acquire: f64,
-    /// Probability that a client pauses right after writing an acquire round, before it
-    /// reads the replies (the round's elapsed time then includes the pause).
+    /// Probability that a client pauses right after writing a round of a lock attempt
+    /// (acquire, draw, write-back), before it reads the replies (the attempt's elapsed time
+    /// then includes the pause).
     pub pause_in_round: f64,
     pub downtime: (Us, Us),
-    pub persistence: bool,
+    /// How many masters (the last ones) run without persistence: a restart loses their
+    /// keys and counters. The others keep both.
+    pub non_persistent: usize,
     pub amnesia_guard: bool,
     pub max_ttl: Us,
+    /// Fencing counters start uniform in `[0, initial_counters]` per master and resource.
+    pub initial_counters: u64,
     /// Hazard: a master's clock jumps forward by an amount in this range.
     pub clock_jump: (Us, Us),
     /// An honest holder stops using the lock when its validity runs out, whatever pauses.
     pub honest_holders: bool,
+    /// A link reset is a graceful close: requests in flight on the old connection still
+    /// run on the master, and the new connection's requests may overtake them.
+    pub close_delivers_in_flight: bool,
+    /// Checker self-test, not a protocol variant: after a failed acquire, release only on
+    /// the masters that said OK (not where the `SET` may have landed late).
+    pub cleanup_only_where_ok: bool,
+    /// Probability that the caller cancels a lock attempt (a dropped future, a
+    /// `CancelHandle`, a deadline) at a random moment of its acquire round: the attempt
+    /// fails and is cleaned up like a failed one.
+    pub cancel_prob: f64,
+    /// The literal reading of the NEW NOSCRIPT rule: a cancelled round never reached a
+    /// decision, so it still counts as undecided and its late `-NOSCRIPT` is retried.
+    pub cancelled_counts_as_undecided: bool,
+    pub old: Old,
 }
 
 /// Relative weights of the injected faults.
@@ -109,101 +229,95 @@ pub struct FaultMix {
     pub restart: u32,
     /// One master's clock jumps forward.
     pub clock_jump: u32,
+    /// One master's script cache is flushed (`SCRIPT FLUSH`).
+    pub script_flush: u32,
+    /// One client's connection to one master dies.
+    pub link_reset: u32,
+    /// One client-master link is slow for a while (congestion, TCP retransmission
+    /// backoff): every message on it takes `[latency.1, slow_max]`, still in order.
+    pub slow_link: u32,
 }
 
 impl FaultMix {
     fn total(&self) -> u32 {
-        self.partition + self.isolate + self.pause + self.restart + self.clock_jump
+        self.partition
+            + self.isolate
+            + self.pause
+            + self.restart
+            + self.clock_jump
+            + self.script_flush
+            + self.link_reset
+            + self.slow_link
     }
 }
 
-/// An interval during which `client` believed it held `res`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Held {
-    pub res: usize,
-    pub client: usize,
-    pub token: u64,
-    /// The client's clock when it sent the acquire (or the extend that opened this interval).
-    pub t1: Us,
-    pub start: Us,
-    pub end: Us,
-    /// The round's votes, e.g. `[ok, ok, timed out]`.
-    pub votes: String,
+macro_rules! stats {
+    ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
+        /// What one run covered.
+        #[derive(Clone, Debug, Default)]
+        pub struct Stats {
+            $($(#[$doc])* pub $name: u64,)*
+        }
+        impl Stats {
+            pub fn add(&mut self, o: &Stats) {
+                $(self.$name += o.$name;)*
+            }
+        }
+    };
 }
 
-/// What one run covered.
-#[derive(Clone, Debug, Default)]
-pub struct Stats {
-    pub events: u64,
-    pub messages: u64,
-    pub acquire_rounds: u64,
-    pub acquired: u64,
-    pub taken: u64,
-    pub no_quorum: u64,
-    pub validity_used_up: u64,
-    pub extends_ok: u64,
-    pub extends_failed: u64,
-    pub releases_after_failure: u64,
-    pub late_replies: u64,
-    pub drops: u64,
-    pub partitions: u64,
-    pub pauses: u64,
-    pub restarts: u64,
-    pub clock_jumps: u64,
-    pub amnesiac_votes: u64,
-    pub holds_clipped: u64,
-}
-
-impl Stats {
-    pub fn add(&mut self, o: &Stats) {
-        self.events += o.events;
-        self.messages += o.messages;
-        self.acquire_rounds += o.acquire_rounds;
-        self.acquired += o.acquired;
-        self.taken += o.taken;
-        self.no_quorum += o.no_quorum;
-        self.validity_used_up += o.validity_used_up;
-        self.extends_ok += o.extends_ok;
-        self.extends_failed += o.extends_failed;
-        self.releases_after_failure += o.releases_after_failure;
-        self.late_replies += o.late_replies;
-        self.drops += o.drops;
-        self.partitions += o.partitions;
-        self.pauses += o.pauses;
-        self.restarts += o.restarts;
-        self.clock_jumps += o.clock_jumps;
-        self.amnesiac_votes += o.amnesiac_votes;
-        self.holds_clipped += o.holds_clipped;
-    }
-}
-
-/// Two holders of the same resource whose intervals overlap.
-#[derive(Clone, Debug)]
-pub struct Violation {
-    pub first: Held,
-    pub second: Held,
-}
-
-impl std::fmt::Display for Violation {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (a, b) = (&self.first, &self.second);
-        write!(
-            f,
-            "double grant of r{}: c{} (token {}) believed it held it {}..{} ms, c{} (token {}) \
-             from {} ms (until {} ms), votes {} / {}",
-            a.res,
-            a.client,
-            a.token,
-            ms(a.start),
-            ms(a.end),
-            b.client,
-            b.token,
-            ms(b.start),
-            ms(b.end),
-            a.votes,
-            b.votes
-        )
-    }
+stats! {
+    events,
+    messages,
+    acquire_rounds,
+    /// Locks granted (fenced or not).
+    acquired,
+    taken,
+    no_quorum,
+    validity_used_up,
+    /// Fenced grants (a draw and a write-back reached a quorum, validity left).
+    fenced_grants,
+    /// Grants of locks over several resources.
+    multi_grants,
+    fenced_multi_grants,
+    /// Fenced attempts that failed after their acquire reached a quorum.
+    draws_failed,
+    write_backs_failed,
+    fence_validity_used_up,
+    /// Fencing votes not asked of a master without persistence.
+    refused_not_persistent,
+    extends_ok,
+    extends_failed,
+    /// Extends that failed with a TTL shorter than the acquire's.
+    extends_failed_shorter,
+    extends_ok_shorter,
+    extends_longer,
+    releases_after_failure,
+    late_replies,
+    drops,
+    partitions,
+    pauses,
+    restarts,
+    /// Restarts of masters without persistence (keys and counters lost).
+    restarts_lost,
+    clock_jumps,
+    amnesiac_votes,
+    holds_clipped,
+    script_flushes,
+    noscript_replies,
+    noscript_retries,
+    /// NOSCRIPT retries of a release.
+    noscript_release_retries,
+    /// Grant requests whose NOSCRIPT came after their round was decided (NEW: not retried).
+    noscript_after_decision,
+    /// OLD rule: grant requests retried with EVAL after their round was decided.
+    noscript_retries_after_decision,
+    link_resets,
+    slow_links,
+    /// Attempts the caller cancelled mid-round.
+    cancels,
+    /// Requests of a closed connection that still ran on the master (graceful close).
+    ran_after_close,
 }
 
 /// `t` in milliseconds with microsecond digits.
@@ -211,28 +325,11 @@ pub fn ms(t: Us) -> String {
     format!("{}.{:03}", t / MS, t % MS)
 }
 
-#[derive(Clone, Copy, Debug)]
-enum Msg {
-    Set { res: usize, token: u64, ttl_ms: u64 },
-    Release { res: usize, token: u64 },
-    Extend { res: usize, token: u64, ttl_ms: u64 },
-}
-
-impl Msg {
-    fn request(&self) -> Request {
-        match self {
-            Msg::Set { .. } => Request::Acquire,
-            Msg::Release { .. } => Request::Release,
-            Msg::Extend { .. } => Request::Extend,
-        }
-    }
-}
-
 /// What reaches a client from a master.
 #[derive(Clone, Copy, Debug)]
 enum Reply {
-    /// Reply bytes, parsed by the client with `resp::parse`.
-    Wire(&'static [u8]),
+    /// A reply, encoded to bytes and parsed by the client.
+    Wire(Answer),
     /// The connection was reset (the master restarted since the request was written).
     Closed,
     /// The master is down: connecting was refused.
@@ -247,19 +344,32 @@ enum Ev {
         c: usize,
         m: usize,
         op: u64,
-        msg: Msg,
+        req: Req,
         inc: u32,
+        link: u32,
     },
     ToClient {
         c: usize,
         m: usize,
         op: u64,
-        req: Request,
+        req: Req,
         reply: Reply,
         inc: u32,
+        link: u32,
     },
     RoundTimeout {
         c: usize,
+        op: u64,
+    },
+    /// The caller gives up the attempt whose round is `op`.
+    Cancel {
+        c: usize,
+        op: u64,
+    },
+    /// The client's connection to `m` died while round `op` waited for it.
+    LinkClosed {
+        c: usize,
+        m: usize,
         op: u64,
     },
     Start {
@@ -285,6 +395,8 @@ impl Ev {
         match *self {
             Ev::ToClient { c, .. }
             | Ev::RoundTimeout { c, .. }
+            | Ev::Cancel { c, .. }
+            | Ev::LinkClosed { c, .. }
             | Ev::Start { c }
             | Ev::WorkDone { c, .. }
             | Ev::ExtendDue { c, .. } => Some(c),
@@ -317,42 +429,10 @@ impl Ord for Item {
     }
 }
 
-struct Master {
-    rate: f64,
-    offset: f64,
-    up: bool,
-    /// Incarnation: bumped at every crash; connections of an older incarnation are dead.
-    inc: u32,
-    /// The master's clock (µs) when it last came up.
-    up_since: f64,
-    /// Per resource: (token, expiry in the master's milliseconds).
-    store: Vec<Option<(u64, u64)>>,
-}
-
-impl Master {
-    fn clock(&self, t: Us) -> f64 {
-        self.offset + self.rate * t as f64
-    }
-    /// Redis' `mstime()`.
-    fn now_ms(&self, t: Us) -> u64 {
-        (self.clock(t) / 1000.0) as u64
-    }
-    /// The token stored for `res`, if the key exists (Redis: expired when `now > when`).
-    fn get(&mut self, res: usize, now_ms: u64) -> Option<u64> {
-        match self.store[res] {
-            Some((token, when)) if now_ms <= when => Some(token),
-            Some(_) => {
-                self.store[res] = None;
-                None
-            }
-            None => None,
-        }
-    }
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
     Idle,
+    /// Acquire, then (fenced) draw and write-back rounds.
     Acquiring,
     Holding,
 }
@@ -360,6 +440,8 @@ enum Phase {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Round {
     Acquire,
+    Draw,
+    WriteBack,
     Extend,
 }
 
@@ -368,16 +450,50 @@ struct Client {
     round: Option<Round>,
     paused_until: Us,
     op: u64,
+    /// The current round's t1.
     t1: Us,
     tally: Tally,
-    res: usize,
+    /// Per master, the integer answered in this round (draw, OLD fenced acquire).
+    vals: Vec<i64>,
+    keys: Keys,
     token: u64,
+    fenced: bool,
+    /// The acquire round's t1 and votes (validity of a fenced grant is from this t1).
+    acq_t1: Us,
+    acq_votes: String,
+    /// The fencing token being drawn / written back / held.
+    fence: u64,
+    fence_votes: String,
+    /// The TTL of the current (or last) extend.
+    ext_ttl: Us,
     hold: u64,
     held_from: Us,
     held_t1: Us,
     held_votes: String,
     valid_until: Us,
     extends_left: u32,
+    /// The last failed extend of this hold: (when, its TTL).
+    ext_failed: Option<(Us, Us)>,
+    /// The round of the last attempt the caller cancelled.
+    cancelled_op: u64,
+}
+
+/// What the checker knows of one lock attempt (indexed by its token).
+#[derive(Default)]
+struct Attempt {
+    client: usize,
+    t1: Us,
+    failed: bool,
+    /// Masters the cleanup release was sent to (bit per master).
+    targeted: u16,
+    /// Masters where a key with this token was created.
+    created: u16,
+    /// Per master: when a release of this token first ran there.
+    released_at: Vec<Option<Us>>,
+    /// Per master: the outcome of the round that failed the attempt.
+    report: Vec<Outcome>,
+    /// Per master: the cleanup release's reply.
+    cleanup: Vec<Outcome>,
 }
 
 /// One trace line: when, which client (if any), whether it is a headline event.
@@ -391,6 +507,7 @@ pub struct TraceLine {
 /// The simulated world.
 pub struct Sim {
     cfg: Config,
+    sem: Semantics,
     rng: fastrand::Rng,
     now: Us,
     seq: u64,
@@ -399,27 +516,36 @@ pub struct Sim {
     clients: Vec<Client>,
     /// Per link (c * masters + m): partitioned until.
     cut_until: Vec<Us>,
+    /// Per link: slow until.
+    slow_until: Vec<Us>,
     /// Per link: last delivery time client -> master and master -> client (FIFO).
     last_c2m: Vec<Us>,
     last_m2c: Vec<Us>,
+    /// Per link: connection number (bumped by a link reset).
+    link_inc: Vec<u32>,
     next_token: u64,
     next_op: u64,
     quorum: usize,
     limits: Limits,
+    attempts: Vec<Attempt>,
     pub held: Vec<Held>,
+    pub grants: Vec<Grant>,
+    /// The first violation of each property found during the run.
+    found: Vec<Violation>,
     pub stats: Stats,
     trace: Option<Vec<TraceLine>>,
 }
 
-const OK: &[u8] = b"+OK\r\n";
-const NULL2: &[u8] = b"$-1\r\n";
-const NULL3: &[u8] = b"_\r\n";
-const ONE: &[u8] = b":1\r\n";
-const ZERO: &[u8] = b":0\r\n";
+fn not_persistent() -> Outcome {
+    Outcome::Failed(Fault::Handshake(ErrorText::new(
+        b"not persistent (appendonly/appendfsync): no fencing vote",
+    )))
+}
 
 impl Sim {
     pub fn new(cfg: Config, seed: u64, trace: bool) -> Sim {
-        assert!(cfg.masters >= 1 && cfg.clients >= 1 && cfg.resources >= 1);
+        assert!(cfg.masters >= 1 && cfg.masters <= 16 && cfg.clients >= 1);
+        assert!(cfg.resources >= 1 && cfg.resources <= MAX_KEYS);
         assert!(cfg.ttl % MS == 0, "PX takes whole milliseconds");
         let mut rng = fastrand::Rng::with_seed(seed);
         let n = cfg.masters;
@@ -439,13 +565,19 @@ impl Sim {
                 };
                 // Wall clocks far from zero, and not aligned on a millisecond.
                 let offset = 1.7e12 + rng.u64(..1_000_000_000) as f64 + rng.f64();
+                let counters = (0..cfg.resources)
+                    .map(|_| rng.u64(0..=cfg.initial_counters))
+                    .collect();
                 Master {
                     rate,
                     offset,
                     up: true,
+                    persistent: i + cfg.non_persistent < n,
                     inc: 0,
                     up_since: offset - 10.0 * cfg.max_ttl as f64,
                     store: vec![None; cfg.resources],
+                    counters,
+                    scripts: ALL_SCRIPTS,
                 }
             })
             .collect();
@@ -457,19 +589,33 @@ impl Sim {
                 op: 0,
                 t1: 0,
                 tally: Tally::new(n, rules::quorum(n)),
-                res: 0,
+                vals: vec![0; n],
+                keys: Keys::one(0),
                 token: 0,
+                fenced: false,
+                acq_t1: 0,
+                acq_votes: String::new(),
+                fence: 0,
+                fence_votes: String::new(),
+                ext_ttl: 0,
                 hold: 0,
                 held_from: 0,
                 held_t1: 0,
                 held_votes: String::new(),
                 valid_until: 0,
                 extends_left: 0,
+                ext_failed: None,
+                cancelled_op: 0,
             })
             .collect();
         let links = cfg.clients * n;
+        let sem = Semantics {
+            extend_never_shortens: !cfg.old.extend_plain_pexpire,
+            fence_all_resources: !cfg.old.fence_first_resource_only,
+        };
         let mut sim = Sim {
             quorum: rules::quorum(n),
+            sem,
             rng,
             now: 0,
             seq: 0,
@@ -477,12 +623,17 @@ impl Sim {
             masters,
             clients,
             cut_until: vec![0; links],
+            slow_until: vec![0; links],
             last_c2m: vec![0; links],
             last_m2c: vec![0; links],
+            link_inc: vec![0; links],
             next_token: 1,
             next_op: 1,
             limits: Limits::default(),
+            attempts: Vec::new(),
             held: Vec::new(),
+            grants: Vec::new(),
+            found: Vec::new(),
             stats: Stats::default(),
             trace: trace.then(Vec::new),
             cfg,
@@ -503,13 +654,20 @@ impl Sim {
                 .iter()
                 .map(|m| format!("{:+.4}", m.rate - 1.0))
                 .collect();
-            sim.tr(None, true, || format!("master clock skews {rates:?}"));
+            let persistent: Vec<bool> = sim.masters.iter().map(|m| m.persistent).collect();
+            let counters: Vec<Vec<u64>> = sim.masters.iter().map(|m| m.counters.clone()).collect();
+            sim.tr(None, true, || {
+                format!(
+                    "master clock skews {rates:?}, persistent {persistent:?}, counters {counters:?}"
+                )
+            });
         }
         sim
     }
 
-    /// Run to the horizon (or the event budget); returns the first violation, if any.
-    pub fn run(&mut self) -> Option<Violation> {
+    /// Run to the horizon (or the event budget); returns the first violation of each
+    /// property found, in the order (i), (ii), (iii), (iv).
+    pub fn run(&mut self) -> Vec<Violation> {
         while let Some(item) = self.queue.pop() {
             if item.at > self.cfg.horizon || self.stats.events >= self.cfg.max_events {
                 break;
@@ -533,7 +691,16 @@ impl Sim {
                 self.close_interval(c, end);
             }
         }
-        self.check()
+        self.check_reports();
+        let mut all = Vec::new();
+        if let Some(o) = check_intervals(&self.held) {
+            all.push(Violation::Overlap(o));
+        }
+        if let Some(v) = check_tokens(&self.grants, self.cfg.resources) {
+            all.push(v);
+        }
+        all.append(&mut self.found);
+        all
     }
 
     /// The trace recorded (if enabled).
@@ -543,11 +710,6 @@ impl Sim {
 
     pub fn config(&self) -> &Config {
         &self.cfg
-    }
-
-    /// The first pair of overlapping intervals of different holders, by start time.
-    pub fn check(&self) -> Option<Violation> {
-        check_intervals(&self.held)
     }
 
     fn push(&mut self, at: Us, ev: Ev) {
@@ -570,6 +732,16 @@ impl Sim {
         }
     }
 
+    /// Record a violation found during the run (the first of each property).
+    fn found(&mut self, v: Violation) {
+        if self.found.iter().any(|f| f.property() == v.property()) {
+            return;
+        }
+        let text = v.to_string();
+        self.tr(None, true, || format!("VIOLATION {text}"));
+        self.found.push(v);
+    }
+
     fn link(&self, c: usize, m: usize) -> usize {
         c * self.cfg.masters + m
     }
@@ -578,9 +750,9 @@ impl Sim {
         self.cut_until[self.link(c, m)] > self.now
     }
 
-    fn delay(&mut self) -> Us {
+    fn delay(&mut self, l: usize) -> Us {
         let (lo, hi) = self.cfg.latency;
-        if self.rng.f64() < self.cfg.slow_prob {
+        if self.slow_until[l] > self.now || self.rng.f64() < self.cfg.slow_prob {
             self.rng.u64(hi..=self.cfg.slow_max.max(hi))
         } else {
             self.rng.u64(lo..=hi)
@@ -591,20 +763,28 @@ impl Sim {
         Duration::from_micros(self.cfg.ttl)
     }
 
+    fn all_masters(&self) -> u16 {
+        ((1u32 << self.cfg.masters) - 1) as u16
+    }
+
+    fn attempt(&mut self, token: u64) -> &mut Attempt {
+        &mut self.attempts[(token - 1) as usize]
+    }
+
     // ----------------------------------------------------------------------------------
     // Network
     // ----------------------------------------------------------------------------------
 
-    fn send(&mut self, c: usize, m: usize, op: u64, msg: Msg) {
+    fn send(&mut self, c: usize, m: usize, op: u64, req: Req) {
         self.stats.messages += 1;
         let l = self.link(c, m);
+        let link = self.link_inc[l];
         if !self.masters[m].up {
             // No connection: the (re)connect is refused, quickly.
             let d = self.rng.u64(self.cfg.latency.0..=self.cfg.latency.1);
             let at = (self.now + d).max(self.last_m2c[l]);
             self.last_m2c[l] = at;
             let inc = self.masters[m].inc;
-            let req = msg.request();
             self.push(
                 at,
                 Ev::ToClient {
@@ -614,6 +794,7 @@ impl Sim {
                     req,
                     reply: Reply::Refused,
                     inc,
+                    link,
                 },
             );
             return;
@@ -621,18 +802,28 @@ impl Sim {
         if self.cut(c, m) || self.rng.f64() < self.cfg.drop_prob {
             self.stats.drops += 1;
             self.tr(Some(c), false, || {
-                format!("c{c} -> m{m} {msg:?} op{op} DROPPED")
+                format!("c{c} -> m{m} op{op} {req} DROPPED")
             });
             return;
         }
-        let d = self.delay();
+        let d = self.delay(l);
         let at = (self.now + d).max(self.last_c2m[l]);
         self.last_c2m[l] = at;
         let inc = self.masters[m].inc;
-        self.push(at, Ev::ToMaster { c, m, op, msg, inc });
+        self.push(
+            at,
+            Ev::ToMaster {
+                c,
+                m,
+                op,
+                req,
+                inc,
+                link,
+            },
+        );
     }
 
-    fn reply(&mut self, c: usize, m: usize, op: u64, req: Request, reply: Reply) {
+    fn reply(&mut self, c: usize, m: usize, op: u64, req: Req, reply: Reply, link: u32) {
         let l = self.link(c, m);
         let lossy = matches!(reply, Reply::Wire(_) | Reply::Amnesiac);
         if lossy && (self.cut(c, m) || self.rng.f64() < self.cfg.drop_prob) {
@@ -642,7 +833,7 @@ impl Sim {
             });
             return;
         }
-        let d = self.delay();
+        let d = self.delay(l);
         let at = (self.now + d).max(self.last_m2c[l]);
         self.last_m2c[l] = at;
         let inc = self.masters[m].inc;
@@ -655,6 +846,7 @@ impl Sim {
                 req,
                 reply,
                 inc,
+                link,
             },
         );
     }
@@ -665,7 +857,14 @@ impl Sim {
 
     fn dispatch(&mut self, ev: Ev) {
         match ev {
-            Ev::ToMaster { c, m, op, msg, inc } => self.on_master(c, m, op, msg, inc),
+            Ev::ToMaster {
+                c,
+                m,
+                op,
+                req,
+                inc,
+                link,
+            } => self.on_master(c, m, op, req, inc, link),
             Ev::ToClient {
                 c,
                 m,
@@ -673,7 +872,8 @@ impl Sim {
                 req,
                 reply,
                 inc,
-            } => self.on_reply(c, m, op, req, reply, inc),
+                link,
+            } => self.on_reply(c, m, op, req, reply, inc, link),
             Ev::RoundTimeout { c, op } => {
                 let cl = &mut self.clients[c];
                 if cl.round.is_some() && cl.op == op {
@@ -682,26 +882,48 @@ impl Sim {
                     self.decide(c);
                 }
             }
+            Ev::LinkClosed { c, m, op } => {
+                let cl = &mut self.clients[c];
+                if cl.round.is_some() && cl.op == op && cl.tally.outcomes()[m] == Outcome::Pending {
+                    let closed =
+                        Outcome::Failed(Fault::Closed(std::io::ErrorKind::ConnectionReset));
+                    cl.tally.record(m, closed);
+                    let decision = cl.tally.decision();
+                    self.tr(Some(c), false, || {
+                        format!("c{c} op{op}: connection to m{m} closed => {decision:?}")
+                    });
+                    if decision != Decision::Open {
+                        self.decide(c);
+                    }
+                }
+            }
+            Ev::Cancel { c, op } => self.cancel(c, op),
             Ev::Start { c } => self.start_acquire(c),
             Ev::WorkDone { c, hold } => self.work_done(c, hold),
             Ev::ExtendDue { c, hold } => self.extend_due(c, hold),
             Ev::Fault => self.inject_fault(),
             Ev::MasterUp { m } => {
-                let mm = &mut self.masters[m];
-                mm.up = true;
-                mm.up_since = mm.clock(self.now);
+                self.masters[m].come_up(self.now);
                 self.tr(None, true, || format!("m{m} back up"));
             }
         }
     }
 
-    fn on_master(&mut self, c: usize, m: usize, op: u64, msg: Msg, inc: u32) {
-        let req = msg.request();
+    fn on_master(&mut self, c: usize, m: usize, op: u64, req: Req, inc: u32, link: u32) {
         if self.cut(c, m) {
             // The partition started while the message was in flight.
             self.stats.drops += 1;
             self.tr(Some(c), false, || {
                 format!("c{c} -> m{m} op{op} lost in partition")
+            });
+            return;
+        }
+        let l = self.link(c, m);
+        let closed = self.link_inc[l] != link;
+        if closed && !self.cfg.close_delivers_in_flight {
+            // Reset: what was in flight on the dead connection is gone.
+            self.tr(Some(c), false, || {
+                format!("c{c} -> m{m} op{op} {req} lost with its connection")
             });
             return;
         }
@@ -714,104 +936,153 @@ impl Sim {
             self.tr(Some(c), false, || {
                 format!("m{m} resets c{c}'s connection (op{op})")
             });
-            self.reply(c, m, op, req, Reply::Closed);
+            self.reply(c, m, op, req, Reply::Closed, link);
             return;
         }
         if self.cfg.amnesia_guard && uptime < self.cfg.max_ttl as f64 {
             self.tr(Some(c), false, || {
                 format!("m{m} refuses c{c} op{op}: restarted less than max_ttl ago")
             });
-            self.reply(c, m, op, req, Reply::Amnesiac);
+            self.reply(c, m, op, req, Reply::Amnesiac, link);
             return;
         }
-        let resp3 = self.cfg.resp3;
-        let master = &mut self.masters[m];
-        let now_ms = master.now_ms(now);
-        let wire: &'static [u8] = match msg {
-            Msg::Set { res, token, ttl_ms } => {
-                if master.get(res, now_ms).is_some() {
-                    if resp3 {
-                        NULL3
-                    } else {
-                        NULL2
-                    }
-                } else {
-                    master.store[res] = Some((token, now_ms + ttl_ms));
-                    OK
+        let (answer, effect) = self.masters[m].execute(req, now, self.sem);
+        match effect {
+            Effect::Created(token) => self.key_created(token, m),
+            Effect::Released(token) => {
+                let a = self.attempt(token);
+                if a.released_at[m].is_none() {
+                    a.released_at[m] = Some(now);
                 }
             }
-            Msg::Release { res, token } => {
-                if master.get(res, now_ms) == Some(token) {
-                    master.store[res] = None;
-                    ONE
-                } else {
-                    ZERO
-                }
-            }
-            Msg::Extend { res, token, ttl_ms } => {
-                if master.get(res, now_ms) == Some(token) {
-                    master.store[res] = Some((token, now_ms + ttl_ms));
-                    ONE
-                } else {
-                    ZERO
-                }
-            }
-        };
-        self.tr(Some(c), false, || {
+            Effect::None => {}
+        }
+        if closed {
+            self.stats.ran_after_close += 1;
+        }
+        self.tr(Some(c), closed, || {
             format!(
-                "m{m} {msg:?} from c{c} op{op} -> {}",
-                String::from_utf8_lossy(wire).trim_end()
+                "m{m} {req} from c{c} op{op} -> {answer}{}",
+                if closed {
+                    " (ran after its connection was closed; reply lost)"
+                } else {
+                    ""
+                }
             )
         });
-        self.reply(c, m, op, req, Reply::Wire(wire));
+        if !closed {
+            self.reply(c, m, op, req, Reply::Wire(answer), link);
+        }
     }
 
-    fn outcome(&mut self, req: Request, reply: Reply) -> Outcome {
+    fn outcome(&mut self, msg: &Msg, reply: Reply) -> (Outcome, i64) {
         match reply {
-            Reply::Wire(bytes) => match resp::parse(bytes, &self.limits) {
-                Ok(Status::Complete((frame, used))) => {
-                    assert_eq!(used, bytes.len(), "one frame per reply");
-                    match rules::classify(req, &frame) {
-                        Ok(o) => o,
-                        Err(()) => panic!(
-                            "rules::classify({req:?}) rejected a reply a real master sends: {frame:?}"
-                        ),
-                    }
-                }
-                other => panic!("resp::parse on {bytes:?}: {other:?}"),
-            },
-            Reply::Closed => Outcome::Failed(Fault::Closed(std::io::ErrorKind::ConnectionReset)),
-            Reply::Refused => {
-                Outcome::Failed(Fault::Connect(std::io::ErrorKind::ConnectionRefused))
-            }
+            Reply::Wire(a) => wire::read(msg, a, self.cfg.resp3, &self.limits),
+            Reply::Closed => (
+                Outcome::Failed(Fault::Closed(std::io::ErrorKind::ConnectionReset)),
+                0,
+            ),
+            Reply::Refused => (
+                Outcome::Failed(Fault::Connect(std::io::ErrorKind::ConnectionRefused)),
+                0,
+            ),
             Reply::Amnesiac => {
                 self.stats.amnesiac_votes += 1;
-                Outcome::Failed(Fault::Amnesiac)
+                (Outcome::Failed(Fault::Amnesiac), 0)
             }
         }
     }
 
-    fn on_reply(&mut self, c: usize, m: usize, op: u64, req: Request, reply: Reply, inc: u32) {
+    #[allow(clippy::too_many_arguments)]
+    fn on_reply(
+        &mut self,
+        c: usize,
+        m: usize,
+        op: u64,
+        req: Req,
+        reply: Reply,
+        inc: u32,
+        link: u32,
+    ) {
+        if self.link_inc[self.link(c, m)] != link {
+            // The client closed or lost that connection; its requests there already failed.
+            return;
+        }
         // The master crashed after writing this reply: it may not have made it out.
         let reply = match reply {
             Reply::Wire(_) if self.masters[m].inc != inc && self.rng.bool() => Reply::Closed,
             r => r,
         };
-        let outcome = self.outcome(req, reply);
-        let cl = &self.clients[c];
-        if cl.round.is_none() || cl.op != op {
+        let (outcome, value) = self.outcome(&req.msg, reply);
+        let noscript = wire::is_noscript(outcome);
+        if noscript {
+            self.stats.noscript_replies += 1;
+        }
+        if let Msg::Release { token, .. } = req.msg {
+            if noscript {
+                // A release is always retried.
+                self.stats.noscript_retries += 1;
+                self.stats.noscript_release_retries += 1;
+                self.tr(Some(c), false, || {
+                    format!("c{c} <- m{m} op{op} NOSCRIPT for {req}: retry with EVAL")
+                });
+                self.send(c, m, op, Req { eval: true, ..req });
+                return;
+            }
+            let a = self.attempt(token);
+            if a.failed && a.cleanup[m] == Outcome::Pending {
+                a.cleanup[m] = outcome;
+            }
+            self.tr(Some(c), false, || {
+                format!("c{c} <- m{m} op{op} {req}: {outcome}")
+            });
+            return;
+        }
+        let current = self.clients[c].round.is_some() && self.clients[c].op == op;
+        if noscript {
+            let undecided = current
+                || (self.cfg.cancelled_counts_as_undecided && self.clients[c].cancelled_op == op);
+            if undecided || self.cfg.old.noscript_retry_after_decision {
+                self.stats.noscript_retries += 1;
+                if !current {
+                    self.stats.noscript_after_decision += 1;
+                    self.stats.noscript_retries_after_decision += 1;
+                }
+                self.tr(Some(c), !current, || {
+                    format!(
+                        "c{c} <- m{m} op{op} NOSCRIPT for {req}: retry with EVAL{}",
+                        if current {
+                            ""
+                        } else if undecided {
+                            " (cancelled round counted as undecided)"
+                        } else {
+                            " (round already decided: OLD rule)"
+                        }
+                    )
+                });
+                self.send(c, m, op, Req { eval: true, ..req });
+            } else {
+                self.stats.noscript_after_decision += 1;
+                self.tr(Some(c), false, || {
+                    format!("c{c} <- m{m} op{op} NOSCRIPT for {req}: round decided, not retried")
+                });
+            }
+            return;
+        }
+        if !current {
             self.stats.late_replies += 1;
             self.tr(Some(c), false, || {
-                format!("c{c} <- m{m} op{op} {req:?} {outcome} (late, ignored)")
+                format!("c{c} <- m{m} op{op} {req}: {outcome} (late, ignored)")
             });
             return;
         }
         let cl = &mut self.clients[c];
         let counted = cl.tally.record(m, outcome);
         assert!(counted, "a master answered twice in one round");
+        cl.vals[m] = value;
         let decision = cl.tally.decision();
         self.tr(Some(c), false, || {
-            format!("c{c} <- m{m} op{op} {req:?} {outcome} => {decision:?}")
+            format!("c{c} <- m{m} op{op} {req}: {outcome} => {decision:?}")
         });
         if decision != Decision::Open {
             self.decide(c);
@@ -819,126 +1090,312 @@ impl Sim {
     }
 
     // ----------------------------------------------------------------------------------
+    // Checker hooks
+    // ----------------------------------------------------------------------------------
+
+    /// (iv): a key holding `token` was just created on `m`.
+    fn key_created(&mut self, token: u64, m: usize) {
+        let now = self.now;
+        let a = self.attempt(token);
+        a.created |= 1 << m;
+        if let Some(at) = a.released_at[m] {
+            let (client, t1) = (a.client, a.t1);
+            self.found(Violation::Orphan {
+                token,
+                client,
+                master: m,
+                t1,
+                at: now,
+                what: format!(
+                    "created after the attempt's release ran there (at {} ms); nobody owns it \
+                     until it expires",
+                    ms(at)
+                ),
+            });
+        }
+    }
+
+    /// (iv), after the run: a failed attempt's key that no release removed may only be on
+    /// a master the cleanup release was sent to and could not reach (its reply, the report's
+    /// last word on that master, is missing or a failure). A key on a master the cleanup
+    /// never went to means the acquire's report was wrong about it (`may_hold` said our key
+    /// could not be there).
+    fn check_reports(&mut self) {
+        let mut bad = None;
+        for (i, a) in self.attempts.iter().enumerate() {
+            if !a.failed {
+                continue;
+            }
+            for m in 0..self.cfg.masters {
+                if a.created & (1 << m) == 0 || a.released_at[m].is_some() {
+                    continue;
+                }
+                let targeted = a.targeted & (1 << m) != 0;
+                let said = if targeted { a.cleanup[m] } else { a.report[m] };
+                let excused = targeted
+                    && matches!(
+                        said,
+                        Outcome::Pending | Outcome::TimedOut | Outcome::Failed(_)
+                    );
+                if !excused {
+                    bad = Some(Violation::Orphan {
+                        token: i as u64 + 1,
+                        client: a.client,
+                        master: m,
+                        t1: a.t1,
+                        at: self.now,
+                        what: if targeted {
+                            format!("no release ran there, yet the cleanup's reply says \"{said}\"")
+                        } else {
+                            format!(
+                                "the key landed but the cleanup never went there: the acquire's \
+                                 report says \"{said}\""
+                            )
+                        },
+                    });
+                    break;
+                }
+            }
+            if bad.is_some() {
+                break;
+            }
+        }
+        if let Some(v) = bad {
+            self.found(v);
+        }
+    }
+
+    // ----------------------------------------------------------------------------------
     // Client
     // ----------------------------------------------------------------------------------
+
+    /// Whether this round's vote of master `m` is refused (fencing on a master without
+    /// persistence).
+    fn refused(&self, c: usize, kind: Round, m: usize) -> bool {
+        self.clients[c].fenced
+            && kind != Round::Extend
+            && !self.cfg.old.no_persistence_refusal
+            && !self.masters[m].persistent
+    }
 
     fn start_round(&mut self, c: usize, kind: Round) {
         let n = self.cfg.masters;
         let op = self.next_op;
         self.next_op += 1;
-        let ttl_ms = self.cfg.ttl / MS;
         let now = self.now;
+        let old_fencing = self.cfg.old.fencing_incr_in_acquire;
         let cl = &mut self.clients[c];
         cl.round = Some(kind);
         cl.op = op;
         cl.t1 = now;
         cl.tally.reset(n, rules::quorum(n));
-        let (res, token) = (cl.res, cl.token);
+        cl.vals.iter_mut().for_each(|v| *v = 0);
+        let (keys, token, fence, fenced) = (cl.keys, cl.token, cl.fence, cl.fenced);
+        let ttl_ms = match kind {
+            Round::Extend => cl.ext_ttl / MS,
+            _ => self.cfg.ttl / MS,
+        };
+        let msg = match kind {
+            Round::Acquire if fenced && old_fencing => Msg::OldFencedAcquire {
+                keys,
+                token,
+                ttl_ms,
+            },
+            Round::Acquire => Msg::Set {
+                keys,
+                token,
+                ttl_ms,
+            },
+            Round::Draw => Msg::Draw { keys, token },
+            Round::WriteBack if old_fencing => Msg::OldFenceMax {
+                res: keys.first() as u8,
+                value: fence,
+            },
+            Round::WriteBack => Msg::WriteBack {
+                keys,
+                token,
+                value: fence,
+            },
+            Round::Extend => Msg::Extend {
+                keys,
+                token,
+                ttl_ms,
+            },
+        };
         for m in 0..n {
-            let msg = match kind {
-                Round::Acquire => Msg::Set { res, token, ttl_ms },
-                Round::Extend => Msg::Extend { res, token, ttl_ms },
-            };
-            self.send(c, m, op, msg);
+            if self.refused(c, kind, m) {
+                self.stats.refused_not_persistent += 1;
+                self.clients[c].tally.record(m, not_persistent());
+                continue;
+            }
+            self.send(c, m, op, Req { msg, eval: false });
         }
         let at = now + self.cfg.round_timeout;
         self.push(at, Ev::RoundTimeout { c, op });
+        if self.clients[c].tally.decision() != Decision::Open {
+            // Too many votes refused up front.
+            self.decide(c);
+            return;
+        }
+        if kind != Round::Extend && self.rng.f64() < self.cfg.pause_in_round {
+            // A pause between writing a round of a lock attempt and reading its replies:
+            // the attempt's elapsed time (validity) includes it.
+            let len = self.rng.u64(self.cfg.pause_len.0..=self.cfg.pause_len.1);
+            self.pause(c, len);
+        }
     }
 
     fn start_acquire(&mut self, c: usize) {
         if self.clients[c].phase != Phase::Idle {
             return;
         }
-        let res = self.rng.usize(..self.cfg.resources);
+        let r = self.cfg.resources;
+        let keys = if r >= 2 && self.rng.f64() < self.cfg.multi_prob {
+            let mut all: Vec<usize> = (0..r).collect();
+            self.rng.shuffle(&mut all);
+            let k = self.rng.usize(2..=r);
+            Keys::of(&all[..k])
+        } else {
+            Keys::one(self.rng.usize(..r))
+        };
+        let fenced = self.rng.f64() < self.cfg.fence_prob;
         let token = self.next_token;
         self.next_token += 1;
+        let n = self.cfg.masters;
+        self.attempts.push(Attempt {
+            client: c,
+            t1: self.now,
+            released_at: vec![None; n],
+            ..Attempt::default()
+        });
         let cl = &mut self.clients[c];
         cl.phase = Phase::Acquiring;
-        cl.res = res;
+        cl.keys = keys;
         cl.token = token;
+        cl.fenced = fenced;
         self.stats.acquire_rounds += 1;
-        self.start_round(c, Round::Acquire);
-        let op = self.clients[c].op;
         self.tr(Some(c), false, || {
-            format!("c{c} acquire r{res} token {token} op{op}")
+            format!(
+                "c{c} acquire {keys} token {token}{}",
+                if fenced { " (fenced)" } else { "" }
+            )
         });
-        if self.rng.f64() < self.cfg.pause_in_round {
-            let len = self.rng.u64(self.cfg.pause_len.0..=self.cfg.pause_len.1);
-            self.pause(c, len);
+        self.start_round(c, Round::Acquire);
+        if self.clients[c].round.is_some() && self.rng.f64() < self.cfg.cancel_prob {
+            let op = self.clients[c].op;
+            let at = self.now + self.rng.u64(..self.cfg.round_timeout);
+            self.push(at, Ev::Cancel { c, op });
         }
     }
 
     fn votes(&self, c: usize) -> String {
-        let v: Vec<String> = self.clients[c]
+        let cl = &self.clients[c];
+        // Rounds whose yes votes carry a number: the draw, the OLD fenced acquire.
+        let valued = match cl.round {
+            Some(Round::Draw) => true,
+            Some(Round::Acquire) => cl.fenced && self.cfg.old.fencing_incr_in_acquire,
+            _ => false,
+        };
+        let v: Vec<String> = cl
             .tally
             .outcomes()
             .iter()
-            .map(|o| o.to_string())
+            .zip(&cl.vals)
+            .map(|(o, &x)| match o {
+                Outcome::Ok if valued => format!("ok {x}"),
+                o => o.to_string(),
+            })
             .collect();
         format!("[{}]", v.join(", "))
     }
 
+    /// The largest integer among the yes votes of this round.
+    fn max_yes_value(&self, c: usize) -> u64 {
+        let cl = &self.clients[c];
+        cl.tally
+            .outcomes()
+            .iter()
+            .zip(&cl.vals)
+            .filter(|(o, _)| o.is_ok())
+            .map(|(_, &v)| v.max(0) as u64)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// The round of client `c` is decided (or expired): judge it with `rules`.
     fn decide(&mut self, c: usize) {
-        let now = self.now;
-        let (kind, t1) = (
-            self.clients[c].round.take().expect("a round"),
-            self.clients[c].t1,
-        );
+        let kind = self.clients[c].round.expect("a round");
+        // Votes are rendered while the round is still set (draw values show).
+        let votes = self.votes(c);
+        self.clients[c].round = None;
+        match kind {
+            Round::Acquire => self.decide_acquire(c, votes),
+            Round::Draw => self.decide_draw(c, votes),
+            Round::WriteBack => self.decide_write_back(c, votes),
+            Round::Extend => self.decide_extend(c, votes),
+        }
+    }
+
+    fn judge(&self, c: usize, ttl: Us, t1: Us) -> AcquireVerdict {
         let verdict = rules::judge_acquire(
             &self.clients[c].tally,
-            self.ttl(),
-            Duration::from_micros(now - t1),
+            Duration::from_micros(ttl),
+            Duration::from_micros(self.now - t1),
             self.cfg.drift_factor,
             Duration::from_micros(self.cfg.min_validity),
         );
         if let AcquireVerdict::Acquired(v) = verdict {
             assert!(self.clients[c].tally.yes() >= self.quorum);
-            assert!(v <= self.ttl());
+            assert!(v.as_micros() as u64 <= ttl);
         }
-        match kind {
-            Round::Acquire => self.decide_acquire(c, verdict),
-            Round::Extend => self.decide_extend(c, verdict),
+        verdict
+    }
+
+    /// The library's request for client `c`'s acquire round (what `rules::may_hold` needs:
+    /// a plain `SET` refuses whole, a script may have written before an error).
+    fn acquire_request(&self, c: usize) -> Request {
+        let cl = &self.clients[c];
+        if cl.keys.len() == 1 && !(cl.fenced && self.cfg.old.fencing_incr_in_acquire) {
+            Request::Acquire
+        } else {
+            Request::AcquireMany
         }
     }
 
-    fn decide_acquire(&mut self, c: usize, verdict: AcquireVerdict) {
+    fn decide_acquire(&mut self, c: usize, votes: String) {
         let now = self.now;
-        let votes = self.votes(c);
-        let (res, op, t1) = {
+        let (keys, op, t1, fenced) = {
             let cl = &self.clients[c];
-            (cl.res, cl.op, cl.t1)
+            (cl.keys, cl.op, cl.t1, cl.fenced)
         };
+        let verdict = self.judge(c, self.cfg.ttl, t1);
         match verdict {
             AcquireVerdict::Acquired(v) => {
-                self.stats.acquired += 1;
-                // As the client does (`Lock::valid_until = decided_at + validity`): the
-                // validity is what is left of the TTL after the round's elapsed time.
-                let valid_until = now + v.as_micros() as u64;
-                let extends = self.cfg.max_extends;
+                if !fenced {
+                    let t1 = self.clients[c].t1;
+                    self.grant(c, now + v.as_micros() as u64, t1, votes);
+                    return;
+                }
                 let cl = &mut self.clients[c];
-                cl.phase = Phase::Holding;
-                cl.hold += 1;
-                cl.held_from = now;
-                cl.held_t1 = t1;
-                cl.held_votes = votes.clone();
-                cl.valid_until = valid_until;
-                cl.extends_left = extends;
-                let hold = cl.hold;
-                let token = cl.token;
-                self.tr(Some(c), true, || {
-                    format!(
-                        "c{c} ACQUIRED r{res} token {token} op{op} (t1 {}) valid until {} votes {votes}",
-                        ms(t1),
-                        ms(valid_until)
-                    )
-                });
-                let work = self.rng.u64(0..=self.cfg.work_max);
-                self.push(now + work, Ev::WorkDone { c, hold });
-                self.schedule_extend(c);
-                if self.rng.f64() < self.cfg.pause_after_acquire {
-                    let len = self.rng.u64(self.cfg.pause_len.0..=self.cfg.pause_len.1);
-                    self.pause(c, len);
+                cl.acq_t1 = t1;
+                cl.acq_votes = votes.clone();
+                if self.cfg.old.fencing_incr_in_acquire {
+                    // OLD: the token is the largest counter the quorum's acquires returned.
+                    let fence = self.max_yes_value(c);
+                    let cl = &mut self.clients[c];
+                    cl.fence = fence;
+                    cl.fence_votes = format!("acquire {votes}");
+                    self.tr(Some(c), false, || {
+                        format!("c{c} op{op} acquired {keys}, votes {votes}: writing back fencing token {fence}")
+                    });
+                    self.start_round(c, Round::WriteBack);
+                } else {
+                    self.tr(Some(c), false, || {
+                        format!(
+                            "c{c} op{op} acquired {keys}, votes {votes}: drawing a fencing token"
+                        )
+                    });
+                    self.start_round(c, Round::Draw);
                 }
             }
             _ => {
@@ -950,29 +1407,222 @@ impl Sim {
                 self.tr(Some(c), false, || {
                     format!("c{c} op{op} failed: {verdict:?} votes {votes}")
                 });
-                // Release wherever our SET may have landed.
-                let targets: Vec<usize> = (0..self.cfg.masters)
-                    .filter(|&m| {
-                        rules::may_hold(Request::Acquire, self.clients[c].tally.outcomes()[m])
-                    })
-                    .collect();
-                let token = self.clients[c].token;
-                if !targets.is_empty() {
-                    self.stats.releases_after_failure += 1;
-                    let rop = self.next_op;
-                    self.next_op += 1;
-                    for m in targets {
-                        self.send(c, m, rop, Msg::Release { res, token });
+                // Release wherever our keys may have landed.
+                let mut targets = 0u16;
+                let only_ok = self.cfg.cleanup_only_where_ok;
+                for (m, &o) in self.clients[c].tally.outcomes().iter().enumerate() {
+                    if if only_ok {
+                        o.is_ok()
+                    } else {
+                        rules::may_hold(self.acquire_request(c), o)
+                    } {
+                        targets |= 1 << m;
                     }
                 }
-                self.clients[c].phase = Phase::Idle;
-                let d = rules::retry_delay(
-                    Duration::from_micros(self.cfg.retry_base),
-                    Duration::from_micros(self.cfg.retry_jitter),
-                    &mut self.rng,
-                );
-                self.push(now + d.as_micros() as u64, Ev::Start { c });
+                self.fail_attempt(c, targets);
             }
+        }
+    }
+
+    fn decide_draw(&mut self, c: usize, votes: String) {
+        let op = self.clients[c].op;
+        if self.clients[c].tally.yes() >= self.quorum {
+            let fence = self.max_yes_value(c);
+            let cl = &mut self.clients[c];
+            cl.fence = fence;
+            cl.fence_votes = format!("draw {votes}");
+            self.tr(Some(c), false, || {
+                format!("c{c} op{op} drew fencing token {fence}, votes {votes}: writing it back")
+            });
+            self.start_round(c, Round::WriteBack);
+        } else {
+            self.stats.draws_failed += 1;
+            self.tr(Some(c), true, || {
+                format!("c{c} op{op} draw failed, votes {votes}: releasing everywhere")
+            });
+            let all = self.all_masters();
+            self.fail_attempt(c, all);
+        }
+    }
+
+    fn decide_write_back(&mut self, c: usize, votes: String) {
+        let now = self.now;
+        let (op, acq_t1, fence) = {
+            let cl = &self.clients[c];
+            (cl.op, cl.acq_t1, cl.fence)
+        };
+        // Validity from the acquire's t1, at the write-back's decision.
+        let verdict = self.judge(c, self.cfg.ttl, acq_t1);
+        match verdict {
+            AcquireVerdict::Acquired(v) => {
+                let cl = &mut self.clients[c];
+                let fv = std::mem::take(&mut cl.fence_votes);
+                cl.fence_votes = format!("{fv} write-back {votes}");
+                let grant_votes = format!("{}, token {fence}", cl.acq_votes);
+                self.grant(c, now + v.as_micros() as u64, acq_t1, grant_votes);
+            }
+            _ => {
+                if verdict == AcquireVerdict::ValidityUsedUp {
+                    self.stats.fence_validity_used_up += 1;
+                } else {
+                    self.stats.write_backs_failed += 1;
+                }
+                self.tr(Some(c), true, || {
+                    format!(
+                        "c{c} op{op} write-back of {fence} failed: {verdict:?} votes {votes}: \
+                         releasing everywhere"
+                    )
+                });
+                let all = self.all_masters();
+                self.fail_attempt(c, all);
+            }
+        }
+    }
+
+    /// The caller cancels the attempt whose round `op` is still open (acquire, draw or
+    /// write-back): clean up as for a failed attempt.
+    fn cancel(&mut self, c: usize, op: u64) {
+        let cl = &self.clients[c];
+        let Some(kind) = cl.round else { return };
+        if cl.op != op || kind == Round::Extend {
+            return;
+        }
+        self.stats.cancels += 1;
+        let votes = self.votes(c);
+        let cl = &mut self.clients[c];
+        cl.round = None;
+        cl.cancelled_op = op;
+        self.tr(Some(c), true, || {
+            format!("c{c} op{op} CANCELLED by the caller ({kind:?} round, votes {votes})")
+        });
+        let targets = if kind == Round::Acquire {
+            let mut t = 0u16;
+            for (m, &o) in self.clients[c].tally.outcomes().iter().enumerate() {
+                if rules::may_hold(self.acquire_request(c), o) {
+                    t |= 1 << m;
+                }
+            }
+            t
+        } else {
+            self.all_masters()
+        };
+        self.fail_attempt(c, targets);
+    }
+
+    /// The attempt failed: release on `targets`, retry later.
+    fn fail_attempt(&mut self, c: usize, targets: u16) {
+        let now = self.now;
+        let (keys, token) = (self.clients[c].keys, self.clients[c].token);
+        let report = self.clients[c].tally.outcomes().to_vec();
+        let n = self.cfg.masters;
+        let a = self.attempt(token);
+        a.failed = true;
+        a.targeted = targets;
+        a.report = report;
+        a.cleanup = vec![Outcome::Pending; n];
+        if targets != 0 {
+            self.stats.releases_after_failure += 1;
+            let rop = self.next_op;
+            self.next_op += 1;
+            for m in 0..n {
+                if targets & (1 << m) != 0 {
+                    let msg = Msg::Release { keys, token };
+                    self.send(c, m, rop, Req { msg, eval: false });
+                }
+            }
+        }
+        self.clients[c].phase = Phase::Idle;
+        let d = rules::retry_delay(
+            Duration::from_micros(self.cfg.retry_base),
+            Duration::from_micros(self.cfg.retry_jitter),
+            &mut self.rng,
+        );
+        self.push(now + d.as_micros() as u64, Ev::Start { c });
+    }
+
+    /// Client `c` now holds its lock until `valid_until`.
+    fn grant(&mut self, c: usize, valid_until: Us, t1: Us, votes: String) {
+        let now = self.now;
+        let (keys, token, fenced, fence) = {
+            let cl = &self.clients[c];
+            (cl.keys, cl.token, cl.fenced, cl.fence)
+        };
+        // (iii): nobody else's lock on these resources may still report valid after a
+        // failed extend.
+        for h in 0..self.clients.len() {
+            let hc = &self.clients[h];
+            if h == c || hc.phase != Phase::Holding || !hc.keys.overlaps(&keys) {
+                continue;
+            }
+            if let Some((failed_at, failed_ttl)) = hc.ext_failed {
+                if now < hc.valid_until {
+                    let res = hc.keys.iter().find(|&r| keys.contains(r)).expect("overlap");
+                    let v = Violation::AfterFailedExtend {
+                        res,
+                        holder: h,
+                        holder_token: hc.token,
+                        held_t1: hc.held_t1,
+                        failed_at,
+                        failed_ttl,
+                        deadline: hc.valid_until,
+                        grantee: c,
+                        grantee_token: token,
+                        granted_at: now,
+                        votes: votes.clone(),
+                    };
+                    self.found(v);
+                }
+            }
+        }
+        self.stats.acquired += 1;
+        if keys.len() > 1 {
+            self.stats.multi_grants += 1;
+        }
+        if fenced {
+            self.stats.fenced_grants += 1;
+            if keys.len() > 1 {
+                self.stats.fenced_multi_grants += 1;
+            }
+            let fence_votes = self.clients[c].fence_votes.clone();
+            self.grants.push(Grant {
+                at: now,
+                client: c,
+                keys,
+                token,
+                fence,
+                t1,
+                votes: fence_votes,
+            });
+        }
+        let extends = self.cfg.max_extends;
+        let cl = &mut self.clients[c];
+        cl.phase = Phase::Holding;
+        cl.hold += 1;
+        cl.held_from = now;
+        cl.held_t1 = t1;
+        cl.held_votes = votes.clone();
+        cl.valid_until = valid_until;
+        cl.extends_left = extends;
+        cl.ext_failed = None;
+        let hold = cl.hold;
+        self.tr(Some(c), true, || {
+            format!(
+                "c{c} GRANTED {keys} token {token}{} (t1 {}) valid until {} votes {votes}",
+                if fenced {
+                    format!(" FENCING TOKEN {fence}")
+                } else {
+                    String::new()
+                },
+                ms(t1),
+                ms(valid_until)
+            )
+        });
+        let work = self.rng.u64(0..=self.cfg.work_max);
+        self.push(now + work, Ev::WorkDone { c, hold });
+        self.schedule_extend(c);
+        if self.rng.f64() < self.cfg.pause_after_acquire {
+            let len = self.rng.u64(self.cfg.pause_len.0..=self.cfg.pause_len.1);
+            self.pause(c, len);
         }
     }
 
@@ -1000,20 +1650,40 @@ impl Sim {
             });
             return;
         }
-        self.clients[c].extends_left -= 1;
+        let (lo, hi) = self.cfg.extend_ttl;
+        let f = lo + self.rng.f64() * (hi - lo);
+        let ttl = ((self.cfg.ttl as f64 * f / MS as f64).round() as u64).max(1) * MS;
+        let cl = &mut self.clients[c];
+        cl.extends_left -= 1;
+        cl.ext_ttl = ttl;
         self.start_round(c, Round::Extend);
         let op = self.clients[c].op;
-        self.tr(Some(c), false, || format!("c{c} extend op{op}"));
+        self.tr(Some(c), false, || {
+            format!("c{c} extend op{op} px {} ms", ttl / MS)
+        });
     }
 
-    fn decide_extend(&mut self, c: usize, verdict: AcquireVerdict) {
+    fn decide_extend(&mut self, c: usize, votes: String) {
         let now = self.now;
-        let votes = self.votes(c);
+        let (t1, ext_ttl) = (self.clients[c].t1, self.clients[c].ext_ttl);
+        let verdict = self.judge(c, ext_ttl, t1);
+        let shorter = ext_ttl < self.cfg.ttl;
+        if ext_ttl > self.cfg.ttl {
+            self.stats.extends_longer += 1;
+        }
         match verdict {
             AcquireVerdict::Acquired(v) => {
                 self.stats.extends_ok += 1;
-                let new_until = now + v.as_micros() as u64;
-                let (old_until, t1) = (self.clients[c].valid_until, self.clients[c].t1);
+                if shorter {
+                    self.stats.extends_ok_shorter += 1;
+                }
+                let ext_until = now + v.as_micros() as u64;
+                let old_until = self.clients[c].valid_until;
+                let new_until = if self.cfg.old.extend_plain_pexpire {
+                    ext_until
+                } else {
+                    old_until.max(ext_until)
+                };
                 if now > old_until {
                     // The lock lapsed while the extend round ran: the old interval ended
                     // at its validity end, a new one starts now.
@@ -1026,7 +1696,8 @@ impl Sim {
                 self.clients[c].valid_until = new_until;
                 self.tr(Some(c), true, || {
                     format!(
-                        "c{c} EXTENDED (t1 {}) valid until {} votes {votes}",
+                        "c{c} EXTENDED px {} ms (t1 {}) valid until {} votes {votes}",
+                        ext_ttl / MS,
                         ms(t1),
                         ms(new_until)
                     )
@@ -1035,8 +1706,17 @@ impl Sim {
             }
             _ => {
                 self.stats.extends_failed += 1;
+                if shorter {
+                    self.stats.extends_failed_shorter += 1;
+                }
+                self.clients[c].ext_failed = Some((now, ext_ttl));
+                let until = self.clients[c].valid_until;
                 self.tr(Some(c), true, || {
-                    format!("c{c} extend failed: {verdict:?} votes {votes}")
+                    format!(
+                        "c{c} extend px {} ms failed: {verdict:?} votes {votes}; still valid until {}",
+                        ext_ttl / MS,
+                        ms(until)
+                    )
                 });
             }
         }
@@ -1047,15 +1727,17 @@ impl Sim {
         if end <= cl.held_from {
             return;
         }
-        self.held.push(Held {
-            res: cl.res,
-            client: c,
-            token: cl.token,
-            t1: cl.held_t1,
-            start: cl.held_from,
-            end,
-            votes: cl.held_votes.clone(),
-        });
+        for res in cl.keys.iter() {
+            self.held.push(Held {
+                res,
+                client: c,
+                token: cl.token,
+                t1: cl.held_t1,
+                start: cl.held_from,
+                end,
+                votes: cl.held_votes.clone(),
+            });
+        }
     }
 
     fn work_done(&mut self, c: usize, hold: u64) {
@@ -1072,18 +1754,19 @@ impl Sim {
         if now > cl.valid_until {
             self.stats.holds_clipped += 1;
         }
-        let (res, token) = (cl.res, cl.token);
+        let (keys, token) = (cl.keys, cl.token);
         self.close_interval(c, end);
         self.tr(Some(c), true, || {
             format!(
-                "c{c} done with r{res} token {token} (used it until {}), releasing",
+                "c{c} done with {keys} token {token} (used it until {}), releasing",
                 ms(end)
             )
         });
         let op = self.next_op;
         self.next_op += 1;
         for m in 0..self.cfg.masters {
-            self.send(c, m, op, Msg::Release { res, token });
+            let msg = Msg::Release { keys, token };
+            self.send(c, m, op, Req { msg, eval: false });
         }
         let cl = &mut self.clients[c];
         cl.phase = Phase::Idle;
@@ -1152,52 +1835,71 @@ impl Sim {
                 return;
             }
             let down = self.rng.u64(self.cfg.downtime.0..=self.cfg.downtime.1);
-            let keep = self.cfg.persistence;
-            let mm = &mut self.masters[m];
-            mm.up = false;
-            mm.inc += 1;
-            if !keep {
-                mm.store.iter_mut().for_each(|k| *k = None);
-            }
+            let keep = self.masters[m].persistent;
+            self.masters[m].crash();
             self.stats.restarts += 1;
+            if !keep {
+                self.stats.restarts_lost += 1;
+            }
             self.push(now + down, Ev::MasterUp { m });
             self.tr(None, true, || {
                 format!(
                     "m{m} CRASHED ({}), restarts at {}",
-                    if keep { "data kept" } else { "data lost" },
+                    if keep {
+                        "persistent: keys and counters kept"
+                    } else {
+                        "no persistence: keys and counters lost"
+                    },
                     ms(now + down)
                 )
             });
             return;
         }
-        let m = self.rng.usize(..n);
-        let by = self.rng.u64(self.cfg.clock_jump.0..=self.cfg.clock_jump.1);
-        self.masters[m].offset += by as f64;
-        self.stats.clock_jumps += 1;
-        self.tr(None, true, || {
-            format!("m{m} CLOCK JUMPS forward {} ms", ms(by))
+        pick -= mix.restart;
+        if pick < mix.clock_jump {
+            let m = self.rng.usize(..n);
+            let by = self.rng.u64(self.cfg.clock_jump.0..=self.cfg.clock_jump.1);
+            self.masters[m].offset += by as f64;
+            self.stats.clock_jumps += 1;
+            self.tr(None, true, || {
+                format!("m{m} CLOCK JUMPS forward {} ms", ms(by))
+            });
+            return;
+        }
+        pick -= mix.clock_jump;
+        if pick < mix.slow_link {
+            let (c, m) = (self.rng.usize(..self.cfg.clients), self.rng.usize(..n));
+            let len = self
+                .rng
+                .u64(self.cfg.partition_len.0..=self.cfg.partition_len.1);
+            let l = self.link(c, m);
+            self.slow_until[l] = self.slow_until[l].max(now + len);
+            self.stats.slow_links += 1;
+            self.tr(None, true, || {
+                format!("link c{c} <-> m{m} SLOW until {}", ms(now + len))
+            });
+            return;
+        }
+        pick -= mix.slow_link;
+        if pick < mix.script_flush {
+            let m = self.rng.usize(..n);
+            self.masters[m].scripts = 0;
+            self.stats.script_flushes += 1;
+            self.tr(None, true, || format!("m{m} SCRIPT FLUSH"));
+            return;
+        }
+        // Link reset: the client's connection to one master dies. Its request there (if
+        // its round waits for one) fails at once; the next request opens a new connection.
+        let (c, m) = (self.rng.usize(..self.cfg.clients), self.rng.usize(..n));
+        let l = self.link(c, m);
+        self.link_inc[l] += 1;
+        self.last_c2m[l] = now;
+        self.last_m2c[l] = now;
+        self.stats.link_resets += 1;
+        let op = self.clients[c].op;
+        self.push(now, Ev::LinkClosed { c, m, op });
+        self.tr(Some(c), true, || {
+            format!("c{c}'s connection to m{m} CLOSED")
         });
     }
-}
-
-/// The first pair of overlapping intervals (same resource, different holders), by start.
-pub fn check_intervals(held: &[Held]) -> Option<Violation> {
-    let mut sorted: Vec<&Held> = held.iter().collect();
-    sorted.sort_by_key(|h| (h.res, h.start, h.end));
-    let mut reach: Option<&Held> = None;
-    for h in sorted {
-        if let Some(p) = reach {
-            if p.res == h.res && h.start < p.end {
-                return Some(Violation {
-                    first: p.clone(),
-                    second: h.clone(),
-                });
-            }
-            if p.res == h.res && p.end >= h.end {
-                continue;
-            }
-        }
-        reach = Some(h);
-    }
-    None
 }
