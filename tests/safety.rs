@@ -314,6 +314,49 @@ fn a_late_noscript_never_retakes_a_failed_attempts_keys() {
     assert_eq!(get(&m, 0, "b"), None, "the failed attempt's key came back");
 }
 
+/// (4, cancelled) The same late `-NOSCRIPT`, for an attempt the caller cancelled while its
+/// round was undecided: the cleanup release went out, and an `EVAL` retry behind it would
+/// take the keys again for nobody.
+#[test]
+fn a_late_noscript_never_retakes_a_cancelled_attempts_keys() {
+    let m = masters(1);
+    let proxy = Proxy::start(m[0].addr()).unwrap();
+    let mut c = Redlock::builder()
+        .masters([proxy.url()])
+        .node_timeout(Duration::from_secs(5))
+        .retry_count(0)
+        .build()
+        .unwrap();
+    let warm = c.try_lock("warm", Duration::from_secs(5)).unwrap();
+    c.release(warm).unwrap();
+    assert!(m[0].cmd(&[b"SCRIPT", b"FLUSH"]).unwrap().is_ok());
+    let release_src = redlock_mux::scripts::RELEASE.src.as_bytes();
+    m[0].cmd(&[b"EVAL", release_src, b"1", b"nokey", b"x"])
+        .unwrap();
+    proxy.set_mode(Mode::Hold);
+    let cancel = c.cancel_handle();
+    let canceller = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        cancel.cancel();
+    });
+    let r = c.lock_many(["a", "b"], Duration::from_secs(30));
+    canceller.join().unwrap();
+    assert!(matches!(r, Err(Error::Cancelled)), "{r:?}");
+    proxy.set_mode(Mode::PassThrough);
+    let u = c.try_lock("u", Duration::from_secs(5)).unwrap();
+    c.release(u).unwrap();
+    assert_eq!(
+        get(&m, 0, "a"),
+        None,
+        "the cancelled attempt's key came back"
+    );
+    assert_eq!(
+        get(&m, 0, "b"),
+        None,
+        "the cancelled attempt's key came back"
+    );
+}
+
 /// (5) A password sent to a master without one, or a database number it does not have:
 /// the master refuses AUTH or SELECT, and a request pipelined behind them would still
 /// run, as the default user or in database 0, and be reported as not done.

@@ -436,9 +436,18 @@ impl Engine {
         node.stats.disconnects += 1;
         node.stats.last_fault = Some(fault);
         let conn = std::mem::replace(&mut node.conn, Conn::Down);
+        let owed = !node.pending.is_empty();
         match conn {
             Conn::Up(mut s) | Conn::Connecting(mut s) => {
                 let _ = self.poll.registry().deregister(&mut s);
+                if owed {
+                    // Close with a reset, not a FIN: requests still unsent or unread by the
+                    // master are dropped rather than run later, behind a cleanup release
+                    // sent on the next connection. (A request the master already took may
+                    // still run: such a key expires within its TTL, and the round reports
+                    // the master as "connection lost".)
+                    let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
+                }
             }
             Conn::Down => {}
         }
@@ -966,8 +975,9 @@ impl Engine {
     /// `-NOSCRIPT` (the master restarted or its script cache was flushed): send the same
     /// request again with `EVAL`, which also caches the script. The op keeps waiting.
     ///
-    /// A grant is retried only while its round is undecided: once decided, its result is
-    /// final, and a failed attempt's cleanup release may already be queued on this master;
+    /// A grant is retried only while its round is undecided and its owner still waits for
+    /// it (not cancelled): otherwise its result is final, and a failed or cancelled
+    /// attempt's cleanup release may already be queued on this master;
     /// an `EVAL` behind it would take the key again for the whole TTL, for nobody. The
     /// script did not run, so nothing is left to clean up. A release is always retried.
     fn retry_with_eval(&mut self, i: usize, id: OpId, req: Request) -> bool {
@@ -975,7 +985,7 @@ impl Engine {
         if op.gen != id.gen || op.state == OpState::Free {
             return false;
         }
-        if req.grants() && op.state != OpState::Active {
+        if req.grants() && (op.state != OpState::Active || op.collected) {
             return false;
         }
         let upto = self.shared.len();
