@@ -184,20 +184,22 @@ fn a_future_dropped_by_a_timeout_never_leaves_a_lock_behind() {
     assert!(gone(&m, "late"));
 }
 
-/// A `Pending` dropped after the lock was granted, never looked at: released too.
+/// A `Pending` dropped after the lock was granted, never looked at: released too. (It
+/// starts when another operation runs the loop.)
 #[test]
 fn a_pending_dropped_after_its_grant_releases_the_lock() {
     let m = masters(3);
     let c = shared(&m);
     let p = c.try_lock("unclaimed", Duration::from_secs(30));
+    let other = c.try_lock("other", Duration::from_secs(30)).wait().unwrap();
     wait_until("the grant", Duration::from_secs(5), || {
         !gone(&m, "unclaimed")
     });
-    thread::sleep(Duration::from_millis(20)); // let the loop store the result
     drop(p);
     wait_until("the release", Duration::from_secs(5), || {
         gone(&m, "unclaimed")
     });
+    other.release().wait().unwrap();
 }
 
 /// `release()` says how it went: `Ok`, or `NotHeld` once the lock expired.

@@ -1,15 +1,16 @@
-//! The shared client's loop thread: drains the submission queue, runs the tasks (the same
-//! [`Machine`] the single owner drives), hands each result to its [`Slot`], keeps
-//! auto-extended locks alive and wakes `lost()` futures, all from one `mio::Poll`.
+//! One turn of the shared client's loop: take the queued commands, run the tasks (the same
+//! [`Machine`] the single owner drives), hand each result to its [`Slot`], keep
+//! auto-extended locks alive and wake `lost()` futures, all from one `mio::Poll`. Who
+//! drives it, and when, is `driver.rs`'s business.
 
 use std::io;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::driver::Core;
 use super::guard::LockState;
 use super::pending::{Out, Slot};
-use super::{Command, Queue};
+use super::Command;
 use crate::error::Error;
 use crate::keep::{AfterExtend, KeepAlive};
 use crate::machine::{Done, Machine, TaskId};
@@ -34,12 +35,8 @@ struct Keeper {
     extending: bool,
 }
 
-/// How long the loop goes on after the last handle is gone, finishing what is in flight.
-const DRAIN: Duration = Duration::from_secs(2);
-
-struct Loop {
+pub(crate) struct Loop {
     m: Machine,
-    queue: Arc<Queue>,
     /// By task slot.
     waiters: Vec<Option<(TaskId, Waiter)>>,
     live: usize,
@@ -51,57 +48,63 @@ struct Loop {
     base: Instant,
 }
 
-pub(super) fn run(mut m: Machine, queue: Arc<Queue>) {
-    m.track_finished = true;
-    let mut lp = Loop {
-        m,
-        queue,
-        waiters: Vec::with_capacity(64),
-        live: 0,
-        keepers: Vec::new(),
-        watched: Vec::new(),
-        inbox: Vec::with_capacity(64),
-        finished: Vec::with_capacity(64),
-        base: Instant::now(),
-    };
-    let why = match lp.run() {
-        Ok(()) => io::Error::other("the shared client's loop has stopped"),
-        Err(e) => e,
-    };
-    lp.shut(why);
-}
-
 impl Loop {
-    fn run(&mut self) -> io::Result<()> {
-        let mut now = self.m.engine.enter();
-        let mut closing: Option<Instant> = None;
-        loop {
-            if closing.is_none() && self.queue.closed.load(Ordering::Acquire) {
-                closing = Some(now + DRAIN);
-            }
-            self.drain(now);
-            self.m.step(now);
-            self.deliver(now);
-            self.keep_alive(now);
-            self.watch(now);
-            // What the results and keepers started (releases, extensions) goes out now.
-            self.m.engine.flush();
-            if let Some(end) = closing {
-                if (self.live == 0 && self.m.engine.is_idle()) || now >= end {
-                    return Ok(());
-                }
-            }
-            let wake = [self.m.next_timer(closing), self.next_wake(now)]
-                .into_iter()
-                .flatten()
-                .min();
-            now = self.m.engine.wait(now, wake)?;
+    pub(crate) fn new(mut m: Machine) -> Loop {
+        m.track_finished = true;
+        Loop {
+            m,
+            waiters: Vec::with_capacity(64),
+            live: 0,
+            keepers: Vec::new(),
+            watched: Vec::new(),
+            inbox: Vec::with_capacity(64),
+            finished: Vec::with_capacity(64),
+            base: Instant::now(),
         }
     }
 
+    /// Start driving (after a pause, read what the masters sent meanwhile); returns the
+    /// time.
+    pub(crate) fn enter(&mut self) -> io::Result<Instant> {
+        let now = self.m.engine.enter();
+        self.m.engine.catch_up()?;
+        Ok(now)
+    }
+
+    /// One turn at `now`: commands, tasks, results, keepers, watchers, writes. Returns
+    /// when the loop must look again at the latest.
+    pub(crate) fn iterate(&mut self, core: &Core, now: Instant) -> Option<Instant> {
+        self.drain(core, now);
+        self.m.step(now);
+        self.deliver(now);
+        self.keep_alive(now);
+        self.watch(now);
+        // What the results and keepers started (releases, extensions) goes out now.
+        self.m.engine.flush();
+        [self.m.next_timer(None), self.next_wake(now)]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Wait for the masters until `wake` at the latest.
+    pub(crate) fn wait(&mut self, now: Instant, wake: Option<Instant>) -> io::Result<Instant> {
+        self.m.engine.wait(now, wake)
+    }
+
+    /// Something is in flight or scheduled that needs the loop.
+    pub(crate) fn has_work(&self) -> bool {
+        self.live > 0 || !self.keepers.is_empty() || !self.watched.is_empty()
+    }
+
+    /// No round of the engine is undecided (cleanup releases included).
+    pub(crate) fn engine_idle(&self) -> bool {
+        self.m.engine.is_idle()
+    }
+
     /// Take every command queued since the last time round.
-    fn drain(&mut self, now: Instant) {
-        self.queue.take_all(&mut self.inbox);
+    fn drain(&mut self, core: &Core, now: Instant) {
+        core.take_commands(&mut self.inbox);
         let mut inbox = std::mem::take(&mut self.inbox);
         for cmd in inbox.drain(..) {
             self.command(cmd, now);
@@ -289,9 +292,9 @@ impl Loop {
 
     /// The loop is ending: every operation still waiting, and every command still queued
     /// or queued later, fails with `why`.
-    fn shut(&mut self, why: io::Error) {
+    pub(crate) fn shut(&mut self, why: io::Error, core: &Core) {
         let err = || Error::Io(io::Error::new(why.kind(), why.to_string()));
-        self.queue.kill(&mut self.inbox);
+        core.kill(&mut self.inbox);
         for cmd in self.inbox.drain(..) {
             match cmd {
                 Command::Lock { slot, .. } | Command::Extend { slot, .. } => {

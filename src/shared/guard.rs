@@ -279,7 +279,7 @@ impl LockGuard {
             Err(e) => return Pending::ready(self.inner.clone(), Err(e)),
         };
         let slot = Slot::new();
-        self.inner.submit(Command::Extend {
+        self.inner.queue(Command::Extend {
             state: self.state.clone(),
             ttl,
             slot: slot.clone(),
@@ -303,7 +303,7 @@ impl LockGuard {
     pub fn release(mut self) -> Pending<()> {
         self.released = true;
         let slot = Slot::new();
-        self.inner.submit(Command::Release {
+        self.inner.queue(Command::Release {
             state: self.state.clone(),
             slot: Some(slot.clone()),
         });

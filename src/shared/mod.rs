@@ -5,6 +5,7 @@
 //! as futures or waited for on a thread; locks come as [`LockGuard`]s, released when
 //! dropped.
 
+mod driver;
 mod event_loop;
 mod guard;
 mod pending;
@@ -13,8 +14,7 @@ pub use guard::{LockGuard, Lost};
 pub use pending::Pending;
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::builder::Builder;
@@ -23,6 +23,7 @@ use crate::error::Error;
 use crate::keep::HoldOptions;
 use crate::machine::{Machine, Settings};
 use crate::single::{check_distinct, check_resources};
+use driver::Core;
 use guard::LockState;
 use pending::{Out, Slot};
 
@@ -55,64 +56,9 @@ pub(crate) enum Command {
     Cancel(Arc<Slot>),
 }
 
-/// The submission queue, shared by the handles and the loop.
-pub(crate) struct Queue {
-    state: Mutex<QueueState>,
-    /// Every handle is gone: the loop finishes what is in flight and exits.
-    closed: AtomicBool,
-    waker: Arc<mio::Waker>,
-    /// The loop spins instead of sleeping: no wake-up needed.
-    busy_poll: bool,
-}
-
-struct QueueState {
-    commands: Vec<Command>,
-    /// The loop has stopped: nothing is taken any more.
-    dead: bool,
-}
-
-impl Queue {
-    /// Queue `cmd` for the loop; gives it back if the loop has stopped (rare: moving it
-    /// back costs nothing next to boxing every command).
-    #[allow(clippy::result_large_err)]
-    fn push(&self, cmd: Command) -> Result<(), Command> {
-        let mut q = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if q.dead {
-            return Err(cmd);
-        }
-        let was_empty = q.commands.is_empty();
-        q.commands.push(cmd);
-        drop(q);
-        // The loop drains the whole queue each time round: one wake-up serves every
-        // submission queued since the last.
-        if was_empty && !self.busy_poll {
-            let _ = self.waker.wake();
-        }
-        Ok(())
-    }
-
-    /// Move every queued command into `into` (the loop).
-    fn take_all(&self, into: &mut Vec<Command>) {
-        let mut q = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        std::mem::swap(&mut q.commands, into);
-    }
-
-    /// The loop stops: take what is queued, refuse what comes.
-    fn kill(&self, into: &mut Vec<Command>) {
-        let mut q = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        q.dead = true;
-        into.append(&mut q.commands);
-    }
-
-    fn close(&self) {
-        self.closed.store(true, Ordering::Release);
-        let _ = self.waker.wake();
-    }
-}
-
 /// What the handles share; dropped with the last handle, guard and pending operation.
 pub(crate) struct Inner {
-    queue: Arc<Queue>,
+    core: Arc<Core>,
     settings: Settings,
     masters: Vec<Arc<str>>,
     quorum: usize,
@@ -120,30 +66,27 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
+    /// Queue `cmd` and make sure the loop runs it soon (a dropped guard's release, a
+    /// cancel, auto-extension): wakes whoever drives, or the loop's thread.
     pub(crate) fn submit(&self, cmd: Command) {
-        if let Err(cmd) = self.queue.push(cmd) {
-            let stopped = || {
-                Err(Error::Io(std::io::Error::other(
-                    "the shared client's loop has stopped",
-                )))
-            };
-            match cmd {
-                Command::Lock { slot, .. }
-                | Command::Extend { slot, .. }
-                | Command::Release {
-                    slot: Some(slot), ..
-                } => {
-                    slot.complete(stopped());
-                }
-                _ => {}
-            }
-        }
+        self.core.submit(cmd, true);
+    }
+
+    /// Queue `cmd` for a [`Pending`]: it runs no later than when the `Pending` is first
+    /// awaited or waited for (or dropped), and earlier if the loop runs meanwhile. No
+    /// wake-up now: a caller about to wait drives the loop itself, without a hand-off.
+    pub(crate) fn queue(&self, cmd: Command) {
+        self.core.submit(cmd, false);
+    }
+
+    pub(crate) fn core(&self) -> &Core {
+        &self.core
     }
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        self.queue.close();
+        self.core.close();
     }
 }
 
@@ -191,26 +134,19 @@ impl fmt::Debug for SharedRedlock {
 impl SharedRedlock {
     pub(crate) fn start(m: Machine) -> Result<SharedRedlock, Error> {
         let busy_poll = m.engine.cfg.busy_poll;
-        let queue = Arc::new(Queue {
-            state: Mutex::new(QueueState {
-                commands: Vec::with_capacity(64),
-                dead: false,
+        let settings = m.cfg.clone();
+        let masters = m.engine.nodes.iter().map(|n| n.name.clone()).collect();
+        let quorum = m.engine.quorum();
+        let core = Core::start(m)?;
+        Ok(SharedRedlock {
+            inner: Arc::new(Inner {
+                core,
+                settings,
+                masters,
+                quorum,
+                busy_poll,
             }),
-            closed: AtomicBool::new(false),
-            waker: m.engine.waker(),
-            busy_poll,
-        });
-        let inner = Arc::new(Inner {
-            queue: queue.clone(),
-            settings: m.cfg.clone(),
-            masters: m.engine.nodes.iter().map(|n| n.name.clone()).collect(),
-            quorum: m.engine.quorum(),
-            busy_poll,
-        });
-        std::thread::Builder::new()
-            .name("redlock-mux".into())
-            .spawn(move || event_loop::run(m, queue))?;
-        Ok(SharedRedlock { inner })
+        })
     }
 
     /// A shared client with default settings over these masters.
@@ -289,7 +225,7 @@ impl SharedRedlock {
             Err(e) => return Pending::ready(self.inner.clone(), Err(e)),
         };
         let slot = Slot::new();
-        self.inner.submit(Command::Lock {
+        self.inner.queue(Command::Lock {
             keys,
             ttl,
             deadline,

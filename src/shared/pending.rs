@@ -43,6 +43,11 @@ fn lock(m: &Mutex<SlotState>) -> MutexGuard<'_, SlotState> {
 }
 
 impl Slot {
+    /// Whether the result is in.
+    pub(crate) fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
     pub(crate) fn new() -> Arc<Slot> {
         Arc::new(Slot {
             ready: AtomicBool::new(false),
@@ -76,6 +81,11 @@ impl Slot {
 /// from async code (any executor; only `std::task::Waker` is used), or [`Pending::wait`]
 /// for it on a thread.
 ///
+/// The operation is queued when the `Pending` is made and runs no later than when it is
+/// first awaited or waited for (earlier if the loop runs for others meanwhile): make
+/// several, then wait for each, and they go out together. A thread that waits drives the
+/// loop itself when nobody else does, so one caller pays no hand-off between threads.
+///
 /// Dropping it before it completes cancels it: a lock attempt in flight is abandoned (its
 /// partial lock released), and a lock granted after the drop is released by the loop. No
 /// lock is ever granted to nobody. A release or an extend that was already sent goes on.
@@ -84,6 +94,8 @@ pub struct Pending<T> {
     inner: Arc<Inner>,
     slot: Arc<Slot>,
     taken: bool,
+    /// Polled at least once: the loop was told to run.
+    kicked: bool,
     _out: PhantomData<fn() -> T>,
 }
 
@@ -96,7 +108,7 @@ impl<T> std::fmt::Debug for Pending<T> {
 }
 
 /// How long a waiting caller of a busy-polling client spins before it parks.
-const SPIN: Duration = Duration::from_micros(50);
+const SPIN: Duration = Duration::from_micros(100);
 
 impl<T> Pending<T> {
     pub(crate) fn new(inner: Arc<Inner>, slot: Arc<Slot>) -> Self {
@@ -104,6 +116,7 @@ impl<T> Pending<T> {
             inner,
             slot,
             taken: false,
+            kicked: false,
             _out: PhantomData,
         }
     }
@@ -116,12 +129,17 @@ impl<T> Pending<T> {
         Pending::new(inner, slot)
     }
 
-    /// Block the calling thread until the result is in.
+    /// Block the calling thread until the result is in: drive the loop on this thread if
+    /// nobody else does (no hand-off), otherwise park until the driver has it.
     fn wait_out(&mut self) -> Result<Out, Error> {
+        if !self.slot.is_ready() {
+            self.inner.core().drive_for(&self.slot);
+        }
         if self.inner.busy_poll {
             let until = Instant::now() + SPIN;
-            while !self.slot.ready.load(Ordering::Acquire) && Instant::now() < until {
-                std::hint::spin_loop();
+            // Yield rather than spin: the driver and the masters may need this core.
+            while !self.slot.is_ready() && Instant::now() < until {
+                std::thread::yield_now();
             }
         }
         let mut st = lock(&self.slot.state);
@@ -138,6 +156,10 @@ impl<T> Pending<T> {
     }
 
     fn poll_out(&mut self, cx: &mut Context<'_>) -> Poll<Result<Out, Error>> {
+        if !self.kicked {
+            self.kicked = true;
+            self.inner.core().kick();
+        }
         let mut st = lock(&self.slot.state);
         if let Some(r) = st.result.take() {
             self.taken = true;

@@ -1,0 +1,266 @@
+//! Who runs the shared client's loop, and when.
+//!
+//! The loop state ([`Loop`]) sits behind one mutex: whoever holds it drives. A caller
+//! blocked in [`super::Pending::wait`] drives the loop itself when nobody else does (no
+//! hand-off between threads: one caller costs what the single-owner client costs), and
+//! stops once its own result is in. The loop's own thread drives whenever work is left
+//! that nobody waits on in a thread: async tasks' operations, released guards, retry
+//! delays, auto-extension, `lost()` timers. While someone drives, others queue their
+//! commands and park; the driver runs them along with its own (natural batching) and
+//! wakes them.
+//!
+//! The queue's mutex guards the hand-over: a driver stops only after seeing the queue
+//! empty under it, and a submitter reads under it whether someone drives, so a command is
+//! never left with nobody to run it. Lock order: loop, then queue; never the other way.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::time::{Duration, Instant};
+
+use super::event_loop::Loop;
+use super::pending::Slot;
+use super::Command;
+use crate::error::Error;
+use crate::machine::Machine;
+
+/// How long the loop goes on after the last handle is gone, finishing what is in flight.
+const DRAIN: Duration = Duration::from_secs(2);
+
+pub(crate) struct Core {
+    queue: Mutex<Queue>,
+    /// The loop's thread parks here when nobody needs it.
+    cv: Condvar,
+    lp: Mutex<Loop>,
+    /// Every handle is gone: finish what is in flight, then stop.
+    closed: AtomicBool,
+    waker: Arc<mio::Waker>,
+    busy_poll: bool,
+}
+
+pub(crate) struct Queue {
+    pub commands: Vec<Command>,
+    /// Someone holds the loop and is driving it (in a poll, or about to be).
+    driving: bool,
+    /// Work is left that the loop's thread must drive.
+    wanted: bool,
+    /// The driver was woken from its poll and has not taken the queue since: one wake-up
+    /// serves every command queued meanwhile.
+    woken: bool,
+    /// The loop stopped for good: nothing is taken any more.
+    dead: bool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Core {
+    /// The core of a new shared client, and its loop thread started.
+    pub(crate) fn start(m: Machine) -> io::Result<Arc<Core>> {
+        let core = Arc::new(Core {
+            queue: Mutex::new(Queue {
+                commands: Vec::with_capacity(64),
+                driving: false,
+                wanted: false,
+                woken: false,
+                dead: false,
+            }),
+            cv: Condvar::new(),
+            waker: m.engine.waker(),
+            busy_poll: m.engine.cfg.busy_poll,
+            lp: Mutex::new(Loop::new(m)),
+            closed: AtomicBool::new(false),
+        });
+        let c = core.clone();
+        std::thread::Builder::new()
+            .name("redlock-mux".into())
+            .spawn(move || c.background())?;
+        Ok(core)
+    }
+
+    /// Queue `cmd`; with `wake`, make sure someone drives the loop to run it.
+    pub(crate) fn submit(&self, cmd: Command, wake: bool) {
+        let mut q = lock(&self.queue);
+        if q.dead {
+            drop(q);
+            fail(cmd);
+            return;
+        }
+        q.commands.push(cmd);
+        if wake {
+            self.wake_driver(q);
+        }
+    }
+
+    /// Make sure someone drives the loop soon (a future was polled).
+    pub(crate) fn kick(&self) {
+        self.wake_driver(lock(&self.queue));
+    }
+
+    /// Make sure someone drives the loop and sees the queue: wake the driver from its poll,
+    /// or the loop's thread from its park.
+    fn wake_driver(&self, mut q: MutexGuard<'_, Queue>) {
+        if q.driving {
+            // The driver takes the whole queue each turn: wake it once, and only if it has
+            // something to take (busy-polling drivers look anyway).
+            if q.woken || q.commands.is_empty() || self.busy_poll {
+                return;
+            }
+            q.woken = true;
+            drop(q);
+            let _ = self.waker.wake();
+        } else {
+            q.wanted = true;
+            drop(q);
+            self.cv.notify_one();
+        }
+    }
+
+    /// The last handle is gone.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        let mut q = lock(&self.queue);
+        q.wanted = true;
+        drop(q);
+        self.cv.notify_one();
+        let _ = self.waker.wake();
+    }
+
+    /// A blocked caller waits for `slot`: drive the loop until it is complete if nobody
+    /// else drives; otherwise leave it to the driver (the caller parks on the slot).
+    pub(crate) fn drive_for(&self, slot: &Slot) {
+        let mut lp = match self.lp.try_lock() {
+            Ok(lp) => lp,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                // Someone holds the loop: if it is driving, it must see our command; if
+                // it is just leaving, the loop's thread takes over.
+                let q = lock(&self.queue);
+                self.wake_driver(q);
+                return;
+            }
+        };
+        lock(&self.queue).driving = true;
+        let result = self.run_until(&mut lp, || slot.is_ready());
+        if let Err(e) = result {
+            lp.shut(e, self);
+            return;
+        }
+        self.stop_driving(&lp);
+    }
+
+    /// Stop driving: if work is left (or queued meanwhile), hand it to the loop's thread.
+    fn stop_driving(&self, lp: &Loop) {
+        let mut q = lock(&self.queue);
+        q.driving = false;
+        if lp.has_work() || !q.commands.is_empty() {
+            q.wanted = true;
+            drop(q);
+            self.cv.notify_one();
+        }
+    }
+
+    /// Drive until `done` (or until the loop has nothing left, when `done` never holds).
+    fn run_until(&self, lp: &mut Loop, mut done: impl FnMut() -> bool) -> io::Result<()> {
+        let mut now = lp.enter()?;
+        loop {
+            let wake = lp.iterate(self, now);
+            if done() {
+                return Ok(());
+            }
+            now = lp.wait(now, wake)?;
+        }
+    }
+
+    /// The loop's own thread: drive while work is left that nobody else drives, park
+    /// otherwise; stop once every handle is gone and nothing is in flight.
+    fn background(self: Arc<Self>) {
+        let mut closing: Option<Instant> = None;
+        loop {
+            {
+                let mut q = lock(&self.queue);
+                while !q.wanted && !self.closed.load(Ordering::Acquire) {
+                    q = self.cv.wait(q).unwrap_or_else(PoisonError::into_inner);
+                }
+                q.wanted = false;
+            }
+            let mut lp = lock(&self.lp);
+            lock(&self.queue).driving = true;
+            let result = self.drive_while_wanted(&mut lp, &mut closing);
+            match result {
+                Ok(true) => {}
+                Ok(false) => {
+                    lp.shut(
+                        io::Error::other("the shared client's loop has stopped"),
+                        &self,
+                    );
+                    return;
+                }
+                Err(e) => {
+                    lp.shut(e, &self);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Drive until nothing is left to do (`Ok(true)`: park) or the client is closed and
+    /// drained (`Ok(false)`: stop).
+    fn drive_while_wanted(&self, lp: &mut Loop, closing: &mut Option<Instant>) -> io::Result<bool> {
+        let mut now = lp.enter()?;
+        loop {
+            if closing.is_none() && self.closed.load(Ordering::Acquire) {
+                *closing = Some(now + DRAIN);
+            }
+            let mut wake = lp.iterate(self, now);
+            if let Some(end) = *closing {
+                if (!lp.has_work() && lp.engine_idle()) || now >= end {
+                    return Ok(false);
+                }
+                wake = Some(wake.map_or(end, |w| w.min(end)));
+            } else if !lp.has_work() {
+                let mut q = lock(&self.queue);
+                if q.commands.is_empty() {
+                    q.driving = false;
+                    return Ok(true);
+                }
+            }
+            now = lp.wait(now, wake)?;
+        }
+    }
+
+    /// Move every queued command into `into` (the driver).
+    pub(crate) fn take_commands(&self, into: &mut Vec<Command>) {
+        let mut q = lock(&self.queue);
+        q.woken = false;
+        std::mem::swap(&mut q.commands, into);
+    }
+
+    /// The loop stops: take what is queued, refuse what comes.
+    pub(crate) fn kill(&self, into: &mut Vec<Command>) {
+        let mut q = lock(&self.queue);
+        q.dead = true;
+        q.driving = false;
+        into.append(&mut q.commands);
+    }
+}
+
+/// A command that will never run: its waiter learns why.
+pub(crate) fn fail(cmd: Command) {
+    let stopped = || {
+        Err(Error::Io(io::Error::other(
+            "the shared client's loop has stopped",
+        )))
+    };
+    match cmd {
+        Command::Lock { slot, .. }
+        | Command::Extend { slot, .. }
+        | Command::Release {
+            slot: Some(slot), ..
+        } => {
+            slot.complete(stopped());
+        }
+        _ => {}
+    }
+}
