@@ -1,6 +1,8 @@
 //! [`Lock`]: a held lock, as both front-ends hand it out.
 
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
@@ -8,10 +10,17 @@ use smallvec::SmallVec;
 use crate::engine::KeyList;
 use crate::token::Token;
 
-/// A held lock. Release it with [`Redlock::release`](crate::Redlock::release); dropping it releases nothing (the
-/// keys then expire after the TTL).
-#[must_use = "a lock that is dropped stays held on the masters until its TTL runs out"]
-#[derive(Clone)]
+/// A lock held through the single-owner [`Redlock`](crate::Redlock). Release it with
+/// [`Redlock::release`](crate::Redlock::release), which says how that went. A `Lock`
+/// dropped without a release is not leaked for its whole TTL: its client releases it at
+/// its next call (or when the client is dropped). Not `Clone`: one lock, one release.
+///
+/// ```compile_fail
+/// # fn f(lock: redlock_mux::Lock) {
+/// let twice = lock.clone(); // a lock has one owner, and one release
+/// # }
+/// ```
+#[must_use = "a dropped lock is only released by its client's next call: release it"]
 pub struct Lock {
     pub(crate) keys: KeyList,
     pub(crate) token: Token,
@@ -19,6 +28,51 @@ pub struct Lock {
     pub(crate) acquired_at: Instant,
     pub(crate) valid_until: Instant,
     pub(crate) fence: Option<u64>,
+    /// Where this lock goes if it is dropped unreleased (`None`: not handed to a user).
+    pub(crate) dropped: Option<Arc<Dropped>>,
+}
+
+/// The locks a single-owner client's user dropped without releasing them.
+#[derive(Default)]
+pub(crate) struct Dropped {
+    /// How many are in `locks`: a check without the mutex on every call.
+    count: AtomicUsize,
+    locks: Mutex<Vec<Lock>>,
+}
+
+impl Dropped {
+    /// Move the dropped locks into `into` (reused storage); nothing when there are none.
+    pub(crate) fn take_into(&self, into: &mut Vec<Lock>) {
+        if self.count.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut v = self.locks.lock().unwrap_or_else(PoisonError::into_inner);
+        self.count.store(0, Ordering::Release);
+        into.append(&mut v);
+    }
+
+    fn push(&self, lock: Lock) {
+        let mut v = self.locks.lock().unwrap_or_else(PoisonError::into_inner);
+        v.push(lock);
+        self.count.store(v.len(), Ordering::Release);
+    }
+}
+
+impl Drop for Lock {
+    fn drop(&mut self) {
+        if let Some(d) = self.dropped.take() {
+            let lock = Lock {
+                keys: std::mem::take(&mut self.keys),
+                token: self.token,
+                ttl: self.ttl,
+                acquired_at: self.acquired_at,
+                valid_until: self.valid_until,
+                fence: self.fence,
+                dropped: None,
+            };
+            d.push(lock);
+        }
+    }
 }
 
 impl Lock {

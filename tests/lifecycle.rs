@@ -492,3 +492,38 @@ fn amnesia_guard_refuses_until_max_ttl_has_passed() {
         Err(Error::InvalidArgument(_))
     ));
 }
+
+/// A `Lock` dropped unreleased (alone, or inside a collection) is released by its
+/// client's next call; one still held when the client is dropped is released then.
+#[test]
+fn dropped_locks_are_released_by_the_clients_next_call() {
+    let m = masters(3);
+    let mut c = builder(&m).build().unwrap();
+    let lock = c.try_lock("dropped", Duration::from_secs(30)).unwrap();
+    let many: Vec<_> = (0..4)
+        .map(|i| {
+            c.try_lock(format!("in-vec:{i}"), Duration::from_secs(30))
+                .unwrap()
+        })
+        .collect();
+    drop(lock);
+    drop(many);
+    assert!(
+        get(&m, 0, "dropped").is_some(),
+        "nothing runs until the next call"
+    );
+    let other = c.try_lock("other", Duration::from_secs(30)).unwrap();
+    wait_until("the dropped locks' release", Duration::from_secs(5), || {
+        (0..3).all(|i| {
+            get(&m, i, "dropped").is_none()
+                && (0..4).all(|k| get(&m, i, &format!("in-vec:{k}")).is_none())
+        })
+    });
+    drop(other);
+    drop(c);
+    wait_until(
+        "the release at the client's drop",
+        Duration::from_secs(5),
+        || (0..3).all(|i| get(&m, i, "other").is_none()),
+    );
+}

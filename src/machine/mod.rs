@@ -232,6 +232,20 @@ impl Machine {
         self.submit_on_lock(task::Kind::Release, lock, lock.ttl, now)
     }
 
+    /// Release `lock` on every master, fire and forget (a lock its user dropped).
+    pub(crate) fn release_detached(&mut self, lock: &Lock, now: Instant) {
+        let timeout = self.cfg.round_timeout(lock.ttl);
+        let (token, ttl_ms) = (lock.token, lock.ttl.as_millis() as u64);
+        self.engine.start(
+            crate::rules::Request::Release,
+            |a| a.set(lock.keys.iter(), token, ttl_ms),
+            timeout,
+            now,
+            |_| true,
+            None,
+        );
+    }
+
     /// Extend `lock` to live at least `ttl` (whole ms, checked) from now.
     pub(crate) fn submit_extend(&mut self, lock: &Lock, ttl: Duration, now: Instant) -> TaskId {
         self.submit_on_lock(task::Kind::Extend, lock, ttl, now)

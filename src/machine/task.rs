@@ -319,6 +319,7 @@ impl Machine {
                 acquired_at: t.t1,
                 valid_until: decided_at + v,
                 fence: if self.cfg.fencing { t.fence } else { None },
+                dropped: None,
             };
             self.engine.finish(acquire);
             self.finish(id, Ok(Done::Locked(lock)));

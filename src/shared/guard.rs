@@ -50,10 +50,10 @@ fn ns(base: Instant, t: Instant) -> u64 {
 }
 
 impl LockState {
-    pub(crate) fn new(lock: Lock, base: Instant) -> LockState {
+    pub(crate) fn new(mut lock: Lock, base: Instant) -> LockState {
         let until = ns(base, lock.valid_until);
         LockState {
-            keys: lock.keys,
+            keys: std::mem::take(&mut lock.keys),
             token: lock.token,
             fence: lock.fence,
             acquired_at: lock.acquired_at,
@@ -94,6 +94,7 @@ impl LockState {
             acquired_at: self.acquired_at,
             valid_until: self.valid_until(),
             fence: self.fence,
+            dropped: None,
         }
     }
 

@@ -267,14 +267,15 @@ impl Redlock {
                     }
                 }
             }
-            match worker.join() {
-                Ok(v) => v,
-                Err(panic) => {
-                    let _ = self.release(lock.clone());
-                    std::panic::resume_unwind(panic)
-                }
-            }
+            worker.join()
         });
+        let value = match value {
+            Ok(v) => v,
+            Err(panic) => {
+                let _ = self.release(lock);
+                std::panic::resume_unwind(panic)
+            }
+        };
         // The work may have been told the lock was lost (the margin passed) although the
         // keeper saw the work finish first: then it did not hold throughout either.
         let still_valid = lock.is_valid() && !signal.lost.load(Ordering::Acquire);

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use crate::builder::Builder;
 use crate::engine::KeyList;
 use crate::error::Error;
-use crate::lock::Lock;
+use crate::lock::{Dropped, Lock};
 use crate::machine::{Done, Machine, TaskId};
 use crate::MAX_RESOURCE_LEN;
 
@@ -66,6 +66,9 @@ pub struct Redlock {
     cancel: CancelHandle,
     scratch_keys: KeyList,
     batch: Vec<TaskId>,
+    /// Locks our user dropped unreleased; released by the next call.
+    dropped: Arc<Dropped>,
+    orphans: Vec<Lock>,
 }
 
 impl fmt::Debug for Redlock {
@@ -87,7 +90,29 @@ impl Redlock {
             m,
             scratch_keys: KeyList::default(),
             batch: Vec::with_capacity(64),
+            dropped: Arc::default(),
+            orphans: Vec::new(),
         }
+    }
+
+    /// Every call starts here: read what the masters sent while the client was away, and
+    /// release the locks the user dropped unreleased.
+    fn enter(&mut self) -> Result<(), Error> {
+        self.m.engine.catch_up()?;
+        self.dropped.take_into(&mut self.orphans);
+        if !self.orphans.is_empty() {
+            let now = Instant::now();
+            for lock in self.orphans.drain(..) {
+                self.m.release_detached(&lock, now);
+            }
+        }
+        Ok(())
+    }
+
+    /// A lock for our user: dropped unreleased, it comes back to us.
+    fn hand_out(&self, mut lock: Lock) -> Lock {
+        lock.dropped = Some(self.dropped.clone());
+        lock
     }
 
     /// A client with default settings over these masters.
@@ -195,12 +220,12 @@ impl Redlock {
         check_resources(keys.iter())?;
         let ttl = self.m.cfg.check_ttl(ttl)?;
         self.take_cancel()?;
-        self.m.engine.catch_up()?;
+        self.enter()?;
         let id = self
             .m
             .submit_lock(keys.iter(), ttl, deadline, retries, Instant::now());
         match self.run(id, true)? {
-            Done::Locked(lock) => Ok(lock),
+            Done::Locked(lock) => Ok(self.hand_out(lock)),
             other => unreachable!("a lock task ended with {other:?}"),
         }
     }
@@ -275,7 +300,7 @@ impl Redlock {
         check_resources(resources.iter().map(AsRef::as_ref))?;
         let ttl = self.m.cfg.check_ttl(ttl)?;
         self.take_cancel()?;
-        self.m.engine.catch_up()?;
+        self.enter()?;
         let now = Instant::now();
         self.batch.clear();
         for r in resources {
@@ -285,10 +310,11 @@ impl Redlock {
         let driven = self.run_batch(true);
         for k in 0..self.batch.len() {
             let id = self.batch[k];
-            out.push(self.m.take(id).map(|d| match d {
-                Done::Locked(lock) => lock,
+            let r = self.m.take(id).map(|d| match d {
+                Done::Locked(lock) => self.hand_out(lock),
                 other => unreachable!("a lock task ended with {other:?}"),
-            }));
+            });
+            out.push(r);
         }
         driven
     }
@@ -301,10 +327,11 @@ impl Redlock {
         out: &mut Vec<Result<(), Error>>,
     ) -> Result<(), Error> {
         out.clear();
-        self.m.engine.catch_up()?;
+        self.enter()?;
         let now = Instant::now();
         self.batch.clear();
-        for lock in locks {
+        for mut lock in locks {
+            lock.dropped = None;
             let id = self.m.submit_release(&lock, now);
             self.batch.push(id);
         }
@@ -318,8 +345,9 @@ impl Redlock {
 
     /// Release the lock on every master at once (compare-and-delete: only keys that still
     /// hold this lock's token are deleted). `Ok` when a quorum confirmed.
-    pub fn release(&mut self, lock: Lock) -> Result<(), Error> {
-        self.m.engine.catch_up()?;
+    pub fn release(&mut self, mut lock: Lock) -> Result<(), Error> {
+        lock.dropped = None;
+        self.enter()?;
         let id = self.m.submit_release(&lock, Instant::now());
         self.run(id, false).map(|_| ())
     }
@@ -335,7 +363,7 @@ impl Redlock {
         if !lock.is_valid() {
             return Err(Error::Expired);
         }
-        self.m.engine.catch_up()?;
+        self.enter()?;
         let id = self.m.submit_extend(lock, ttl, Instant::now());
         match self.run(id, false)? {
             Done::Extended { valid_until, ttl } => {
@@ -389,7 +417,9 @@ pub(crate) fn check_resources<'k>(keys: impl IntoIterator<Item = &'k [u8]>) -> R
 
 impl Drop for Redlock {
     fn drop(&mut self) {
-        // Push out queued releases (cleanup after a failed attempt) before closing.
+        // Push out the releases still queued (dropped locks, cleanup after a failed
+        // attempt) before closing.
+        let _ = self.enter();
         self.m.engine.flush();
     }
 }
