@@ -13,7 +13,8 @@ use crate::token::Token;
 /// A lock held through the single-owner [`Redlock`](crate::Redlock). Release it with
 /// [`Redlock::release`](crate::Redlock::release), which says how that went. A `Lock`
 /// dropped without a release is not leaked for its whole TTL: its client releases it at
-/// its next call (or when the client is dropped). Not `Clone`: one lock, one release.
+/// its next call (or when the client is dropped); to leave one to expire by itself, as a
+/// holder that died would, `std::mem::forget` it. Not `Clone`: one lock, one release.
 ///
 /// ```compile_fail
 /// # fn f(lock: redlock_mux::Lock) {
