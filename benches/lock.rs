@@ -20,7 +20,7 @@
 //! replies; write `EVALSHA release` to all, read all. The busy floor does the same on
 //! non-blocking sockets, spinning on `read`.
 //!
-//! `cargo bench --bench lock` (all); `LOCK_BENCH_CYCLES=20000 cargo bench --bench lock --
+//! `cargo bench --features local --bench lock` (all); `LOCK_BENCH_CYCLES=20000 cargo bench --features local --bench lock --
 //! --skip-criterion` style knobs: `LOCK_BENCH_CYCLES` (percentile pass cycles per variant,
 //! default 4000), `LOCK_BENCH_SKIP_CRITERION=1`, `LOCK_BENCH_PIN=1`.
 //!

@@ -2,7 +2,7 @@
 //! and syscall counting:
 //!
 //! ```sh
-//! cargo build --release --example cycles
+//! cargo build --release --features local --example cycles
 //! strace -c -e trace=!wait4 target/release/examples/cycles 10000
 //! ```
 //!

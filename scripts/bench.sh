@@ -6,4 +6,4 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 bash scripts/ensure-redis.sh
-exec cargo run --release --quiet --bin redlock -- bench "$@"
+exec cargo run --release --quiet --features cli --bin redlock -- bench "$@"

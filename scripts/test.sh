@@ -7,8 +7,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 bash scripts/ensure-redis.sh
 
-echo "==> cargo test --all-targets $*"
-cargo test --all-targets "$@"
+# Every feature: the CLI and its tests, the local-master harness the integration tests and
+# benches use. (Default features are the library alone.)
+echo "==> cargo test --all-features --all-targets $*"
+cargo test --all-features --all-targets "$@"
 
-echo "==> cargo test --doc $*"
-cargo test --doc "$@"
+echo "==> cargo test --all-features --doc $*"
+cargo test --all-features --doc "$@"

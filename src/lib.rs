@@ -1,104 +1,170 @@
 //! # redlock-mux
 //!
-//! A Redlock client over N independent Redis masters, speaking raw RESP from one thread
-//! and one `mio` event loop: every lock operation writes its request to all masters at
-//! once, then reads the answers as they arrive, and decides as soon as a quorum is reached
-//! or impossible.
+//! A Redlock client over N independent Redis masters, speaking raw RESP from one `mio`
+//! event loop: every lock operation writes its request to all masters at once, then reads
+//! the answers as they arrive, and decides as soon as a quorum is reached or impossible.
 //!
+//! * [`Redlock`]: the single-owner client. Its calls run the loop on the caller's thread
+//!   (`&mut self`): the lowest latency, for one thread.
+//! * [`SharedRedlock`]: the shared client. A cloneable `Send + Sync` handle to one loop
+//!   that every thread and async task of a process can use; locks come as [`LockGuard`]s
+//!   released on drop, operations as [`Pending`]s to `.await` or `.wait()` for.
 //! * [`resp`]: a strict, bounded, zero-allocation RESP2/RESP3 parser and encoder, usable
 //!   alone (`default-features = false`).
-//! * [`rules`]: the Redlock rules (quorum, validity, verdicts) as plain, testable state.
-//! * [`Redlock`]: the blocking client (feature `client`, on by default). One client per
-//!   thread; its methods take `&mut self`.
-//! * [`local`]: start and control local `redis-server` processes (feature `local`), for
-//!   tests and benchmarks.
+//!
+//! Features: `client` (default: the two clients; mio, socket2, smallvec, fastrand), `cli`
+//! (the `redlock` binary and its crates), `local` (local `redis-server` processes for
+//! tests and benches). The README has the guarantees and what they assume.
+//!
+//! The examples run against three local masters in the crate's tests (hidden lines start
+//! them); read `urls` as your masters' URLs.
 //!
 //! # Lock and release
 //!
-//! ```no_run
+//! ```
+//! # #[cfg(feature = "local")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let local = redlock_mux::local::LocalMasters::start(3)?;
 //! use std::time::Duration;
 //! use redlock_mux::Redlock;
 //!
-//! let mut redlock = Redlock::new(["redis://127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"])?;
+//! let urls = ["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"];
+//! # let urls = local.urls();
+//! let mut redlock = Redlock::new(&urls)?;
 //! let mut lock = redlock.lock("orders:42", Duration::from_secs(10))?;
 //! assert!(lock.is_valid());
 //! redlock.extend(&mut lock, Duration::from_secs(10))?;
 //! redlock.release(lock)?;
-//! # Ok::<(), redlock_mux::Error>(())
+//! # Ok(()) }
+//! # #[cfg(not(feature = "local"))] fn main() {}
 //! ```
+//!
+//! # One client for a whole process
+//!
+//! ```
+//! # #[cfg(feature = "local")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let local = redlock_mux::local::LocalMasters::start(3)?;
+//! # let urls = local.urls();
+//! use std::time::Duration;
+//! use redlock_mux::Redlock;
+//!
+//! let redlock = Redlock::builder().masters(&urls).build_shared()?;
+//! let workers: Vec<_> = (0..4)
+//!     .map(|w| {
+//!         let redlock = redlock.clone();
+//!         std::thread::spawn(move || {
+//!             let guard = redlock.lock("report", Duration::from_secs(5)).wait()?;
+//!             println!("worker {w} holds it until {:?}", guard.valid_until());
+//!             guard.release().wait() // or drop it: the release is queued, never blocks
+//!         })
+//!     })
+//!     .collect();
+//! for w in workers {
+//!     w.join().unwrap()?;
+//! }
+//! # Ok(()) }
+//! # #[cfg(not(feature = "local"))] fn main() {}
+//! ```
+//!
+//! In async code, `.await` the same operations (any executor); dropping the future cancels
+//! the attempt, and a lock granted after the drop is released.
 //!
 //! # Auto-extension with a lost-lock signal
 //!
-//! ```no_run
+//! ```
+//! # #[cfg(feature = "local")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let local = redlock_mux::local::LocalMasters::start(3)?;
+//! # let urls = local.urls();
 //! # use std::time::Duration;
-//! # let mut redlock = redlock_mux::Redlock::new(["127.0.0.1:7000"])?;
+//! let mut redlock = redlock_mux::Redlock::new(&urls)?;
 //! let held = redlock.run_locked("nightly", Duration::from_secs(5), |signal| {
-//!     while !signal.wait_lost(Duration::from_millis(100)) {
-//!         // a step of work; stop as soon as the signal fires
-//!         # break;
+//!     let mut steps = 0;
+//!     while steps < 3 && !signal.wait_lost(Duration::from_millis(10)) {
+//!         steps += 1; // a step of work; stop as soon as the signal fires
 //!     }
+//!     steps
 //! })?;
-//! println!("held throughout: {}, extensions: {}", held.held_throughout, held.extensions);
-//! # Ok::<(), redlock_mux::Error>(())
+//! println!("{} steps, held throughout: {}", held.value, held.held_throughout);
+//! # Ok(()) }
+//! # #[cfg(not(feature = "local"))] fn main() {}
 //! ```
 //!
 //! # Deadlines and cancellation
 //!
-//! ```no_run
+//! ```
+//! # #[cfg(feature = "local")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let local = redlock_mux::local::LocalMasters::start(3)?;
+//! # let urls = local.urls();
 //! # use std::time::{Duration, Instant};
-//! # let mut redlock = redlock_mux::Redlock::new(["127.0.0.1:7000"])?;
+//! let mut redlock = redlock_mux::Redlock::new(&urls)?;
 //! let cancel = redlock.cancel_handle();
 //! std::thread::spawn(move || cancel.cancel()); // from anywhere
-//! match redlock.lock_with_deadline("job", Duration::from_secs(5), Instant::now() + Duration::from_secs(2)) {
+//! let deadline = Instant::now() + Duration::from_secs(2);
+//! match redlock.lock_with_deadline("job", Duration::from_secs(5), deadline) {
+//!     Ok(lock) => redlock.release(lock)?,
 //!     Err(redlock_mux::Error::Cancelled | redlock_mux::Error::DeadlineExceeded(_)) => {}
-//!     other => { let _ = other?; }
+//!     Err(e) => return Err(e.into()),
 //! }
-//! # Ok::<(), redlock_mux::Error>(())
+//! # Ok(()) }
+//! # #[cfg(not(feature = "local"))] fn main() {}
 //! ```
 //!
 //! # Multi-resource locks
 //!
-//! ```no_run
+//! ```
+//! # #[cfg(feature = "local")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let local = redlock_mux::local::LocalMasters::start(3)?;
+//! # let urls = local.urls();
 //! # use std::time::Duration;
-//! # let mut redlock = redlock_mux::Redlock::new(["127.0.0.1:7000"])?;
+//! let mut redlock = redlock_mux::Redlock::new(&urls)?;
 //! let both = redlock.lock_many(["account:1", "account:2"], Duration::from_secs(5))?;
 //! redlock.release(both)?;
-//! # Ok::<(), redlock_mux::Error>(())
+//! # Ok(()) }
+//! # #[cfg(not(feature = "local"))] fn main() {}
 //! ```
 //!
 //! # Fencing tokens and the amnesia guard
 //!
-//! ```no_run
+//! ```
+//! # #[cfg(feature = "local")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let local = redlock_mux::local::LocalMasters::start_with(3, &["--appendonly", "yes", "--appendfsync", "always"])?;
+//! # let urls = local.urls();
 //! # use std::time::Duration;
 //! let mut redlock = redlock_mux::Redlock::builder()
-//!     .masters(["127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"])
-//!     .fencing(true)                               // two more round trips per acquire
-//!     .amnesia_guard(Duration::from_secs(30))      // the largest TTL in use
+//!     .masters(&urls)   // with appendonly yes and appendfsync always: fencing needs it
+//!     .fencing(true)    // two more round trips per acquire
 //!     .build()?;
 //! let lock = redlock.lock("ledger", Duration::from_secs(30))?;
-//! let token = lock.fencing_token().unwrap();       // send it with every write
-//! # let _ = token;
+//! let token = lock.fencing_token().unwrap(); // send it with every write
+//! # assert!(token >= 1);
 //! redlock.release(lock)?;
-//! # Ok::<(), redlock_mux::Error>(())
+//! # Ok(()) }
+//! # #[cfg(not(feature = "local"))] fn main() {}
 //! ```
 //!
 //! # Many locks in flight from one thread
 //!
-//! ```no_run
+//! ```
+//! # #[cfg(feature = "local")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let local = redlock_mux::local::LocalMasters::start(3)?;
+//! # let urls = local.urls();
 //! # use std::time::Duration;
-//! # let mut redlock = redlock_mux::Redlock::new(["127.0.0.1:7000"])?;
+//! let mut redlock = redlock_mux::Redlock::new(&urls)?;
 //! let resources: Vec<String> = (0..64).map(|i| format!("sku:{i}")).collect();
 //! let mut results = Vec::with_capacity(64);
 //! redlock.try_lock_batch(&resources, Duration::from_secs(5), &mut results)?;
 //! let locks: Vec<_> = results.drain(..).filter_map(Result::ok).collect();
 //! let mut released = Vec::with_capacity(64);
 //! redlock.release_batch(locks, &mut released)?;
-//! # Ok::<(), redlock_mux::Error>(())
+//! # Ok(()) }
+//! # #[cfg(not(feature = "local"))] fn main() {}
 //! ```
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+// Local `redis-server` processes for the tests, the benches and `redlock bench`: a tool
+// of this project's, not part of the lock API.
 #[cfg(feature = "local")]
+#[doc(hidden)]
 pub mod local;
 pub mod resp;
 
@@ -114,9 +180,13 @@ mod keep;
 mod lock;
 #[cfg(feature = "client")]
 mod machine;
+// The rules and the scripts are the engine's internals, public (hidden) only for the
+// simulation, the fuzz targets and the benches' floor client.
 #[cfg(feature = "client")]
+#[doc(hidden)]
 pub mod rules;
 #[cfg(feature = "client")]
+#[doc(hidden)]
 pub mod scripts;
 #[cfg(feature = "client")]
 mod shared;
@@ -138,17 +208,24 @@ pub use keep::HoldOptions;
 #[cfg(feature = "client")]
 pub use lock::Lock;
 #[cfg(feature = "client")]
-pub use rules::{Fault, Outcome};
+pub use rules::{ErrorText, Fault, Outcome};
 #[cfg(feature = "client")]
 pub use shared::{LockGuard, Lost, Pending, SharedRedlock};
 #[cfg(feature = "client")]
 pub use single::{CancelHandle, Held, LockSignal, Redlock};
 #[cfg(feature = "client")]
 pub use token::Token;
+// URL parsing for the `redlock` binary (`status`).
 #[cfg(feature = "client")]
+#[doc(hidden)]
 pub use url::MasterSpec;
 
 /// Longest resource name accepted, in bytes.
 pub const MAX_RESOURCE_LEN: usize = 4096;
 /// Longest TTL accepted: 2^31 - 1 ms (about 24.8 days), like most timer APIs.
 pub const MAX_TTL: std::time::Duration = std::time::Duration::from_millis((1 << 31) - 1);
+
+/// The README's Rust snippets, compiled as doc tests (`cargo test --doc`).
+#[cfg(all(doctest, feature = "client"))]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

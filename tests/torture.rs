@@ -32,7 +32,7 @@
 //! to replay a run's fault schedule and client choices (thread timing still differs). Soak:
 //!
 //! ```text
-//! TORTURE_SECS=60 cargo test --release --test torture -- --nocapture
+//! TORTURE_SECS=60 cargo test --release --features local --test torture -- --nocapture
 //! ```
 //!
 //! Item 3, the checker can fail: [`checker_catches_the_double_grant_of_a_restart_without_persistence`]
@@ -806,7 +806,7 @@ fn checker_catches_the_double_grant_of_a_restart_without_persistence() {
 /// The torture checker has teeth in the randomized setting too: outside the model (killed
 /// masters restarted at once, no guard) it finds double grants. Probabilistic (in 8 s runs
 /// about 2 of 3 find some), hence opt-in; give it time:
-/// `TORTURE_SECS=30 cargo test --release --test torture -- --ignored --nocapture`.
+/// `TORTURE_SECS=30 cargo test --release --features local --test torture -- --ignored --nocapture`.
 #[test]
 #[ignore = "demonstration outside the model, probabilistic: run with -- --ignored"]
 fn torture_without_the_guard_finds_double_grants() {
