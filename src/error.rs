@@ -37,6 +37,8 @@ pub struct Report {
     pub(crate) quorum: usize,
     pub(crate) elapsed: Duration,
     pub(crate) attempts: u32,
+    /// From the first attempt's start to this round's end.
+    pub(crate) total: Duration,
 }
 
 impl Report {
@@ -46,6 +48,7 @@ impl Report {
         tally: &Tally,
         elapsed: Duration,
         attempts: u32,
+        total: Duration,
     ) -> Self {
         Report {
             op,
@@ -53,6 +56,7 @@ impl Report {
             quorum: tally.need(),
             elapsed,
             attempts,
+            total,
         }
     }
 
@@ -91,6 +95,11 @@ impl Report {
     pub fn elapsed(&self) -> Duration {
         self.elapsed
     }
+    /// Time from the first attempt's start to the end of the last round (equal to
+    /// [`Report::elapsed`] for one attempt).
+    pub fn total(&self) -> Duration {
+        self.total
+    }
     /// Rounds tried (1 for a single attempt).
     pub fn attempts(&self) -> u32 {
         self.attempts
@@ -101,14 +110,19 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} of {} masters ok, {} needed, after {:.1?}",
+            "{} of {} masters ok, {} needed",
             self.ok(),
             self.nodes.len(),
             self.quorum,
-            self.elapsed
         )?;
         if self.attempts > 1 {
-            write!(f, " ({} attempts)", self.attempts)?;
+            write!(
+                f,
+                ", {} attempts in {:.1?} (the last round {:.1?})",
+                self.attempts, self.total, self.elapsed
+            )?;
+        } else {
+            write!(f, ", after {:.1?}", self.elapsed)?;
         }
         f.write_str(": ")?;
         for (k, (name, o)) in self.nodes.iter().enumerate() {
@@ -145,6 +159,10 @@ pub enum Error {
     /// Release or extend: the lock is no longer held on a quorum (it expired, or was
     /// taken over after expiring).
     NotHeld(Box<Report>),
+    /// Too many masters refused the connection handshake for a configuration reason (a
+    /// wrong password or user, a missing ACL permission, a database they do not have) for a
+    /// quorum to be possible: not retried, since retrying changes nothing.
+    Refused(Box<Report>),
     /// Extend: the lock's validity already ran out locally; it may be held by someone
     /// else by now. Take a new lock.
     Expired,
@@ -160,9 +178,11 @@ impl Error {
     /// The report of the last round, when there was one.
     pub fn report(&self) -> Option<&Report> {
         match self {
-            Error::Taken(r) | Error::NoQuorum(r) | Error::ValidityUsedUp(r) | Error::NotHeld(r) => {
-                Some(r)
-            }
+            Error::Taken(r)
+            | Error::NoQuorum(r)
+            | Error::ValidityUsedUp(r)
+            | Error::NotHeld(r)
+            | Error::Refused(r) => Some(r),
             Error::DeadlineExceeded(r) => r.as_deref(),
             _ => None,
         }
@@ -192,6 +212,12 @@ impl fmt::Display for Error {
             Error::NotHeld(r) => write!(
                 f,
                 "lock not held on a quorum any more (expired or lost) ({r})"
+            ),
+            Error::Refused(r) => write!(
+                f,
+                "masters refused the connection (a wrong password or user, a missing ACL \
+                 permission, or a database they do not have): fix the configuration; not \
+                 retried ({r})"
             ),
             Error::Expired => f.write_str(
                 "lock validity already ran out: it may be held by someone else; take a new lock",

@@ -139,6 +139,22 @@ pub enum Fault {
     SameServer,
 }
 
+impl Fault {
+    /// A refusal no retry will change: the handshake was refused for a wrong password or
+    /// user, a missing permission, or a database the master does not have.
+    pub fn is_configuration(&self) -> bool {
+        const CONFIG: [&[u8]; 6] = [
+            b"WRONGPASS",
+            b"NOAUTH",
+            b"NOPERM",
+            b"ERR AUTH",
+            b"ERR invalid password",
+            b"ERR DB index",
+        ];
+        matches!(self, Fault::Handshake(t) if CONFIG.iter().any(|p| t.starts_with(p)))
+    }
+}
+
 impl std::fmt::Display for Fault {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -188,7 +204,7 @@ impl Outcome {
 impl std::fmt::Display for Outcome {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Outcome::Pending => f.write_str("no answer yet"),
+            Outcome::Pending => f.write_str("not waited for (the round was decided)"),
             Outcome::Ok => f.write_str("ok"),
             Outcome::Taken => f.write_str("taken"),
             Outcome::NotHeld => f.write_str("not held"),

@@ -448,14 +448,21 @@ fn wrong_password_is_a_handshake_error_naming_the_master() {
     let l = c.try_lock("auth", Duration::from_secs(5)).unwrap();
     c.release(l).unwrap();
     let bad: Vec<String> = good.iter().map(|u| u.replace("sesame", "b4dpw")).collect();
+    // A configuration error is not retried: `lock` with ten retries a second apart comes
+    // back at once, saying what to fix.
     let mut c = Redlock::builder()
         .masters(&bad)
-        .retry_count(0)
+        .retry_count(10)
+        .retry_delay(Duration::from_secs(1))
         .build()
         .unwrap();
-    let err = c.try_lock("auth", Duration::from_secs(5)).unwrap_err();
+    let t = std::time::Instant::now();
+    let err = c.lock("auth", Duration::from_secs(5)).unwrap_err();
+    assert!(t.elapsed() < Duration::from_millis(900), "retried: {err}");
+    assert!(matches!(err, Error::Refused(_)), "{err:?}");
     let text = err.to_string();
     assert!(text.contains("handshake refused"), "{text}");
+    assert!(text.contains("fix the configuration"), "{text}");
     assert!(
         !text.contains("b4dpw"),
         "the password must not be shown: {text}"

@@ -203,11 +203,8 @@ fn a_pending_cancel_never_aborts_release_or_extend() {
     c.cancel_handle().cancel();
     c.extend(&mut lock, Duration::from_secs(5)).unwrap();
     c.release(lock).unwrap();
-    // The cancel is still pending for the next attempt, as documented.
-    assert!(matches!(
-        c.lock("steady", Duration::from_secs(5)),
-        Err(Error::Cancelled)
-    ));
+    // A cancel sent while no attempt runs cancels nothing later: the next, unrelated call
+    // goes through.
     let l = c.lock("steady", Duration::from_secs(5)).unwrap();
     c.release(l).unwrap();
 }
@@ -526,4 +523,40 @@ fn dropped_locks_are_released_by_the_clients_next_call() {
         Duration::from_secs(5),
         || (0..3).all(|i| get(&m, i, "other").is_none()),
     );
+}
+
+/// `lock_with_deadline` waits its whole deadline, whatever `retry_count` says (as `flock -w`
+/// waits its whole time): the deadline bounds the retries, and the last attempt starts just
+/// before it rather than giving up a retry delay early. The error reports every attempt.
+#[test]
+fn lock_with_deadline_waits_until_the_deadline() {
+    let m = masters(3);
+    let mut holder = builder(&m).build().unwrap();
+    let held = holder.try_lock("busy", Duration::from_secs(30)).unwrap();
+    let mut c = Redlock::builder()
+        .masters(m.urls())
+        .retry_count(1)
+        .retry_delay(Duration::from_millis(120))
+        .retry_jitter(Duration::from_millis(60))
+        .build()
+        .unwrap();
+    let wait = Duration::from_millis(700);
+    let t = Instant::now();
+    let r = c.lock_with_deadline("busy", Duration::from_secs(5), t + wait);
+    let took = t.elapsed();
+    match r {
+        Err(Error::DeadlineExceeded(Some(report))) => {
+            assert!(report.attempts() > 2, "{report}");
+            assert!(
+                report.total() >= wait - Duration::from_millis(30),
+                "{report}"
+            );
+        }
+        other => panic!("expected DeadlineExceeded with a report, got {other:?}"),
+    }
+    assert!(
+        took >= wait - Duration::from_millis(10) && took < wait + Duration::from_millis(300),
+        "gave up after {took:?} of {wait:?}"
+    );
+    holder.release(held).unwrap();
 }

@@ -214,6 +214,12 @@ fn table() -> Vec<(&'static [u8], Want, Limits)> {
         (b",inf\r\n", F(T::Double(b"inf"), 6), d),
         (b",-inf\r\n", F(T::Double(b"-inf"), 7), d),
         (b",nan\r\n", F(T::Double(b"nan"), 6), d),
+        // Redis before 7.2 formats doubles with the C library: `-nan`, `NAN`, `INF` occur.
+        (b",-nan\r\n", F(T::Double(b"-nan"), 7), d),
+        (b",NAN\r\n", F(T::Double(b"NAN"), 6), d),
+        (b",-INF\r\n", F(T::Double(b"-INF"), 7), d),
+        (b",nanx\r\n", E(Error::BadDouble), d),
+        (b",+inf\r\n", E(Error::BadDouble), d),
         (b",1e10\r\n", F(T::Double(b"1e10"), 7), d),
         (b",-1.25E-3\r\n", F(T::Double(b"-1.25E-3"), 11), d),
         (
@@ -226,7 +232,7 @@ fn table() -> Vec<(&'static [u8], Want, Limits)> {
         (b",.5\r\n", E(Error::BadDouble), d),
         (b",+1\r\n", E(Error::BadDouble), d),
         (b",1e\r\n", E(Error::BadDouble), d),
-        (b",Inf\r\n", E(Error::BadDouble), d),
+        (b",Inf\r\n", F(T::Double(b"Inf"), 6), d),
         (b",1 \r\n", E(Error::BadDouble), d),
         // Big numbers.
         (

@@ -216,7 +216,7 @@ impl Machine {
     ) -> TaskId {
         let id = self.alloc();
         let t = &mut self.tasks[id.slot as usize];
-        t.begin(task::Kind::Lock, ttl);
+        t.begin(task::Kind::Lock, ttl, now);
         t.keys.clear();
         for k in keys {
             t.keys.push(k);
@@ -260,7 +260,7 @@ impl Machine {
     ) -> TaskId {
         let id = self.alloc();
         let t = &mut self.tasks[id.slot as usize];
-        t.begin(kind, ttl);
+        t.begin(kind, ttl, now);
         t.keys.assign(&lock.keys);
         t.token = lock.token;
         t.valid_until = lock.valid_until;
@@ -350,8 +350,15 @@ impl Machine {
         }
     }
 
-    /// A report of round `op` for an error.
-    fn report(&self, what: Operation, op: OpId, started: Instant, attempts: u32) -> Box<Report> {
+    /// A report of round `op` (which started at `started`; the task at `began`).
+    fn report(
+        &self,
+        what: Operation,
+        op: OpId,
+        started: Instant,
+        began: Instant,
+        attempts: u32,
+    ) -> Box<Report> {
         let o = self.engine.op(op);
         Box::new(Report::new(
             what,
@@ -359,6 +366,7 @@ impl Machine {
             &o.tally,
             o.decided_at.saturating_duration_since(started),
             attempts,
+            o.decided_at.saturating_duration_since(began),
         ))
     }
 

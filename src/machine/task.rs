@@ -66,6 +66,8 @@ pub(super) struct Task {
     pub attempt: u32,
     /// When the current attempt's acquire round (or the task's one round) started.
     t1: Instant,
+    /// When the task was submitted (its first attempt).
+    began: Instant,
     /// Extend: the lock's deadline before this extend.
     pub valid_until: Instant,
     acquire_op: Option<OpId>,
@@ -93,6 +95,7 @@ impl Task {
             retries: 0,
             attempt: 1,
             t1: now,
+            began: now,
             valid_until: now,
             acquire_op: None,
             op: None,
@@ -104,9 +107,10 @@ impl Task {
         }
     }
 
-    /// Reset for a new task of `kind` (the slot is reused).
-    pub(super) fn begin(&mut self, kind: Kind, ttl: Duration) {
+    /// Reset for a new task of `kind` (the slot is reused), submitted at `now`.
+    pub(super) fn begin(&mut self, kind: Kind, ttl: Duration, now: Instant) {
         self.live = true;
+        self.began = now;
         self.kind = kind;
         self.ttl = ttl;
         self.deadline = None;
@@ -325,8 +329,8 @@ impl Machine {
             self.finish(id, Ok(Done::Locked(lock)));
             return;
         }
-        let (t1, attempt, ttl) = (t.t1, t.attempt, t.ttl);
-        let report = self.report(Operation::Acquire, failed, t1, attempt);
+        let (t1, began, attempt, ttl) = (t.t1, t.began, t.attempt, t.ttl);
+        let report = self.report(Operation::Acquire, failed, t1, began, attempt);
         if failed != acquire {
             self.engine.finish(failed);
         }
@@ -354,20 +358,37 @@ impl Machine {
             AcquireVerdict::Taken => Error::Taken(report),
             AcquireVerdict::NoQuorum => Error::NoQuorum(report),
         };
-        if attempt > t.retries {
+        // Refusals no retry changes (a wrong password...): when they alone make a quorum
+        // impossible, say so now.
+        let refused = err.report().map_or(0, |r| {
+            r.outcomes()
+                .filter(|(_, o)| matches!(o, Outcome::Failed(f) if f.is_configuration()))
+                .count()
+        });
+        let n = self.engine.nodes.len();
+        if refused > n - self.engine.quorum() {
+            let report = err.report().cloned().map(Box::new).expect("a report");
+            self.finish(id, Err(Error::Refused(report)));
+            return;
+        }
+        // With a deadline, the deadline bounds the retries, not the count.
+        if attempt > t.retries && t.deadline.is_none() {
             self.finish(id, Err(err));
             return;
         }
         let delay = rules::retry_delay(self.cfg.retry_delay, self.cfg.retry_jitter, &mut self.rng);
-        let wake = now + delay;
+        let mut wake = now + delay;
         let t = &mut self.tasks[id.slot as usize];
-        if t.deadline.is_some_and(|d| wake >= d) {
-            // Sleeping would pass the deadline: give up now rather than late.
-            self.finish(
-                id,
-                Err(Error::DeadlineExceeded(err.report().cloned().map(Box::new))),
-            );
-            return;
+        if let Some(d) = t.deadline {
+            // Never sleep past the deadline: the last attempt starts just before it (its
+            // round is cut short at the deadline), as `flock -w` waits its whole time.
+            let last = d.checked_sub(Duration::from_millis(1)).unwrap_or(d);
+            if now >= last {
+                let report = err.report().cloned().map(Box::new);
+                self.finish(id, Err(Error::DeadlineExceeded(report)));
+                return;
+            }
+            wake = wake.min(last);
         }
         t.last = err.report().cloned().map(Box::new);
         t.phase = Phase::Sleep;
@@ -418,9 +439,9 @@ impl Machine {
             if o.tally.decision() == Decision::Reached {
                 Ok(Done::Released)
             } else if not_held {
-                Err(Error::NotHeld(self.report(what, op, t1, 1)))
+                Err(Error::NotHeld(self.report(what, op, t1, t1, 1)))
             } else {
-                Err(Error::NoQuorum(self.report(what, op, t1, 1)))
+                Err(Error::NoQuorum(self.report(what, op, t1, t1, 1)))
             }
         } else {
             match rules::judge_acquire(
@@ -437,10 +458,10 @@ impl Machine {
                     ttl,
                 }),
                 AcquireVerdict::ValidityUsedUp => {
-                    Err(Error::ValidityUsedUp(self.report(what, op, t1, 1)))
+                    Err(Error::ValidityUsedUp(self.report(what, op, t1, t1, 1)))
                 }
-                _ if not_held => Err(Error::NotHeld(self.report(what, op, t1, 1))),
-                _ => Err(Error::NoQuorum(self.report(what, op, t1, 1))),
+                _ if not_held => Err(Error::NotHeld(self.report(what, op, t1, t1, 1))),
+                _ => Err(Error::NoQuorum(self.report(what, op, t1, t1, 1))),
             }
         };
         self.engine.finish(op);

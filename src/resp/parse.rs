@@ -408,9 +408,11 @@ fn integer(buf: &[u8], i: usize, cap: usize) -> Res<i64> {
     number_end(buf, q, cap, q > s, need, v)
 }
 
-/// `-?inf`, `nan`, or `-?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?`.
+/// `-?inf` or `-?nan` (any case: Redis before 7.2 printed doubles with the C library,
+/// which can spell them `-nan` or `NAN`), or `-?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?`.
 fn valid_double(s: &[u8]) -> bool {
-    if matches!(s, b"inf" | b"-inf" | b"nan") {
+    let unsigned = s.strip_prefix(b"-").unwrap_or(s);
+    if unsigned.eq_ignore_ascii_case(b"inf") || unsigned.eq_ignore_ascii_case(b"nan") {
         return true;
     }
     let digits = |s: &[u8], mut i: usize| {

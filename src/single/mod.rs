@@ -19,7 +19,7 @@ use crate::MAX_RESOURCE_LEN;
 
 /// Cancels the lock attempt running on the client it came from, from any thread.
 ///
-/// A cancel that arrives while no attempt runs cancels the next one.
+/// A cancel sent while no lock call runs does nothing: it never cancels a later call.
 #[derive(Clone)]
 pub struct CancelHandle {
     flag: Arc<AtomicBool>,
@@ -219,7 +219,7 @@ impl Redlock {
         }
         check_resources(keys.iter())?;
         let ttl = self.m.cfg.check_ttl(ttl)?;
-        self.take_cancel()?;
+        self.arm_cancel();
         self.enter()?;
         let id = self
             .m
@@ -230,12 +230,9 @@ impl Redlock {
         }
     }
 
-    fn take_cancel(&self) -> Result<(), Error> {
-        if self.cancel.flag.swap(false, Ordering::SeqCst) {
-            Err(Error::Cancelled)
-        } else {
-            Ok(())
-        }
+    /// A lock call starts: a cancel sent before it is not for it.
+    fn arm_cancel(&self) {
+        self.cancel.flag.store(false, Ordering::SeqCst);
     }
 
     /// Drive the loop until task `id` is done; a cancel (for lock tasks) cancels it.
@@ -299,7 +296,7 @@ impl Redlock {
         out.clear();
         check_resources(resources.iter().map(AsRef::as_ref))?;
         let ttl = self.m.cfg.check_ttl(ttl)?;
-        self.take_cancel()?;
+        self.arm_cancel();
         self.enter()?;
         let now = Instant::now();
         self.batch.clear();
