@@ -124,7 +124,7 @@ fn ours_fenced(m: &LocalMasters) -> Redlock {
 
 /// Round trips (writes per master) per lock+release cycle, from the client's counters.
 fn round_trips_per_cycle(c: &mut Redlock, key: &str) -> f64 {
-    let writes = |c: &Redlock| c.stats().iter().map(|s| s.writes).sum::<u64>();
+    let writes = |c: &Redlock| c.stats().iter().map(|s| s.writes()).sum::<u64>();
     our_cycle(c, key); // connected
     let before = writes(c);
     let n = 100;

@@ -68,12 +68,12 @@ fn main() {
     let writes: u64 = after
         .iter()
         .zip(&before)
-        .map(|(a, b)| a.writes - b.writes)
+        .map(|(a, b)| a.writes() - b.writes())
         .sum();
     let reads: u64 = after
         .iter()
         .zip(&before)
-        .map(|(a, b)| a.reads - b.reads)
+        .map(|(a, b)| a.reads() - b.reads())
         .sum();
     println!(
         "{cycles} cycles on {} masters in {el:.2?}: {:.1} µs/cycle; per cycle {:.2} writes, {:.2} reads",
@@ -83,10 +83,11 @@ fn main() {
         reads as f64 / cycles as f64
     );
     for (i, s) in after.iter().enumerate() {
-        if s.disconnects > 0 {
+        if s.disconnects() > 0 {
             println!(
                 "master {i}: {} disconnects, last: {:?}",
-                s.disconnects, s.last_fault
+                s.disconnects(),
+                s.last_fault()
             );
         }
     }

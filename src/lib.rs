@@ -193,14 +193,14 @@ mod shared;
 #[cfg(feature = "client")]
 mod single;
 #[cfg(feature = "client")]
+mod stats;
+#[cfg(feature = "client")]
 mod token;
 #[cfg(feature = "client")]
 mod url;
 
 #[cfg(feature = "client")]
 pub use builder::Builder;
-#[cfg(feature = "client")]
-pub use engine::NodeStats;
 #[cfg(feature = "client")]
 pub use error::{Error, Operation, Report};
 #[cfg(feature = "client")]
@@ -213,6 +213,8 @@ pub use rules::{ErrorText, Fault, Outcome};
 pub use shared::{LockGuard, Lost, Pending, SharedRedlock};
 #[cfg(feature = "client")]
 pub use single::{CancelHandle, Held, LockSignal, Redlock};
+#[cfg(feature = "client")]
+pub use stats::{Latency, MasterStats};
 #[cfg(feature = "client")]
 pub use token::Token;
 // URL parsing for the `redlock` binary (`status`).

@@ -432,7 +432,7 @@ fn zero_retries_means_exactly_one_attempt() {
         assert_eq!(fake.count("SET"), retries as usize + 1, "retries {retries}");
         // A refused attempt set nothing: no cleanup release is sent.
         assert_eq!(fake.count("EVALSHA"), 0);
-        assert_eq!(c.stats()[0].connects, 1);
+        assert_eq!(c.stats()[0].connects(), 1);
     }
 }
 

@@ -198,8 +198,8 @@ fn assert_quick(took: Duration, phase: &str) {
 /// The real masters' connections were opened once and never again.
 fn assert_reals_untouched(c: &Redlock, phase: &str) {
     let s = c.stats();
-    assert_eq!(s[0].connects, 1, "{phase}: master 0 reconnected: {s:?}");
-    assert_eq!(s[2].connects, 1, "{phase}: master 2 reconnected: {s:?}");
+    assert_eq!(s[0].connects(), 1, "{phase}: master 0 reconnected: {s:?}");
+    assert_eq!(s[2].connects(), 1, "{phase}: master 2 reconnected: {s:?}");
 }
 
 /// The hostile master's stream is usable again: a lock that needs its vote (master 2
@@ -283,7 +283,7 @@ fn acquire_phase(name: &str, case: &Case, reals: &LocalMasters) {
         expect_stall_close(&mut c, &res, &phase);
     } else {
         probe_recovery(&mut c, reals, &format!("{res}:probe"), &phase);
-        let reconnects = c.stats()[1].connects;
+        let reconnects = c.stats()[1].connects();
         assert_eq!(
             reconnects,
             1 + u64::from(case.poisons),
@@ -332,7 +332,7 @@ fn release_phase(name: &str, case: &Case, reals: &LocalMasters) {
     if !case.silent {
         probe_recovery(&mut c, reals, &format!("{res}:probe"), &phase);
         assert_eq!(
-            c.stats()[1].connects,
+            c.stats()[1].connects(),
             1 + u64::from(case.poisons),
             "{phase}: connects to the hostile master"
         );

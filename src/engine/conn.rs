@@ -15,6 +15,7 @@ use super::ops::OpId;
 use crate::resp::{self, Arg, Frame};
 use crate::rules::{ErrorText, Fault, Request};
 use crate::scripts;
+use crate::stats::Counters;
 
 pub(super) const INBUF_START: usize = 16 * 1024;
 
@@ -86,24 +87,7 @@ pub(crate) struct Node {
     /// refused AUTH or SELECT would still run, as another user or in database 0.
     pub(super) gate: Option<usize>,
     /// Counters, for tests and benchmarks.
-    pub stats: NodeStats,
-}
-
-/// Per-master counters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct NodeStats {
-    /// Successful `connect`s.
-    pub connects: u64,
-    /// `write` calls.
-    pub writes: u64,
-    /// `read` calls.
-    pub reads: u64,
-    /// Requests retried with `EVAL` after `-NOSCRIPT`.
-    pub noscript: u64,
-    /// Connections closed (by us or the peer) or connects that failed.
-    pub disconnects: u64,
-    /// Why the last connection closed (or the last connect failed).
-    pub last_fault: Option<Fault>,
+    pub stats: Counters,
 }
 
 impl Node {
@@ -143,7 +127,7 @@ impl Node {
             same_server: false,
             durable: false,
             gate: None,
-            stats: NodeStats::default(),
+            stats: Counters::default(),
         }
     }
 
@@ -234,7 +218,7 @@ const EINPROGRESS: i32 = 36;
 pub(super) fn write_some(
     stream: &mut TcpStream,
     bytes: &[u8],
-    stats: &mut NodeStats,
+    stats: &mut Counters,
 ) -> Result<usize, Fault> {
     loop {
         stats.writes += 1;

@@ -32,9 +32,9 @@ use mio::{Events, Interest, Poll, Token as MioToken, Waker};
 
 use crate::resp::{self, Frame};
 use crate::rules::{self, Decision, Fault, Outcome, Request, Tally};
+use crate::stats::MasterStats;
 
 pub(crate) use conn::Node;
-pub use conn::NodeStats;
 use conn::{connect, interpret, write_handshake, write_some, Conn, Setup, SetupReply, Tag};
 use encode::encode_request;
 use ops::OpState;
@@ -274,6 +274,7 @@ impl Engine {
                         req,
                         eval: false,
                     });
+                    node.stats.requests += 1;
                     self.ops[slot as usize].outstanding += 1;
                 }
                 Err(fault) => {
@@ -323,6 +324,10 @@ impl Engine {
         let op = &mut self.ops[id.slot as usize];
         if op.gen != id.gen || op.state == OpState::Free {
             return;
+        }
+        // Faults count; a master not asked (`NotHeld` from `start`) did nothing.
+        if let Outcome::Failed(_) = outcome {
+            self.nodes[node].stats.outcome(outcome);
         }
         op.tally.record(node, outcome);
         self.check_decided(id, now);
@@ -637,6 +642,11 @@ impl Engine {
             let slot = self.active[k];
             let op = &mut self.ops[slot as usize];
             if now >= op.deadline {
+                for (i, o) in op.tally.outcomes().iter().enumerate() {
+                    if *o == Outcome::Pending {
+                        self.nodes[i].stats.outcome(Outcome::TimedOut);
+                    }
+                }
                 op.tally.expire();
                 let id = OpId { slot, gen: op.gen };
                 self.check_decided(id, now);
@@ -962,6 +972,11 @@ impl Engine {
         if op.gen != id.gen {
             return;
         }
+        let stats = &mut self.nodes[i].stats;
+        stats
+            .latency
+            .record(now.saturating_duration_since(op.started));
+        stats.outcome(outcome);
         op.outstanding = op.outstanding.saturating_sub(1);
         if op.state != OpState::Free {
             if outcome.is_ok() && value > op.max_value {
@@ -1005,8 +1020,11 @@ impl Engine {
         true
     }
 
-    /// Counters of every master.
-    pub(crate) fn stats(&self) -> impl Iterator<Item = NodeStats> + '_ {
-        self.nodes.iter().map(|n| n.stats)
+    /// What every master did, by name.
+    pub(crate) fn stats(&self) -> Vec<MasterStats> {
+        self.nodes
+            .iter()
+            .map(|n| MasterStats::new(n.name.clone(), n.stats.clone()))
+            .collect()
     }
 }

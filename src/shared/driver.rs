@@ -256,6 +256,7 @@ pub(crate) fn fail(cmd: Command) {
     match cmd {
         Command::Lock { slot, .. }
         | Command::Extend { slot, .. }
+        | Command::Stats(slot)
         | Command::Release {
             slot: Some(slot), ..
         } => {

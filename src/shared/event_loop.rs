@@ -166,6 +166,9 @@ impl Loop {
                     self.watched.push(state);
                 }
             }
+            Command::Stats(slot) => {
+                slot.complete(Ok(Out::Stats(self.m.engine.stats())));
+            }
             Command::Cancel(slot) => {
                 let found = self.waiters.iter().flatten().find_map(|(id, w)| match w {
                     Waiter::Lock(s) if Arc::ptr_eq(s, &slot) => Some(*id),
@@ -297,7 +300,9 @@ impl Loop {
         core.kill(&mut self.inbox);
         for cmd in self.inbox.drain(..) {
             match cmd {
-                Command::Lock { slot, .. } | Command::Extend { slot, .. } => {
+                Command::Lock { slot, .. }
+                | Command::Extend { slot, .. }
+                | Command::Stats(slot) => {
                     slot.complete(Err(err()));
                 }
                 Command::Release {

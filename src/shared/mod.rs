@@ -54,6 +54,8 @@ pub(crate) enum Command {
     Watch(Arc<LockState>),
     /// The `Pending` of this slot was dropped.
     Cancel(Arc<Slot>),
+    /// A snapshot of the masters' statistics.
+    Stats(Arc<Slot>),
 }
 
 /// What the handles share; dropped with the last handle, guard and pending operation.
@@ -166,6 +168,14 @@ impl SharedRedlock {
     /// OK answers needed: N/2 + 1.
     pub fn quorum(&self) -> usize {
         self.inner.quorum
+    }
+
+    /// What each master did so far, by name: connections, outcomes, answer latency (see
+    /// [`MasterStats`](crate::MasterStats)).
+    pub fn stats(&self) -> Pending<Vec<crate::MasterStats>> {
+        let slot = Slot::new();
+        self.inner.queue(Command::Stats(slot.clone()));
+        Pending::new(self.inner.clone(), slot)
     }
 
     /// One attempt to take `resource` for `ttl` (see [`crate::Redlock::try_lock`]).

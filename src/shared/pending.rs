@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use super::guard::{LockGuard, LockState};
 use super::{Command, Inner};
 use crate::error::Error;
+use crate::stats::MasterStats;
 
 /// What the loop hands back.
 pub(crate) enum Out {
@@ -20,6 +21,8 @@ pub(crate) enum Out {
     Lock(Arc<LockState>),
     /// A release or an extend went through.
     Unit,
+    /// The masters' statistics.
+    Stats(Vec<MasterStats>),
 }
 
 /// Where the loop puts an operation's result and whom it wakes.
@@ -183,7 +186,7 @@ impl Pending<LockGuard> {
     fn guard(&self, out: Result<Out, Error>) -> Result<LockGuard, Error> {
         match out? {
             Out::Lock(state) => Ok(LockGuard::new(self.inner.clone(), state)),
-            Out::Unit => unreachable!("a lock operation completes with a lock"),
+            _ => unreachable!("a lock operation completes with a lock"),
         }
     }
 }
@@ -192,6 +195,27 @@ impl Pending<()> {
     /// Block the calling thread until the operation is done.
     pub fn wait(mut self) -> Result<(), Error> {
         self.wait_out().map(|_| ())
+    }
+}
+
+impl Pending<Vec<MasterStats>> {
+    /// Block the calling thread until the statistics are in.
+    pub fn wait(mut self) -> Result<Vec<MasterStats>, Error> {
+        self.wait_out().map(stats)
+    }
+}
+
+fn stats(out: Out) -> Vec<MasterStats> {
+    match out {
+        Out::Stats(s) => s,
+        _ => unreachable!("a statistics request completes with statistics"),
+    }
+}
+
+impl Future for Pending<Vec<MasterStats>> {
+    type Output = Result<Vec<MasterStats>, Error>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.get_mut().poll_out(cx).map(|r| r.map(stats))
     }
 }
 

@@ -372,9 +372,9 @@ impl Redlock {
         }
     }
 
-    /// Per-master I/O counters (connects, writes, reads, NOSCRIPT retries).
-    pub fn stats(&self) -> Vec<crate::engine::NodeStats> {
-        self.m.engine.stats().collect()
+    /// What each master did so far, by name: connections, outcomes, answer latency.
+    pub fn stats(&self) -> Vec<crate::MasterStats> {
+        self.m.engine.stats()
     }
 }
 

@@ -198,7 +198,7 @@ fn mux_block<'a>(c: &'a mut Redlock, key: &'static str) -> Block<'a> {
 fn reconnects(c: &Redlock) -> Vec<u64> {
     c.stats()
         .iter()
-        .map(|s| s.connects.saturating_sub(1))
+        .map(|s| s.connects().saturating_sub(1))
         .collect()
 }
 

@@ -1,0 +1,272 @@
+//! What each master did, for monitoring: counters and a fixed-size latency histogram,
+//! named by master ([`MasterStats`]). Kept by the engine at a few instructions per reply.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::rules::{Fault, Outcome};
+
+/// Buckets of [`Latency`]: 4 per power of two, from 0 µs to about 35 minutes.
+const BUCKETS: usize = 128;
+
+/// A latency histogram with a fixed size and no allocation: 4 buckets per power of two of
+/// microseconds (a value is known to within 25%), 0 µs to about 35 minutes.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Latency {
+    counts: [u64; BUCKETS],
+    total: u64,
+    max_us: u64,
+}
+
+impl Default for Latency {
+    fn default() -> Self {
+        Latency {
+            counts: [0; BUCKETS],
+            total: 0,
+            max_us: 0,
+        }
+    }
+}
+
+impl Latency {
+    /// Record one latency.
+    #[inline]
+    pub(crate) fn record(&mut self, d: Duration) {
+        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        self.counts[bucket(us)] += 1;
+        self.total += 1;
+        self.max_us = self.max_us.max(us);
+    }
+
+    /// How many latencies were recorded.
+    pub fn count(&self) -> u64 {
+        self.total
+    }
+
+    /// The latency at quantile `q` (0.0..=1.0; 0.5 is the median), as the upper edge of
+    /// its bucket (at most 25% above the true value); `None` before the first record.
+    pub fn quantile(&self, q: f64) -> Option<Duration> {
+        if self.total == 0 {
+            return None;
+        }
+        let q = if q.is_nan() { 0.5 } else { q.clamp(0.0, 1.0) };
+        let rank = ((self.total as f64 * q).ceil() as u64).clamp(1, self.total);
+        let mut seen = 0;
+        for (i, &c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                let upper = upper_edge(i).min(self.max_us);
+                return Some(Duration::from_micros(upper));
+            }
+        }
+        Some(Duration::from_micros(self.max_us))
+    }
+
+    /// The largest latency recorded.
+    pub fn max(&self) -> Duration {
+        Duration::from_micros(self.max_us)
+    }
+}
+
+impl fmt::Debug for Latency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Latency")
+            .field("count", &self.total)
+            .field("p50", &self.quantile(0.5))
+            .field("p99", &self.quantile(0.99))
+            .field("max", &self.max())
+            .finish()
+    }
+}
+
+/// The bucket of `us` microseconds: 0..3 exactly, then 4 per power of two.
+#[inline]
+fn bucket(us: u64) -> usize {
+    if us < 4 {
+        return us as usize;
+    }
+    let exp = 63 - us.leading_zeros() as usize; // >= 2
+    let sub = ((us >> (exp - 2)) & 3) as usize;
+    ((exp - 1) * 4 + sub).min(BUCKETS - 1)
+}
+
+/// The largest value in bucket `i`.
+fn upper_edge(i: usize) -> u64 {
+    if i < 4 {
+        return i as u64;
+    }
+    let exp = i / 4 + 1;
+    let sub = (i % 4) as u64;
+    ((4 + sub + 1) << (exp - 2)) - 1
+}
+
+/// The engine's counters of one master (plain numbers, updated in place).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Counters {
+    pub connects: u64,
+    pub writes: u64,
+    pub reads: u64,
+    pub noscript: u64,
+    pub disconnects: u64,
+    pub last_fault: Option<Fault>,
+    pub requests: u64,
+    pub ok: u64,
+    pub refused: u64,
+    pub failed: u64,
+    pub timed_out: u64,
+    pub latency: Latency,
+}
+
+impl Counters {
+    /// Master's outcome for a request of a round (a reply, a failure, or a timeout).
+    #[inline]
+    pub(crate) fn outcome(&mut self, o: Outcome) {
+        match o {
+            Outcome::Ok => self.ok += 1,
+            Outcome::Taken | Outcome::NotHeld => self.refused += 1,
+            Outcome::TimedOut => self.timed_out += 1,
+            Outcome::Failed(_) => self.failed += 1,
+            Outcome::Pending => {}
+        }
+    }
+}
+
+/// What one master did since the client was built: connections, requests and their
+/// outcomes, and how long its answers took (from a round's start to the master's reply).
+#[derive(Clone)]
+pub struct MasterStats {
+    name: Arc<str>,
+    c: Counters,
+}
+
+impl MasterStats {
+    pub(crate) fn new(name: Arc<str>, c: Counters) -> Self {
+        MasterStats { name, c }
+    }
+    /// The master, as `host:port[/db]` (never a password).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// Connections established.
+    pub fn connects(&self) -> u64 {
+        self.c.connects
+    }
+    /// Connections closed (by either side) or connects that failed.
+    pub fn disconnects(&self) -> u64 {
+        self.c.disconnects
+    }
+    /// Why the last connection closed (or the last connect failed).
+    pub fn last_fault(&self) -> Option<Fault> {
+        self.c.last_fault
+    }
+    /// `write` calls (one per round when the kernel takes the bytes at once).
+    pub fn writes(&self) -> u64 {
+        self.c.writes
+    }
+    /// `read` calls.
+    pub fn reads(&self) -> u64 {
+        self.c.reads
+    }
+    /// Requests retried with `EVAL` after `-NOSCRIPT`.
+    pub fn noscript(&self) -> u64 {
+        self.c.noscript
+    }
+    /// Yes votes (acquired, released, extended, fencing draw or write-back).
+    pub fn ok(&self) -> u64 {
+        self.c.ok
+    }
+    /// "Taken" or "not held" answers.
+    pub fn refused(&self) -> u64 {
+        self.c.refused
+    }
+    /// Failures: error replies, lost connections, votes not counted, masters down.
+    pub fn failed(&self) -> u64 {
+        self.c.failed
+    }
+    /// Requests with no answer within their round's timeout.
+    pub fn timed_out(&self) -> u64 {
+        self.c.timed_out
+    }
+    /// How long this master's answers took.
+    pub fn latency(&self) -> &Latency {
+        &self.c.latency
+    }
+}
+
+impl fmt::Debug for MasterStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MasterStats")
+            .field("name", &self.name)
+            .field("connects", &self.c.connects)
+            .field("disconnects", &self.c.disconnects)
+            .field("ok", &self.c.ok)
+            .field("refused", &self.c.refused)
+            .field("failed", &self.c.failed)
+            .field("timed_out", &self.c.timed_out)
+            .field("latency", &self.c.latency)
+            .field("last_fault", &self.c.last_fault)
+            .finish()
+    }
+}
+
+impl fmt::Display for MasterStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let l = &self.c.latency;
+        write!(
+            f,
+            "{}: {} ok, {} refused, {} failed, {} timed out; latency p50 {:?} p99 {:?} max {:?}; \
+             {} connects, {} disconnects",
+            self.name,
+            self.c.ok,
+            self.c.refused,
+            self.c.failed,
+            self.c.timed_out,
+            l.quantile(0.5).unwrap_or_default(),
+            l.quantile(0.99).unwrap_or_default(),
+            l.max(),
+            self.c.connects,
+            self.c.disconnects
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_monotonic_and_within_a_quarter() {
+        let mut last = 0;
+        for us in (0..100_000u64).chain([1 << 20, 1 << 30, 1 << 31, u64::MAX]) {
+            let b = bucket(us);
+            assert!(b >= last || us == 0, "bucket of {us} went down");
+            last = b;
+            if us < (1 << 31) {
+                assert!(upper_edge(b) >= us, "{us} above its bucket's edge");
+                assert!(
+                    upper_edge(b) as f64 <= us as f64 * 1.25 + 1.0,
+                    "{us}: edge {}",
+                    upper_edge(b)
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn quantiles() {
+        let mut l = Latency::default();
+        assert_eq!(l.quantile(0.5), None);
+        for us in 1..=100u64 {
+            l.record(Duration::from_micros(us));
+        }
+        assert_eq!(l.count(), 100);
+        let p50 = l.quantile(0.5).unwrap().as_micros() as u64;
+        assert!((50..=63).contains(&p50), "{p50}");
+        assert_eq!(l.quantile(1.0).unwrap(), Duration::from_micros(100));
+        assert_eq!(l.max(), Duration::from_micros(100));
+        assert!(l.quantile(f64::NAN).is_some());
+        l.record(Duration::MAX);
+        assert!(l.quantile(1.0).unwrap() > Duration::from_secs(1000));
+    }
+}
