@@ -20,6 +20,13 @@
 //! replies; write `EVALSHA release` to all, read all. The busy floor does the same on
 //! non-blocking sockets, spinning on `read`.
 //!
+//! The shared client (`SharedRedlock`) runs next to the single-owner `Redlock`: one caller
+//! thread locking and releasing through it (`try_lock(..).wait()`, `release().wait()`), in
+//! normal and busy-poll mode, in the percentile pass; 64 tokio tasks (on a current-thread
+//! runtime driven by the measuring thread, as the peers bench runs rslock) and 64 threads
+//! sharing one handle in the throughput pass, next to `try_lock_batch` of 64. Their CPU
+//! includes the client's loop thread (and the caller threads): see `common/shared.rs`.
+//!
 //! `cargo bench --features local --bench lock` (all); `LOCK_BENCH_CYCLES=20000 cargo bench --features local --bench lock --
 //! --skip-criterion` style knobs: `LOCK_BENCH_CYCLES` (percentile pass cycles per variant,
 //! default 4000), `LOCK_BENCH_SKIP_CRITERION=1`, `LOCK_BENCH_PIN=1`.
@@ -40,10 +47,12 @@ use criterion::{criterion_group, Criterion};
 mod cpu;
 #[path = "common/floor.rs"]
 mod floor;
-use cpu::Cpu;
+#[path = "common/shared.rs"]
+mod shared;
+use cpu::{Cpu, Lifetime, Sample};
 use floor::Floor;
 use redlock_mux::local::{cpu_list, pin_current_thread, split_cpus, LocalMasters};
-use redlock_mux::Redlock;
+use redlock_mux::{Redlock, SharedRedlock};
 
 const TTL: Duration = Duration::from_secs(10);
 
@@ -109,6 +118,16 @@ fn ours(m: &LocalMasters, busy: bool) -> Redlock {
         .unwrap()
 }
 
+/// The shared client, as `ours` builds the single owner.
+fn ours_shared(m: &LocalMasters, busy: bool) -> SharedRedlock {
+    Redlock::builder()
+        .masters(m.urls())
+        .retry_count(0)
+        .busy_poll(busy)
+        .build_shared()
+        .unwrap()
+}
+
 /// A fencing client. The bench masters do not persist (a disk's fsync would time the disk,
 /// not the client), so the durability check is waived: the rounds are those of a real
 /// fenced acquire.
@@ -148,6 +167,93 @@ struct Stats {
     cpu: Cpu,
 }
 
+/// Runs `k` cycles of a variant, pushing each one's time (ns) to the vector when given.
+/// Returns `Some(cpu)` for a variant that measures its own CPU (helper threads included),
+/// `None` for one whose worker's CPU is all of it.
+type Runner = Box<dyn FnMut(usize, Option<&mut Vec<u64>>) -> Option<Sample> + Send>;
+
+/// A variant of the percentile pass: its runner, and the lifetime user/system time of its
+/// helper threads at the end of the pass (none for the single-threaded ones).
+struct Variant {
+    name: String,
+    run: Runner,
+    helpers: Option<Box<dyn Fn() -> Lifetime>>,
+}
+
+impl Variant {
+    /// A variant run one cycle at a time by `cycle` on the worker alone.
+    fn per_cycle(
+        name: &str,
+        mut cycle: impl FnMut() -> (Duration, Duration) + Send + 'static,
+    ) -> Self {
+        Variant {
+            name: name.into(),
+            run: Box::new(move |k, mut out| {
+                for _ in 0..k {
+                    let (a, r) = cycle();
+                    if let Some(out) = out.as_deref_mut() {
+                        out.push((a + r).as_nanos() as u64);
+                    }
+                }
+                None
+            }),
+            helpers: None,
+        }
+    }
+}
+
+/// One caller through a shared client that lives for the whole pass.
+fn shared_variant(name: &str, m: &LocalMasters, key: &'static str) -> Variant {
+    let c = shared::WithLoop::start(|| ours_shared(m, false), key, TTL, 1);
+    let tid = c.loop_tid;
+    Variant {
+        name: name.into(),
+        run: Box::new(move |k, mut out| {
+            let t = shared::Measured::start();
+            for _ in 0..k {
+                let (a, r) = shared::cycle(&c.client, key, TTL).unwrap();
+                if let Some(out) = out.as_deref_mut() {
+                    out.push((a + r).as_nanos() as u64);
+                }
+            }
+            Some(t.stop())
+        }),
+        helpers: Some(Box::new(move || cpu::lifetime_of(&[tid]))),
+    }
+}
+
+/// One caller through a busy-poll shared client built per block (see the top of the file).
+fn shared_busy_variant(name: &str, m: &LocalMasters, key: &'static str) -> Variant {
+    let urls = m.urls();
+    let warm = if smoke() { 2 } else { 20 };
+    let mut pb = shared::PerBlock::new(
+        move || {
+            Redlock::builder()
+                .masters(&urls)
+                .retry_count(0)
+                .busy_poll(true)
+                .build_shared()
+                .unwrap()
+        },
+        key,
+        TTL,
+        warm,
+    );
+    let life = pb.loops_life();
+    Variant {
+        name: name.into(),
+        run: Box::new(move |k, mut out| {
+            Some(pb.block(k, |r| {
+                let (a, r) = r.unwrap();
+                if let Some(out) = out.as_deref_mut() {
+                    out.push((a + r).as_nanos() as u64);
+                }
+            }))
+        }),
+        helpers: Some(Box::new(move || *life.lock().unwrap())),
+    }
+}
+
 fn pct(v: &[u64], p: f64) -> u64 {
     let i = ((v.len() as f64 - 1.0) * p).round() as usize;
     v[i]
@@ -163,34 +269,35 @@ fn percentile_pass(n_masters: usize) {
             .and_then(|v| v.parse().ok())
             .unwrap_or(4000)
     };
-    type Runner = Box<dyn FnMut() -> (Duration, Duration) + Send>;
-    let mut variants: Vec<(String, Runner)> = Vec::new();
+    let mut variants: Vec<Variant> = Vec::new();
     let mut floor = Floor::new(&m.addrs(), false);
-    variants.push((
-        "floor (std sockets)".into(),
-        Box::new(move || floor.cycle()),
-    ));
+    variants.push(Variant::per_cycle("floor (std sockets)", move || {
+        floor.cycle()
+    }));
     let mut fb = Floor::new(&m.addrs(), true);
-    variants.push(("floor busy-poll".into(), Box::new(move || fb.cycle())));
+    variants.push(Variant::per_cycle("floor busy-poll", move || fb.cycle()));
     let mut c = ours(&m, false);
-    variants.push((
-        "redlock-mux".into(),
-        Box::new(move || our_cycle(&mut c, "mux")),
-    ));
+    variants.push(Variant::per_cycle("redlock-mux", move || {
+        our_cycle(&mut c, "mux")
+    }));
     let mut cb = ours(&m, true);
-    variants.push((
-        "redlock-mux busy-poll".into(),
-        Box::new(move || our_cycle(&mut cb, "muxbusy")),
-    ));
+    variants.push(Variant::per_cycle("redlock-mux busy-poll", move || {
+        our_cycle(&mut cb, "muxbusy")
+    }));
     let mut cf = ours_fenced(&m);
-    variants.push((
-        "redlock-mux fenced".into(),
-        Box::new(move || our_cycle(&mut cf, "muxfenced")),
+    variants.push(Variant::per_cycle("redlock-mux fenced", move || {
+        our_cycle(&mut cf, "muxfenced")
+    }));
+    variants.push(shared_variant("shared, 1 caller", &m, "shared"));
+    variants.push(shared_busy_variant(
+        "shared busy-poll, 1 caller",
+        &m,
+        "sharedbusy",
     ));
     let mut stats: Vec<Stats> = variants
         .iter()
-        .map(|(n, _)| Stats {
-            name: n.clone(),
+        .map(|v| Stats {
+            name: v.name.clone(),
             cycle: Vec::with_capacity(cycles),
             cpu: Cpu::default(),
         })
@@ -200,20 +307,15 @@ fn percentile_pass(n_masters: usize) {
     // worker's user/system split comes from its whole life, not from one block.
     let warm = if smoke() { 5 } else { 500 };
     let block = 200;
-    let cpus: Vec<Cpu> = std::thread::scope(|s| {
+    let mut cpus: Vec<Cpu> = std::thread::scope(|s| {
         let workers: Vec<_> = variants
             .iter_mut()
             .zip(stats.iter_mut())
-            .map(|((_, run), st)| {
-                let out = &mut st.cycle;
+            .map(|(v, st)| {
+                let (run, out) = (&mut v.run, &mut st.cycle);
                 // Job: (cycles, keep their times).
                 cpu::spawn(s, client_cpu(), move |(k, keep): (usize, bool)| {
-                    for _ in 0..k {
-                        let (a, r) = run();
-                        if keep {
-                            out.push((a + r).as_nanos() as u64);
-                        }
-                    }
+                    run(k, keep.then_some(&mut *out))
                 })
             })
             .collect();
@@ -225,7 +327,10 @@ fn percentile_pass(n_masters: usize) {
         while done < cycles {
             let k = block.min(cycles - done);
             for (w, c) in workers.iter().zip(cpus.iter_mut()) {
-                c.add(w.run((k, true)).1);
+                match w.run((k, true)) {
+                    (Some(own), _) => c.add_with_helpers(own),
+                    (None, worker) => c.add(worker),
+                }
             }
             done += k;
         }
@@ -234,6 +339,11 @@ fn percentile_pass(n_masters: usize) {
         }
         cpus
     });
+    for (v, c) in variants.iter().zip(cpus.iter_mut()) {
+        if let Some(helpers) = &v.helpers {
+            c.split_helpers_by(helpers());
+        }
+    }
     for (s, c) in stats.iter_mut().zip(cpus) {
         s.cycle.sort_unstable();
         s.cpu = c;
@@ -246,7 +356,7 @@ fn percentile_pass(n_masters: usize) {
         placement()
     );
     println!(
-        "{:<24} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>8} {:>8} {:>7} {:>8}",
+        "{:<28} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>8} {:>8} {:>7} {:>8}",
         "variant",
         "p50 µs",
         "p90",
@@ -264,7 +374,7 @@ fn percentile_pass(n_masters: usize) {
         let us = |ns: u64| ns as f64 / 1000.0;
         let cpu = s.cpu.total().as_nanos() as f64 / cycles as f64;
         println!(
-            "{:<24} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>7.2} {:>7.2} {:>8.2} {:>8.2} {:>7.2} {:>8}",
+            "{:<28} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>7.2} {:>7.2} {:>8.2} {:>8.2} {:>7.2} {:>8}",
             s.name,
             us(pct(&s.cycle, 0.5)),
             us(pct(&s.cycle, 0.9)),
@@ -280,6 +390,32 @@ fn percentile_pass(n_masters: usize) {
         );
     }
     print_cpu_notes(stats.iter().map(|s| (s.name.as_str(), &s.cpu)));
+    println!(
+        "(shared rows: CPU includes the client's loop thread, which took {} of their CPU; the \
+         busy-poll one is built per block: its loop spins while it exists)",
+        stats
+            .iter()
+            .filter(|s| s.name.starts_with("shared"))
+            .map(|s| format!(
+                "{:.0}%",
+                100.0 * s.cpu.helpers().as_secs_f64() / s.cpu.total().as_secs_f64().max(1e-12)
+            ))
+            .collect::<Vec<_>>()
+            .join(" and ")
+    );
+    let by_name = |n: &str| stats.iter().find(|s| s.name == n).unwrap();
+    for (shared, single, target) in [
+        ("shared, 1 caller", "redlock-mux", 1.20),
+        ("shared busy-poll, 1 caller", "redlock-mux busy-poll", 1.05),
+    ] {
+        let (a, b) = (by_name(shared), by_name(single));
+        let r50 = pct(&a.cycle, 0.5) as f64 / pct(&b.cycle, 0.5) as f64;
+        let r99 = pct(&a.cycle, 0.99) as f64 / pct(&b.cycle, 0.99) as f64;
+        println!(
+            "{shared} / {single}: p50 {r50:.2}x (target <= {target:.2}x: {}), p99 {r99:.2}x",
+            if r50 <= target { "met" } else { "MISSED" }
+        );
+    }
     let plain = round_trips_per_cycle(&mut ours(&m, false), "rt");
     let fenced = round_trips_per_cycle(&mut ours_fenced(&m), "rtfenced");
     println!(
@@ -327,6 +463,8 @@ fn timed(
 
 /// Many locks in flight from one thread: `k` independent lock+release cycles per batch,
 /// ours (`try_lock_batch` + `release_batch`) next to the pipelined floor at the same `k`.
+/// At `k` = [`SHARED_K`], also the shared client with as many tokio tasks, and threads,
+/// each looping lock+release through one handle (interleaved with the other two).
 fn throughput_pass(n_masters: usize) {
     let m = start_masters(n_masters);
     let secs: f64 = if smoke() {
@@ -358,64 +496,229 @@ fn throughput_pass(n_masters: usize) {
     let slices = 10;
     let slice = Duration::from_secs_f64(secs / slices as f64);
     let mut cpus = Vec::new();
-    for k in [1usize, 8, 64] {
+    let mut shared_rows = Vec::new();
+    for k in [1usize, 8, SHARED_K] {
         let mut floor = Floor::new(&m.addrs(), false);
         let mut c = ours(&m, false);
         let names: Vec<String> = (0..k).map(|j| format!("tput:{j}")).collect();
         let mut out = Vec::with_capacity(k);
         let mut rel = Vec::with_capacity(k);
         let mut locks = Vec::with_capacity(k);
-        let mut run_ours = move || {
+        let run_ours = move || {
             c.try_lock_batch(&names, TTL, &mut out).unwrap();
             locks.extend(out.drain(..).map(|r| r.unwrap()));
             c.release_batch(locks.drain(..), &mut rel).unwrap();
         };
-        // Floor and ours each on a measuring thread of its own (see the top of the file),
-        // handed interleaved slices (see `timed`).
-        let ((fb, ft, fcpu), (ob, ot, ocpu)) = std::thread::scope(|s| {
-            let wf = cpu::spawn(s, client_cpu(), timed(warm, || floor.cycle_k(k)));
-            let wo = cpu::spawn(s, client_cpu(), timed(warm, &mut run_ours));
-            wf.run(None);
-            wo.run(None);
-            let (mut fb, mut ob) = (0u64, 0u64);
-            let (mut ft, mut ot) = (Duration::ZERO, Duration::ZERO);
-            let (mut fcpu, mut ocpu) = (Cpu::default(), Cpu::default());
-            for _ in 0..slices {
-                let ((n, t), smp) = wf.run(Some(slice));
-                fb += n;
-                ft += t;
-                fcpu.add(smp);
-                let ((n, t), smp) = wo.run(Some(slice));
-                ob += n;
-                ot += t;
-                ocpu.add(smp);
+        let mut tvs = vec![
+            TputVariant::batched("floor", k, timed(warm, move || floor.cycle_k(k))),
+            TputVariant::batched("ours", k, timed(warm, run_ours)),
+        ];
+        if k == SHARED_K {
+            tvs.extend(shared_tput_variants(&m, k));
+        }
+        // Every variant on a measuring thread of its own (see the top of the file), handed
+        // interleaved slices (see `timed`).
+        let results: Vec<(u64, u64, Duration, Cpu)> = std::thread::scope(|s| {
+            let workers: Vec<_> = tvs
+                .iter_mut()
+                .map(|v| cpu::spawn(s, client_cpu(), &mut v.run))
+                .collect();
+            // Warm-up: batches, or one untimed slice for the shared variants.
+            for w in &workers {
+                w.run(None);
             }
-            fcpu.split_by(wf.finish());
-            ocpu.split_by(wo.finish());
-            ((fb, ft, fcpu), (ob, ot, ocpu))
+            let mut results = vec![(0u64, 0u64, Duration::ZERO, Cpu::default()); workers.len()];
+            for _ in 0..slices {
+                for (w, r) in workers.iter().zip(results.iter_mut()) {
+                    let (t, worker) = w.run(Some(slice));
+                    r.0 += t.cycles;
+                    r.1 += t.failed;
+                    r.2 += t.time;
+                    match t.cpu {
+                        Some(own) => r.3.add_with_helpers(own),
+                        None => r.3.add(worker),
+                    }
+                }
+            }
+            for (w, r) in workers.into_iter().zip(results.iter_mut()) {
+                r.3.split_by(w.finish());
+            }
+            results
         });
-        let fr = (fb * k as u64) as f64 / ft.as_secs_f64();
-        let or = (ob * k as u64) as f64 / ot.as_secs_f64();
-        let per = |cpu: Duration, batches: u64| {
-            cpu.as_nanos() as f64 / 1000.0 / (batches * k as u64) as f64
-        };
+        let mut rows = Vec::new();
+        for (v, (cycles, failed, time, mut cpu)) in tvs.iter().zip(results) {
+            if let Some(helpers) = &v.helpers {
+                cpu.split_helpers_by(helpers());
+            }
+            rows.push((v.name, cycles, failed, time, cpu));
+        }
+        drop(tvs);
+        let rate = |r: &(&str, u64, u64, Duration, Cpu)| r.1 as f64 / r.3.as_secs_f64();
+        let per = |cpu: Duration, cycles: u64| cpu.as_nanos() as f64 / 1000.0 / cycles as f64;
+        let (f, o) = (&rows[0], &rows[1]);
         println!(
             "{:<6} {:>14.0} {:>14.0} {:>7.2} {:>12.2} {:>12.2} {:>9.2} {:>9.2} {:>10} {:>10}",
             k,
-            fr,
-            or,
-            or / fr,
-            per(fcpu.total(), fb),
-            per(ocpu.total(), ob),
-            per(ocpu.user(), ob),
-            per(ocpu.total(), ob) / per(fcpu.total(), fb),
-            fb * k as u64,
-            ob * k as u64,
+            rate(f),
+            rate(o),
+            rate(o) / rate(f),
+            per(f.4.total(), f.1),
+            per(o.4.total(), o.1),
+            per(o.4.user(), o.1),
+            per(o.4.total(), o.1) / per(f.4.total(), f.1),
+            f.1,
+            o.1,
         );
-        cpus.push((format!("floor K={k}"), fcpu));
-        cpus.push((format!("ours K={k}"), ocpu));
+        for r in &rows[2..] {
+            shared_rows.push(format!(
+                "{:<28} {:>10.0} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>8.0}% {:>10} {:>7}",
+                r.0,
+                rate(r),
+                rate(r) / rate(o),
+                rate(r) / rate(f),
+                per(r.4.total(), r.1),
+                per(r.4.user(), r.1),
+                per(r.4.total(), r.1) / per(o.4.total(), o.1),
+                100.0 * r.4.helpers().as_secs_f64() / r.4.total().as_secs_f64().max(1e-12),
+                r.1,
+                r.2,
+            ));
+        }
+        for (name, _, _, _, cpu) in rows {
+            cpus.push((format!("{name} K={k}"), cpu));
+        }
     }
+    println!(
+        "\nshared client, {SHARED_K} callers through one handle (same slices as K={SHARED_K} above; x batch = \
+         x the single-owner try_lock_batch of {SHARED_K}):"
+    );
+    println!(
+        "{:<28} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>7}",
+        "variant",
+        "cyc/s",
+        "x batch",
+        "x floor",
+        "cpu µs",
+        "usr µs",
+        "cpu/batch",
+        "helpers",
+        "over",
+        "failed"
+    );
+    for r in &shared_rows {
+        println!("{r}");
+    }
+    println!(
+        "(targets: tokio tasks >= 0.90x batch, threads >= 0.60x batch; \"helpers\": the share of \
+         CPU on the loop thread and the caller threads; tasks run on a current-thread runtime \
+         driven by the measuring thread)"
+    );
     print_cpu_notes(cpus.iter().map(|(n, c)| (n.as_str(), c)));
+}
+
+/// Callers of the shared variants of the throughput pass.
+const SHARED_K: usize = 64;
+
+/// What a throughput slice did.
+struct Tput {
+    cycles: u64,
+    failed: u64,
+    time: Duration,
+    /// The slice's CPU when the variant measures it itself (helper threads included).
+    cpu: Option<Sample>,
+}
+
+/// A throughput variant's job: `None` = warm up, `Some(slice)` = run for `slice`.
+type TputJob = Box<dyn FnMut(Option<Duration>) -> Tput + Send>;
+
+struct TputVariant {
+    name: &'static str,
+    run: TputJob,
+    /// The lifetime user/system time of the variant's helper threads (shared variants).
+    helpers: Option<Box<dyn Fn() -> Lifetime>>,
+}
+
+impl TputVariant {
+    /// A variant of `k` cycles per batch on the worker alone (see [`timed`]).
+    fn batched(
+        name: &'static str,
+        k: usize,
+        mut job: impl FnMut(Option<Duration>) -> (u64, Duration) + Send + 'static,
+    ) -> Self {
+        TputVariant {
+            name,
+            run: Box::new(move |slice| {
+                let (batches, time) = job(slice);
+                Tput {
+                    cycles: batches * k as u64,
+                    failed: 0,
+                    time,
+                    cpu: None,
+                }
+            }),
+            helpers: None,
+        }
+    }
+}
+
+/// The shared client's throughput variants: `k` tokio tasks, and `k` threads, each
+/// looping lock+release on a resource of its own through one handle.
+fn shared_tput_variants(m: &LocalMasters, k: usize) -> Vec<TputVariant> {
+    // Each slice: run until the deadline; the slice's time runs until the last caller's
+    // last cycle ended. Warm-up (`None`): one slice of `warm`, untimed.
+    fn sliced(
+        mut run: impl FnMut(Instant) -> (u64, u64) + Send + 'static,
+        warm: Duration,
+    ) -> TputJob {
+        Box::new(move |slice| {
+            let t = Instant::now();
+            let measured = shared::Measured::start();
+            let (cycles, failed) = run(t + slice.unwrap_or(warm));
+            let cpu = measured.stop();
+            Tput {
+                cycles,
+                failed,
+                time: t.elapsed(),
+                cpu: slice.map(|_| cpu),
+            }
+        })
+    }
+    let warm = Duration::from_millis(if smoke() { 10 } else { 200 });
+
+    let tasks = shared::WithLoop::start(|| ours_shared(m, false), "tput:shared:warm", TTL, 1);
+    let tasks_tid = tasks.loop_tid;
+    let task_keys: Vec<String> = (0..k).map(|j| format!("tput:shared:task:{j}")).collect();
+    // A current-thread runtime driven by the measuring thread: the tasks' side of the work
+    // is on that thread, as rslock's is in the peers bench.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let tasks_run =
+        move |deadline| shared::tasks_slice(&rt, &tasks.client, &task_keys, TTL, deadline);
+
+    let threads = shared::WithLoop::start(|| ours_shared(m, false), "tput:shared:warm2", TTL, 1);
+    let thread_keys: Vec<String> = (0..k).map(|j| format!("tput:shared:thread:{j}")).collect();
+    let pool = shared::CallerPool::new(&threads.client, &thread_keys, TTL);
+    let mut threads_tids = pool.tids.clone();
+    threads_tids.push(threads.loop_tid);
+    let threads_run = move |deadline| {
+        let _keep = &threads;
+        pool.slice(deadline)
+    };
+
+    vec![
+        TputVariant {
+            name: "shared, 64 tokio tasks",
+            run: sliced(tasks_run, warm),
+            helpers: Some(Box::new(move || cpu::lifetime_of(&[tasks_tid]))),
+        },
+        TputVariant {
+            name: "shared, 64 threads",
+            run: sliced(threads_run, warm),
+            helpers: Some(Box::new(move || cpu::lifetime_of(&threads_tids))),
+        },
+    ]
 }
 
 fn criterion_cycles(c: &mut Criterion) {

@@ -631,6 +631,57 @@ fn bench_with_locks_in_flight_reports_no_violations() {
 }
 
 #[test]
+fn bench_callers_share_one_client_with_no_violations() {
+    let (_, j) = bench(&["--callers", "4"]);
+    assert_sane(&j);
+    assert_eq!(j["mode"], "callers", "{j}");
+    assert_eq!(j["shared_client"], true, "{j}");
+    assert_eq!(j["callers"], 4, "{j}");
+    assert_eq!(j["clients"], 1, "{j}");
+    assert_eq!(j["resources"], 4, "one resource per caller by default: {j}");
+    assert_eq!(j["refused"], 0, "no contention: {j}");
+}
+
+#[test]
+fn bench_tasks_share_one_client_with_no_violations() {
+    let (_, j) = bench(&["--tasks", "8", "--busy-poll"]);
+    assert_sane(&j);
+    assert_eq!(j["mode"], "tasks", "{j}");
+    assert_eq!(j["callers"], 8, "{j}");
+    assert_eq!(j["tokio_worker_threads"], 1, "{j}");
+    assert_eq!(j["busy_poll"], true, "{j}");
+    assert_eq!(j["resources"], 8, "one resource per task by default: {j}");
+    assert_eq!(j["refused"], 0, "no contention: {j}");
+}
+
+#[test]
+fn bench_shared_client_with_contention_reports_no_violations() {
+    for mode in ["--callers", "--tasks"] {
+        let (_, j) = bench(&[mode, "6", "--resources", "1"]);
+        assert_sane(&j);
+        assert_eq!(j["resources"], 1, "{mode}: {j}");
+        assert!(
+            j["refused"].as_u64().unwrap() > 0,
+            "{mode}: no contention seen: {j}"
+        );
+    }
+}
+
+#[test]
+fn bench_shared_modes_reject_single_owner_options() {
+    for args in [
+        &["bench", "--callers", "2", "--clients", "2"][..],
+        &["bench", "--tasks", "2", "--in-flight", "4"],
+        &["bench", "--callers", "2", "--tasks", "2"],
+        &["bench", "--tasks", "2", "--pin"],
+        &["bench", "--callers", "0"],
+    ] {
+        let out = output(redlock(None, args), Duration::from_secs(10));
+        assert_eq!(code(&out), 64, "{args:?}: stderr: {}", stderr(&out));
+    }
+}
+
+#[test]
 fn bench_pin_puts_the_client_and_the_local_masters_on_separate_cpus() {
     // Only for the masters it starts itself.
     let out = output(

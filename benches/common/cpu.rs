@@ -29,6 +29,14 @@
 //! [`FEW_TICKS`] of CPU (10 ticks at HZ=250, e^-10 odds of no tick), [`Cpu::few_ticks`]
 //! flags the split as unreliable. A worker with ticks in only one mode is counted all
 //! user or all system, which is what its ratio says anyway.
+//!
+//! Helper threads: a shared-client variant's work runs on threads besides its worker (the
+//! client's loop thread; caller threads; the worker itself may only wait). For those,
+//! [`Cpu::add_with_helpers`] counts the whole process's runtime during the job, less the
+//! worker's own, as the helpers' (nothing else runs then: the other workers wait for their
+//! turn and an idle loop thread sleeps in `epoll_wait`), and [`Cpu::split_helpers_by`]
+//! splits it by the helper threads' lifetime ratio ([`lifetime_of`], from
+//! `/proc/self/task/TID/stat`, the same tick-based split `getrusage` gives).
 
 #![allow(dead_code)]
 
@@ -91,6 +99,68 @@ pub struct Lifetime {
     pub sys: Duration,
 }
 
+impl std::ops::AddAssign for Lifetime {
+    fn add_assign(&mut self, o: Lifetime) {
+        self.user += o.user;
+        self.sys += o.sys;
+    }
+}
+
+fn share(life: Lifetime) -> f64 {
+    let all = life.user + life.sys;
+    if all.is_zero() {
+        0.0
+    } else {
+        life.user.as_secs_f64() / all.as_secs_f64()
+    }
+}
+
+/// The calling thread's id (`gettid`), to find it under `/proc/self/task`.
+pub fn gettid() -> i32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::gettid() }
+}
+
+/// The ids of this process's threads named `name` (`/proc/self/task/TID/comm`).
+pub fn threads_named(name: &str) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim_end() == name)
+        })
+        .filter_map(|t| t.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// Whether thread `tid` of this process still exists.
+pub fn thread_alive(tid: i32) -> bool {
+    std::path::Path::new(&format!("/proc/self/task/{tid}")).exists()
+}
+
+/// The user and system time of this process's threads `tids` so far, as the kernel splits
+/// them (`utime` and `stime` of `/proc/self/task/TID/stat`); threads gone count nothing.
+pub fn lifetime_of(tids: &[i32]) -> Lifetime {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let mut life = Lifetime::default();
+    for tid in tids {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")) else {
+            continue;
+        };
+        // Fields after the parenthesised name: state is field 3, utime 14, stime 15.
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+            continue;
+        };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        life.user += Duration::from_secs_f64(ticks(11) as f64 / hz);
+        life.sys += Duration::from_secs_f64(ticks(12) as f64 / hz);
+    }
+    life
+}
+
 /// The measured CPU of one variant: its jobs' samples summed, split by its worker's
 /// lifetime user/system ratio once [`Cpu::split_by`] has it.
 #[derive(Clone, Copy, Default, Debug)]
@@ -98,6 +168,9 @@ pub struct Cpu {
     thread: Duration,
     process: Duration,
     life: Lifetime,
+    /// Runtime of the variant's helper threads (see the module documentation).
+    helpers: Duration,
+    helpers_life: Lifetime,
 }
 
 impl Cpu {
@@ -106,35 +179,44 @@ impl Cpu {
         self.process += s.process;
     }
 
+    /// Like [`Cpu::add`], for a variant whose work also runs on helper threads: the
+    /// process's runtime beyond the worker's counts as theirs.
+    pub fn add_with_helpers(&mut self, s: Sample) {
+        self.add(s);
+        self.helpers += s.process.saturating_sub(s.thread);
+    }
+
     /// Sets the ratio that splits the runtime into user and system time.
     pub fn split_by(&mut self, life: Lifetime) {
         self.life = life;
     }
 
-    fn user_share(&self) -> f64 {
-        let all = self.life.user + self.life.sys;
-        if all.is_zero() {
-            0.0
-        } else {
-            self.life.user.as_secs_f64() / all.as_secs_f64()
-        }
+    /// Sets the ratio that splits the helpers' runtime (their summed [`lifetime_of`]).
+    pub fn split_helpers_by(&mut self, life: Lifetime) {
+        self.helpers_life = life;
     }
 
+    /// Worker and helpers.
     pub fn total(&self) -> Duration {
-        self.thread
+        self.thread + self.helpers
+    }
+
+    /// The helper threads' share of [`Cpu::total`].
+    pub fn helpers(&self) -> Duration {
+        self.helpers
     }
 
     pub fn user(&self) -> Duration {
-        self.thread.mul_f64(self.user_share())
+        self.thread.mul_f64(share(self.life)) + self.helpers.mul_f64(share(self.helpers_life))
     }
 
     pub fn sys(&self) -> Duration {
-        self.thread.saturating_sub(self.user())
+        self.total().saturating_sub(self.user())
     }
 
-    /// CPU spent by threads other than the worker while it ran its jobs.
+    /// CPU spent by threads other than the worker (and its helpers) while it ran its jobs.
     pub fn other(&self) -> Duration {
-        self.process.saturating_sub(self.thread)
+        self.process.saturating_sub(self.thread + self.helpers)
     }
 
     /// More CPU on other threads than 5 % of the worker's own.
@@ -144,8 +226,10 @@ impl Cpu {
 
     /// The worker ran for less than [`FEW_TICKS`]: its user/system split rests on a handful
     /// of ticks or none.
+    /// With helpers, the ticks of worker and helpers together.
     pub fn few_ticks(&self) -> bool {
-        self.life.user + self.life.sys < FEW_TICKS
+        let (w, h) = (self.life, self.helpers_life);
+        w.user + w.sys + h.user + h.sys < FEW_TICKS
     }
 }
 

@@ -9,7 +9,13 @@
 //! 2. Throughput with 64 locks in flight from one thread on 5 masters: the pipelined floor
 //!    at K = 64, redlock-mux `try_lock_batch` + `release_batch` of 64, rslock with 64
 //!    concurrent tasks on the current-thread runtime, and `redlock` 2.x sequentially (it
-//!    has no way to keep more than one lock operation in flight).
+//!    has no way to keep more than one lock operation in flight). The redlock-mux shared
+//!    client (`SharedRedlock`) twice: 64 tasks on a current-thread runtime of their own
+//!    (set up as rslock's), and 64 threads, each looping lock+release through one handle.
+//!
+//! The shared client also has a one-caller row in the latency pass (`try_lock(..).wait()`,
+//! `release().wait()` from the measuring thread). Its CPU includes the client's loop
+//! thread (and the caller threads in the throughput pass): `benches/common/shared.rs`.
 //!
 //! Client CPU: every variant runs on a worker thread of its own for the whole pass, and the
 //! bench hands the workers their blocks and slices in turn. Tick-based CPU accounting
@@ -37,11 +43,13 @@ use std::time::{Duration, Instant};
 mod cpu;
 #[path = "../../common/floor.rs"]
 mod floor;
+#[path = "../../common/shared.rs"]
+mod shared;
 
-use cpu::Cpu;
+use cpu::{Cpu, Lifetime, Sample};
 use floor::Floor;
 use redlock_mux::local::{cpu_list, pin_current_thread, split_cpus, AdminReply, LocalMasters};
-use redlock_mux::Redlock;
+use redlock_mux::{Redlock, SharedRedlock};
 use redlock_rs::RedLock;
 use rslock::LockManager;
 use tokio::runtime::Runtime;
@@ -82,6 +90,15 @@ fn mux(m: &LocalMasters, busy: bool) -> Redlock {
         .busy_poll(busy)
         .build()
         .expect("redlock-mux client")
+}
+
+/// The shared client, as `mux` builds the single owner.
+fn mux_shared(m: &LocalMasters) -> SharedRedlock {
+    Redlock::builder()
+        .masters(m.urls())
+        .retry_count(0)
+        .build_shared()
+        .expect("redlock-mux shared client")
 }
 
 fn current_thread_runtime() -> Runtime {
@@ -142,19 +159,49 @@ fn redis_version(m: &LocalMasters) -> String {
 /// lock; returns the number of cycles whose lock was refused or failed.
 type Block<'a> = Box<dyn FnMut(usize, &mut Vec<u64>) -> u64 + Send + 'a>;
 
+/// A [`Block`] that measures its own CPU (helper threads included): failures and the
+/// CPU of the block's cycles.
+type OwnCpuBlock<'a> = Box<dyn FnMut(usize, &mut Vec<u64>) -> (u64, Sample) + Send + 'a>;
+
+/// The lifetime user/system time of a variant's helper threads (shared client variants).
+type Helpers<'a> = Option<Box<dyn Fn() -> Lifetime + 'a>>;
+
 struct LatVariant<'a> {
     name: &'static str,
-    block: Block<'a>,
+    block: OwnCpuBlock<'a>,
+    /// Whether the block's own CPU sample replaces the worker's (shared client variants).
+    own_cpu: bool,
+    helpers: Helpers<'a>,
     ns: Vec<u64>,
     failed: u64,
     cpu: Cpu,
 }
 
 impl<'a> LatVariant<'a> {
-    fn new(name: &'static str, block: Block<'a>) -> Self {
+    fn new(name: &'static str, mut block: Block<'a>) -> Self {
+        LatVariant {
+            name,
+            block: Box::new(move |n, out| (block(n, out), Sample::default())),
+            own_cpu: false,
+            helpers: None,
+            ns: Vec::new(),
+            failed: 0,
+            cpu: Cpu::default(),
+        }
+    }
+
+    /// A variant whose work also runs on helper threads: its blocks measure their own CPU
+    /// and `helpers` gives the helpers' lifetime split at the end of the pass.
+    fn with_helpers(
+        name: &'static str,
+        block: OwnCpuBlock<'a>,
+        helpers: Box<dyn Fn() -> Lifetime + 'a>,
+    ) -> Self {
         LatVariant {
             name,
             block,
+            own_cpu: true,
+            helpers: Some(helpers),
             ns: Vec::new(),
             failed: 0,
             cpu: Cpu::default(),
@@ -210,6 +257,8 @@ fn latency_pass(m: &LocalMasters, rt: &Runtime, cycles: usize, block: usize, pin
     let mut ours_busy = mux(m, true);
     let rs = LockManager::new(m.urls());
     let rl = RedLock::new(m.urls());
+    let sh = shared::WithLoop::start(|| mux_shared(m), "peers:shared", TTL, 1);
+    let sh_loop = sh.loop_tid;
 
     let mut variants: Vec<LatVariant> = vec![
         LatVariant::new(
@@ -226,6 +275,23 @@ fn latency_pass(m: &LocalMasters, rt: &Runtime, cycles: usize, block: usize, pin
         LatVariant::new(
             "redlock-mux busy-poll",
             mux_block(&mut ours_busy, "peers:muxbusy"),
+        ),
+        LatVariant::with_helpers(
+            "redlock-mux shared, 1 caller",
+            // One caller blocking on each result; the CPU includes the loop thread's.
+            Box::new(|n, out| {
+                let measured = shared::Measured::start();
+                let mut failed = 0;
+                for _ in 0..n {
+                    let t0 = Instant::now();
+                    match shared::cycle(&sh.client, "peers:shared", TTL) {
+                        Ok(_) => out.push(t0.elapsed().as_nanos() as u64),
+                        Err(_) => failed += 1,
+                    }
+                }
+                (failed, measured.stop())
+            }),
+            Box::new(move || cpu::lifetime_of(&[sh_loop])),
         ),
         LatVariant::new(
             "rslock (tokio 1 thread)",
@@ -275,17 +341,18 @@ fn latency_pass(m: &LocalMasters, rt: &Runtime, cycles: usize, block: usize, pin
         let workers: Vec<_> = variants
             .iter_mut()
             .map(|v| {
-                let (run, ns) = (&mut v.block, &mut v.ns);
+                let (run, ns, own_cpu) = (&mut v.block, &mut v.ns, v.own_cpu);
                 ns.reserve(cycles);
                 let mut scratch = Vec::with_capacity(500);
                 cpu::spawn(s, pin, move |(k, keep): (usize, bool)| {
-                    if keep {
+                    let (failed, smp) = if keep {
                         run(k, ns)
                     } else {
-                        let failed = run(k, &mut scratch);
+                        let r = run(k, &mut scratch);
                         scratch.clear();
-                        failed
-                    }
+                        r
+                    };
+                    (failed, own_cpu.then_some(smp))
                 })
             })
             .collect();
@@ -298,9 +365,12 @@ fn latency_pass(m: &LocalMasters, rt: &Runtime, cycles: usize, block: usize, pin
         while done < cycles {
             let k = block.min(cycles - done);
             for (w, (failed, cpu)) in workers.iter().zip(results.iter_mut()) {
-                let (f, smp) = w.run((k, true));
+                let ((f, own), smp) = w.run((k, true));
                 *failed += f;
-                cpu.add(smp);
+                match own {
+                    Some(own) => cpu.add_with_helpers(own),
+                    None => cpu.add(smp),
+                }
             }
             done += k;
         }
@@ -309,7 +379,10 @@ fn latency_pass(m: &LocalMasters, rt: &Runtime, cycles: usize, block: usize, pin
         }
         results
     });
-    for (v, (failed, cpu)) in variants.iter_mut().zip(results) {
+    for (v, (failed, mut cpu)) in variants.iter_mut().zip(results) {
+        if let Some(helpers) = &v.helpers {
+            cpu.split_helpers_by(helpers());
+        }
         v.failed = failed;
         v.cpu = cpu;
         v.ns.sort_unstable();
@@ -345,6 +418,15 @@ fn latency_pass(m: &LocalMasters, rt: &Runtime, cycles: usize, block: usize, pin
         );
     }
     cpu_notes(variants.iter().map(|v| (v.name, &v.cpu)));
+    let (single, sh_v) = (&variants[1], &variants[3]);
+    println!(
+        "\nredlock-mux shared, 1 caller / redlock-mux (the single owner): p50 {:.2}x, p99 {:.2}x, \
+         CPU {:.2}x; the shared client's loop thread took {:.0}% of its CPU (in the row's figures)",
+        pct(&sh_v.ns, 0.5) as f64 / pct(&single.ns, 0.5) as f64,
+        pct(&sh_v.ns, 0.99) as f64 / pct(&single.ns, 0.99) as f64,
+        sh_v.cpu.total().as_secs_f64() / single.cpu.total().as_secs_f64(),
+        100.0 * sh_v.cpu.helpers().as_secs_f64() / sh_v.cpu.total().as_secs_f64().max(1e-12),
+    );
     let other: Vec<String> = variants
         .iter()
         .filter(|v| v.cpu.noticeable_other())
@@ -357,8 +439,10 @@ fn latency_pass(m: &LocalMasters, rt: &Runtime, cycles: usize, block: usize, pin
         );
     }
     drop(variants);
+    drop(sh);
     println!(
-        "\nredlock-mux reconnects per master during the pass: {:?}, busy-poll {:?}",
+        "\nredlock-mux reconnects per master during the pass: {:?}, busy-poll {:?} (the shared \
+         client has no stats() to show)",
         reconnects(&ours),
         reconnects(&ours_busy)
     );
@@ -373,10 +457,16 @@ fn latency_pass(m: &LocalMasters, rt: &Runtime, cycles: usize, block: usize, pin
 /// lock and the ones whose lock was refused or failed.
 type Slice<'a> = Box<dyn FnMut(Duration) -> (u64, u64) + Send + 'a>;
 
+/// A [`Slice`] that measures its own CPU (helper threads included).
+type OwnCpuSlice<'a> = Box<dyn FnMut(Duration) -> (u64, u64, Sample) + Send + 'a>;
+
 struct TputVariant<'a> {
     name: &'static str,
     in_flight: &'static str,
-    run: Slice<'a>,
+    run: OwnCpuSlice<'a>,
+    /// Whether the slice's own CPU sample replaces the worker's (shared client variants).
+    own_cpu: bool,
+    helpers: Helpers<'a>,
     cycles: u64,
     failed: u64,
     time: Duration,
@@ -384,11 +474,40 @@ struct TputVariant<'a> {
 }
 
 impl<'a> TputVariant<'a> {
-    fn new(name: &'static str, in_flight: &'static str, run: Slice<'a>) -> Self {
+    fn new(name: &'static str, in_flight: &'static str, mut run: Slice<'a>) -> Self {
         TputVariant {
             name,
             in_flight,
-            run,
+            run: Box::new(move |slice| {
+                let (c, failed) = run(slice);
+                (c, failed, Sample::default())
+            }),
+            own_cpu: false,
+            helpers: None,
+            cycles: 0,
+            failed: 0,
+            time: Duration::ZERO,
+            cpu: Cpu::default(),
+        }
+    }
+
+    /// A shared client variant: `run(deadline)` runs every caller until the deadline; the
+    /// slice's CPU is the whole process's (see `shared.rs`).
+    fn shared(
+        name: &'static str,
+        mut run: impl FnMut(Instant) -> (u64, u64) + Send + 'a,
+        helpers: Box<dyn Fn() -> Lifetime + 'a>,
+    ) -> Self {
+        TputVariant {
+            name,
+            in_flight: "64",
+            run: Box::new(move |slice| {
+                let measured = shared::Measured::start();
+                let (c, failed) = run(Instant::now() + slice);
+                (c, failed, measured.stop())
+            }),
+            own_cpu: true,
+            helpers: Some(helpers),
             cycles: 0,
             failed: 0,
             time: Duration::ZERO,
@@ -405,6 +524,17 @@ fn throughput_pass(m: &LocalMasters, rt: &Runtime, secs: f64, pin: Option<usize>
     let rl = RedLock::new(m.urls());
 
     let names: Vec<String> = (0..K).map(|j| format!("peers:mux:tput:{j}")).collect();
+    // The shared client: 64 tasks on a current-thread runtime of their own (set up as
+    // rslock's, driven by the measuring thread), and 64 threads; one handle each.
+    let sh_tasks = shared::WithLoop::start(|| mux_shared(m), "peers:shared:warm", TTL, 1);
+    let sh_tasks_loop = sh_tasks.loop_tid;
+    let task_keys: Vec<String> = (0..K).map(|j| format!("peers:shared:task:{j}")).collect();
+    let sh_rt = current_thread_runtime();
+    let sh_threads = shared::WithLoop::start(|| mux_shared(m), "peers:shared:warm2", TTL, 1);
+    let thread_keys: Vec<String> = (0..K).map(|j| format!("peers:shared:thread:{j}")).collect();
+    let pool = shared::CallerPool::new(&sh_threads.client, &thread_keys, TTL);
+    let mut pool_tids = pool.tids.clone();
+    pool_tids.push(sh_threads.loop_tid);
     let mut out = Vec::with_capacity(K);
     let mut locks = Vec::with_capacity(K);
     let mut rel = Vec::with_capacity(K);
@@ -444,6 +574,16 @@ fn throughput_pass(m: &LocalMasters, rt: &Runtime, secs: f64, pin: Option<usize>
                 }
                 (c, failed)
             }),
+        ),
+        TputVariant::shared(
+            "redlock-mux shared, 64 tokio tasks",
+            |deadline| shared::tasks_slice(&sh_rt, &sh_tasks.client, &task_keys, TTL, deadline),
+            Box::new(move || cpu::lifetime_of(&[sh_tasks_loop])),
+        ),
+        TputVariant::shared(
+            "redlock-mux shared, 64 threads",
+            |deadline| pool.slice(deadline),
+            Box::new(move || cpu::lifetime_of(&pool_tids)),
         ),
         TputVariant::new(
             "rslock, 64 tasks",
@@ -510,11 +650,11 @@ fn throughput_pass(m: &LocalMasters, rt: &Runtime, secs: f64, pin: Option<usize>
         let workers: Vec<_> = variants
             .iter_mut()
             .map(|v| {
-                let run = &mut v.run;
+                let (run, own_cpu) = (&mut v.run, v.own_cpu);
                 cpu::spawn(s, pin, move |slice: Duration| {
                     let t = Instant::now();
-                    let (c, failed) = run(slice);
-                    (c, failed, t.elapsed())
+                    let (c, failed, smp) = run(slice);
+                    (c, failed, t.elapsed(), own_cpu.then_some(smp))
                 })
             })
             .collect();
@@ -524,11 +664,14 @@ fn throughput_pass(m: &LocalMasters, rt: &Runtime, secs: f64, pin: Option<usize>
         let mut results = vec![(0, 0, Duration::ZERO, Cpu::default()); workers.len()];
         for _ in 0..SLICES {
             for (w, r) in workers.iter().zip(results.iter_mut()) {
-                let ((c, failed, t), smp) = w.run(slice);
+                let ((c, failed, t, own), smp) = w.run(slice);
                 r.0 += c;
                 r.1 += failed;
                 r.2 += t;
-                r.3.add(smp);
+                match own {
+                    Some(own) => r.3.add_with_helpers(own),
+                    None => r.3.add(smp),
+                }
             }
         }
         for (w, r) in workers.into_iter().zip(results.iter_mut()) {
@@ -536,7 +679,10 @@ fn throughput_pass(m: &LocalMasters, rt: &Runtime, secs: f64, pin: Option<usize>
         }
         results
     });
-    for (v, (c, failed, t, cpu)) in variants.iter_mut().zip(results) {
+    for (v, (c, failed, t, mut cpu)) in variants.iter_mut().zip(results) {
+        if let Some(helpers) = &v.helpers {
+            cpu.split_helpers_by(helpers());
+        }
         v.cycles = c;
         v.failed = failed;
         v.time = t;
@@ -546,7 +692,8 @@ fn throughput_pass(m: &LocalMasters, rt: &Runtime, secs: f64, pin: Option<usize>
     let rate = |v: &TputVariant| v.cycles as f64 / v.time.as_secs_f64();
     let cpu_per = |v: &TputVariant| us_per(v.cpu.total(), v.cycles);
     let (f_rate, f_cpu) = (rate(&variants[0]), cpu_per(&variants[0]));
-    let r_rate = rate(&variants[2]);
+    let by_name = |n: &str| variants.iter().find(|v| v.name == n).expect(n);
+    let r_rate = rate(by_name("rslock, 64 tasks"));
     println!(
         "\n### Throughput from one thread, {} masters: ~{secs} s per variant in {SLICES} interleaved slices\n",
         m.len()
@@ -569,6 +716,22 @@ fn throughput_pass(m: &LocalMasters, rt: &Runtime, secs: f64, pin: Option<usize>
         );
     }
     cpu_notes(variants.iter().map(|v| (v.name, &v.cpu)));
+    let batch = rate(by_name("redlock-mux batch"));
+    println!();
+    for (name, t_batch, t_rslock) in [
+        ("redlock-mux shared, 64 tokio tasks", 0.9, 3.0),
+        ("redlock-mux shared, 64 threads", 0.6, 2.0),
+    ] {
+        let v = by_name(name);
+        println!(
+            "{name}: {:.2}x redlock-mux batch (target >= {t_batch}), {:.2}x rslock (target >= {t_rslock}); \
+             CPU {:.2}x the batch's, {:.0}% of it on the loop and caller threads",
+            rate(v) / batch,
+            rate(v) / r_rate,
+            cpu_per(v) / cpu_per(by_name("redlock-mux batch")),
+            100.0 * v.cpu.helpers().as_secs_f64() / v.cpu.total().as_secs_f64().max(1e-12),
+        );
+    }
     let other: Vec<String> = variants
         .iter()
         .filter(|v| v.cpu.noticeable_other())
@@ -581,8 +744,11 @@ fn throughput_pass(m: &LocalMasters, rt: &Runtime, secs: f64, pin: Option<usize>
         );
     }
     drop(variants);
+    drop(pool);
+    drop((sh_threads, sh_tasks));
     println!(
-        "\nredlock-mux reconnects per master during the pass: {:?}",
+        "\nredlock-mux reconnects per master during the pass: {:?} (the shared clients have no \
+         stats() to show)",
         reconnects(&ours)
     );
     report_keys_left(m);

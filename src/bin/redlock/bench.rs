@@ -15,7 +15,7 @@ use nix::sys::time::TimeValLike;
 use redlock_mux::local::{
     cpu_list, pin_current_thread, set_current_thread_cpus, split_cpus, LocalMasters,
 };
-use redlock_mux::{Error, Redlock};
+use redlock_mux::{Error, Redlock, SharedRedlock};
 use signal_hook::consts::{SIGINT, SIGTERM};
 
 use crate::common::{exit, human_micros, say, thousands};
@@ -28,6 +28,16 @@ included. Each client is a thread with its own Redlock client (one connection pe
 that loops: try_lock (retried at once while taken), a tiny critical section, release.
 With --in-flight K above 1, a client takes K locks per round trip (try_lock_batch) and
 releases them together (release_batch).
+
+--callers K and --tasks K measure the shared client instead: ONE SharedRedlock (one loop
+thread, one connection per master) used by K callers at once, each looping try_lock
+(retried at once while taken), the critical section, release, and waiting for each result.
+--callers: K OS threads, each waiting with Pending::wait(). --tasks: K tokio tasks awaiting
+the same operations, on a multi-thread runtime with 1 worker thread (one thread polls every
+task, so the tasks' side costs what one core gives it; the shared client's loop thread is
+the other busy thread). Whatever the callers submit while the loop is busy goes out in its
+next write to each master. --busy-poll makes the loop thread spin (and waiting threads spin
+briefly before they park).
 
 --pin (Linux, local masters only) gives every client thread a CPU of its own, the first C
 CPUs this process may use, and starts the masters on the others (the main thread, which
@@ -66,7 +76,24 @@ pub struct BenchArgs {
     /// round trip (pipelined try_lock_batch / release_batch).
     #[arg(long, value_name = "K", default_value_t = 1)]
     in_flight: usize,
-    /// Distinct resources (default: clients x in-flight, no contention; fewer: contention).
+    /// K threads sharing one SharedRedlock handle, each locking and releasing in a loop
+    /// (blocking on every result with wait()).
+    #[arg(
+        long,
+        value_name = "K",
+        conflicts_with_all = ["clients", "in_flight", "tasks", "pin"]
+    )]
+    callers: Option<usize>,
+    /// K tokio tasks sharing one SharedRedlock handle, each locking and releasing in a
+    /// loop (awaiting every result), on a multi-thread runtime with 1 worker thread.
+    #[arg(
+        long,
+        value_name = "K",
+        conflicts_with_all = ["clients", "in_flight", "callers", "pin"]
+    )]
+    tasks: Option<usize>,
+    /// Distinct resources (default: clients x in-flight, or one per caller or task: no
+    /// contention; fewer: contention).
     #[arg(short, long, value_name = "R")]
     resources: Option<usize>,
     /// How long to run.
@@ -89,6 +116,59 @@ pub struct BenchArgs {
     /// other CPUs (Linux; only with local masters; needs clients + 1 CPUs).
     #[arg(long)]
     pin: bool,
+}
+
+/// Worker threads of the tokio runtime of `--tasks`. One: every task is polled on one
+/// thread and the shared client's loop thread is the other busy one, which leaves a
+/// small machine's remaining CPU to the masters. On the project's 2-vCPU VM two workers
+/// measured no different (64 tasks, 3 s runs alternated: 62-87k cycles/s with one,
+/// 74-81k with two), so the simpler setting stays.
+const TOKIO_WORKERS: usize = 1;
+
+/// Who takes the locks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// `--clients C` threads, each with a single-owner `Redlock` (`--in-flight` per client).
+    Clients,
+    /// `--callers K` threads sharing one `SharedRedlock`.
+    Callers,
+    /// `--tasks K` tokio tasks sharing one `SharedRedlock`.
+    Tasks,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Clients => "clients",
+            Mode::Callers => "callers",
+            Mode::Tasks => "tasks",
+        }
+    }
+}
+
+impl BenchArgs {
+    fn mode(&self) -> Mode {
+        match (self.callers, self.tasks) {
+            (Some(_), _) => Mode::Callers,
+            (_, Some(_)) => Mode::Tasks,
+            _ => Mode::Clients,
+        }
+    }
+
+    /// The threads or tasks that take locks: clients, or the callers / tasks of the shared
+    /// client.
+    fn lockers(&self) -> usize {
+        self.callers.or(self.tasks).unwrap_or(self.clients)
+    }
+
+    /// Locks in flight per client: `--in-flight`, or every caller's through the one shared
+    /// client.
+    fn in_flight(&self) -> usize {
+        match self.mode() {
+            Mode::Clients => self.in_flight,
+            Mode::Callers | Mode::Tasks => self.lockers(),
+        }
+    }
 }
 
 /// Where `--pin` puts the client threads (one CPU each) and the local masters.
@@ -177,7 +257,7 @@ impl ClientResult {
     }
 }
 
-/// State shared by the client threads.
+/// State shared by the client threads (and the shared client's callers or tasks).
 struct Shared {
     epoch: Instant,
     stop: AtomicBool,
@@ -187,15 +267,24 @@ struct Shared {
     counters: Vec<AtomicU64>,
     names: Vec<String>,
     ttl: Duration,
+    /// Clients, or callers / tasks of the shared client (each takes one lock at a time).
     clients: usize,
+    /// Locks per round trip per client (1 for the shared client's callers and tasks).
     in_flight: usize,
 }
 
 pub fn main(args: BenchArgs) -> u8 {
     let clients = args.clients;
-    let resources = args
-        .resources
-        .unwrap_or(clients.saturating_mul(args.in_flight));
+    let resources = match args.mode() {
+        Mode::Clients => args
+            .resources
+            .unwrap_or(clients.saturating_mul(args.in_flight)),
+        Mode::Callers | Mode::Tasks => args.resources.unwrap_or(args.lockers()),
+    };
+    if args.callers == Some(0) || args.tasks == Some(0) {
+        say!("--callers and --tasks must be at least 1");
+        return exit::USAGE;
+    }
     if clients == 0 || resources == 0 || args.in_flight == 0 {
         say!("--clients, --in-flight and --resources must be at least 1");
         return exit::USAGE;
@@ -296,13 +385,14 @@ fn bench(
     resources: usize,
     interrupted: &AtomicBool,
 ) -> u8 {
-    let build = || {
+    let builder = || {
         let mut b = Redlock::builder().masters(urls).busy_poll(args.busy_poll);
         if let Some(t) = args.round_timeout {
             b = b.node_timeout(t);
         }
-        b.build()
+        b
     };
+    let build = || builder().build();
     // One client up front checks the configuration and names the masters.
     let probe = match build() {
         Ok(c) => c,
@@ -324,6 +414,7 @@ fn bench(
             .map(|d| d.as_micros())
             .unwrap_or(0)
     );
+    let mode = args.mode();
     let shared = Arc::new(Shared {
         epoch: Instant::now(),
         stop: AtomicBool::new(false),
@@ -333,23 +424,74 @@ fn bench(
             .map(|r| format!("redlock-bench:{run_id}:{r}"))
             .collect(),
         ttl: args.ttl,
-        clients: args.clients,
-        in_flight: args.in_flight,
+        clients: args.lockers(),
+        in_flight: if mode == Mode::Clients {
+            args.in_flight
+        } else {
+            1
+        },
     });
-    let barrier = Arc::new(Barrier::new(args.clients + 1));
-    let mut handles = Vec::with_capacity(args.clients);
-    for id in 0..args.clients {
-        let shared = shared.clone();
-        let barrier = barrier.clone();
-        let client = build();
-        let cpu = pinning.map(|p| p.clients[id]);
-        handles.push(
-            thread::Builder::new()
-                .name(format!("bench-client-{id}"))
-                .spawn(move || client_thread(id, cpu, client, &shared, &barrier))
-                .expect("spawn a client thread"),
-        );
+    // The shared client of --callers / --tasks: one handle, cloned for every caller.
+    let shared_client = match mode {
+        Mode::Clients => None,
+        Mode::Callers | Mode::Tasks => match builder().build_shared() {
+            Ok(c) => Some(c),
+            Err(e) => {
+                say!("{e}");
+                return crate::run::error_code(&e);
+            }
+        },
+    };
+    // Who meets at the start line besides this thread: every client or caller thread, or
+    // the one thread that drives the tasks' runtime.
+    let starters = match mode {
+        Mode::Clients | Mode::Callers => args.lockers(),
+        Mode::Tasks => 1,
+    };
+    let barrier = Arc::new(Barrier::new(starters + 1));
+    let mut handles = Vec::with_capacity(starters);
+    match (mode, &shared_client) {
+        (Mode::Callers, Some(client)) => {
+            for id in 0..args.lockers() {
+                let shared = shared.clone();
+                let barrier = barrier.clone();
+                let client = client.clone();
+                handles.push(
+                    thread::Builder::new()
+                        .name(format!("bench-caller-{id}"))
+                        .spawn(move || caller_thread(id, &client, &shared, &barrier))
+                        .expect("spawn a caller thread"),
+                );
+            }
+        }
+        (Mode::Tasks, Some(client)) => {
+            let shared = shared.clone();
+            let barrier = barrier.clone();
+            let client = client.clone();
+            handles.push(
+                thread::Builder::new()
+                    .name("bench-tasks".into())
+                    .spawn(move || tasks_thread(&client, &shared, &barrier))
+                    .expect("spawn the tasks' thread"),
+            );
+        }
+        _ => {
+            for id in 0..args.clients {
+                let shared = shared.clone();
+                let barrier = barrier.clone();
+                let client = build();
+                let cpu = pinning.map(|p| p.clients[id]);
+                handles.push(
+                    thread::Builder::new()
+                        .name(format!("bench-client-{id}"))
+                        .spawn(move || client_thread(id, cpu, client, &shared, &barrier))
+                        .expect("spawn a client thread"),
+                );
+            }
+        }
     }
+    // The callers hold clones; the loop thread stops once the last is gone.
+    drop(shared_client);
     if let Some(p) = pinning {
         // Keep this thread's progress-bar wake-ups off the clients' CPUs. Only a nicety:
         // the measurement does not depend on it.
@@ -388,6 +530,7 @@ fn bench(
         }
     }
     let elapsed = t0.elapsed();
+    // Includes the shared client's loop thread and the tasks' runtime workers.
     let usage1 = getrusage(UsageWho::RUSAGE_SELF).ok();
     bar.finish_and_clear();
 
@@ -406,7 +549,7 @@ fn bench(
     if let Some(e) = setup_error {
         say!("{e}");
         return match e {
-            SetupError::Pin(_) => exit::OSERR,
+            SetupError::Pin(_) | SetupError::Runtime(_) => exit::OSERR,
             SetupError::Lock(_) => exit::UNAVAILABLE,
         };
     }
@@ -495,6 +638,8 @@ enum SetupError {
     Pin(String),
     /// No client, or the warm-up locks failed.
     Lock(String),
+    /// `--tasks`: the tokio runtime could not start.
+    Runtime(String),
 }
 
 impl std::fmt::Display for SetupError {
@@ -502,6 +647,7 @@ impl std::fmt::Display for SetupError {
         match self {
             SetupError::Pin(e) => write!(f, "--pin: {e}"),
             SetupError::Lock(e) => write!(f, "cannot lock on the masters: {e}"),
+            SetupError::Runtime(e) => write!(f, "--tasks: cannot start the tokio runtime: {e}"),
         }
     }
 }
@@ -557,6 +703,196 @@ fn client_thread(
     Ok(out)
 }
 
+/// A `--callers` thread: warm up on a key of its own, then loop lock / release through
+/// the shared handle.
+fn caller_thread(
+    id: usize,
+    client: &SharedRedlock,
+    shared: &Shared,
+    barrier: &Barrier,
+) -> Result<ClientResult, SetupError> {
+    let mut out = ClientResult::new(shared.names.len());
+    let warm = format!("{}:warmup:{id}", shared.names[0]);
+    let mut warm_error = None;
+    for _ in 0..20 {
+        if let Err(e) = client
+            .try_lock(&warm, shared.ttl)
+            .wait()
+            .and_then(|g| g.release().wait())
+        {
+            warm_error = Some(e.to_string());
+            break;
+        }
+    }
+    barrier.wait();
+    if let Some(e) = warm_error {
+        return Err(SetupError::Lock(e));
+    }
+    run_caller(id, client, shared, &mut out);
+    Ok(out)
+}
+
+/// One lock at a time through the shared client, blocking on each result: `try_lock`
+/// (retried at once while taken), critical section, `release`.
+fn run_caller(id: usize, client: &SharedRedlock, shared: &Shared, out: &mut ClientResult) {
+    let mut k = 0usize;
+    'run: while !shared.stop.load(Ordering::Relaxed) {
+        let r = resource_for(shared, id, 0, k);
+        k = k.wrapping_add(1);
+        let name = &shared.names[r];
+        let t0 = Instant::now();
+        let guard = loop {
+            match client.try_lock(name, shared.ttl).wait() {
+                Ok(guard) => break guard,
+                Err(Error::Taken(_)) => out.refused += 1,
+                Err(e) => {
+                    out.error(&e);
+                    thread::sleep(Duration::from_millis(1));
+                }
+            }
+            if shared.stop.load(Ordering::Relaxed) {
+                break 'run;
+            }
+            out.retried += 1;
+            thread::yield_now();
+        };
+        let granted = Instant::now();
+        out.acquired += 1;
+        out.grants[r] += 1;
+        out.acquire.saturating_record(micros(granted - t0).max(1));
+        critical_section(&shared.counters[r]);
+
+        let release_start = Instant::now();
+        record_hold(shared, out, r, granted, release_start, guard.valid_until());
+        let released = guard.release().wait();
+        let done = Instant::now();
+        if let Err(e) = released {
+            out.error(&e);
+        }
+        out.release
+            .saturating_record(micros(done - release_start).max(1));
+        out.cycle.saturating_record(micros(done - t0).max(1));
+        out.cycles += 1;
+        shared.cycles.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The `--tasks` thread: builds the runtime, runs the tasks' warm-up, meets the others
+/// at the start line, then runs the tasks to the end and merges what they measured.
+fn tasks_thread(
+    client: &SharedRedlock,
+    shared: &Arc<Shared>,
+    barrier: &Barrier,
+) -> Result<ClientResult, SetupError> {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(TOKIO_WORKERS)
+        .thread_name("bench-tokio")
+        .enable_time()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            barrier.wait();
+            return Err(SetupError::Runtime(e.to_string()));
+        }
+    };
+    let tasks = shared.clients;
+    // Warm up (connections, scripts, the runtime's threads) outside the measurement.
+    let warm_error = rt.block_on(async {
+        let mut set = tokio::task::JoinSet::new();
+        for id in 0..tasks {
+            let client = client.clone();
+            let warm = format!("{}:warmup:{id}", shared.names[0]);
+            let ttl = shared.ttl;
+            set.spawn(async move {
+                for _ in 0..20 {
+                    let guard = client.try_lock(&warm, ttl).await?;
+                    guard.release().await?;
+                }
+                Ok::<(), Error>(())
+            });
+        }
+        let mut first = None;
+        while let Some(r) = set.join_next().await {
+            match r {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => first = first.or(Some(e.to_string())),
+                Err(e) => std::panic::resume_unwind(e.into_panic()),
+            }
+        }
+        first
+    });
+    barrier.wait();
+    if let Some(e) = warm_error {
+        return Err(SetupError::Lock(e));
+    }
+    let total = rt.block_on(async {
+        let mut set = tokio::task::JoinSet::new();
+        for id in 0..tasks {
+            let client = client.clone();
+            let shared = shared.clone();
+            set.spawn(async move {
+                let mut out = ClientResult::new(shared.names.len());
+                run_task(id, &client, &shared, &mut out).await;
+                out
+            });
+        }
+        let mut total = ClientResult::new(shared.names.len());
+        while let Some(r) = set.join_next().await {
+            match r {
+                Ok(out) => total.merge(out),
+                Err(e) => std::panic::resume_unwind(e.into_panic()),
+            }
+        }
+        total
+    });
+    Ok(total)
+}
+
+/// [`run_caller`] as a task: the same loop, awaiting each result.
+async fn run_task(id: usize, client: &SharedRedlock, shared: &Shared, out: &mut ClientResult) {
+    let mut k = 0usize;
+    'run: while !shared.stop.load(Ordering::Relaxed) {
+        let r = resource_for(shared, id, 0, k);
+        k = k.wrapping_add(1);
+        let name = &shared.names[r];
+        let t0 = Instant::now();
+        let guard = loop {
+            match client.try_lock(name, shared.ttl).await {
+                Ok(guard) => break guard,
+                Err(Error::Taken(_)) => out.refused += 1,
+                Err(e) => {
+                    out.error(&e);
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+            if shared.stop.load(Ordering::Relaxed) {
+                break 'run;
+            }
+            out.retried += 1;
+            tokio::task::yield_now().await;
+        };
+        let granted = Instant::now();
+        out.acquired += 1;
+        out.grants[r] += 1;
+        out.acquire.saturating_record(micros(granted - t0).max(1));
+        critical_section_async(&shared.counters[r]).await;
+
+        let release_start = Instant::now();
+        record_hold(shared, out, r, granted, release_start, guard.valid_until());
+        let released = guard.release().await;
+        let done = Instant::now();
+        if let Err(e) = released {
+            out.error(&e);
+        }
+        out.release
+            .saturating_record(micros(done - release_start).max(1));
+        out.cycle.saturating_record(micros(done - t0).max(1));
+        out.cycles += 1;
+        shared.cycles.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// The resource of client `id`'s slot `slot` in its `k`-th cycle: with one resource per
 /// slot (the default) every slot keeps its own; with fewer, slots share (contention).
 fn resource_for(shared: &Shared, id: usize, slot: usize, k: usize) -> usize {
@@ -569,6 +905,16 @@ fn critical_section(counter: &AtomicU64) {
     let v = counter.load(Ordering::Relaxed);
     std::hint::black_box(v);
     thread::yield_now();
+    counter.store(v + 1, Ordering::Relaxed);
+}
+
+/// [`critical_section`] for a task: it yields to the runtime between the load and the
+/// store, so that other tasks on the same worker thread run in between (a thread yield
+/// would not let them).
+async fn critical_section_async(counter: &AtomicU64) {
+    let v = counter.load(Ordering::Relaxed);
+    std::hint::black_box(v);
+    tokio::task::yield_now().await;
     counter.store(v + 1, Ordering::Relaxed);
 }
 
@@ -819,6 +1165,7 @@ impl Report<'_> {
 
     fn json(&self) -> serde_json::Value {
         let t = self.total;
+        let mode = self.args.mode();
         let cpu = self.cpu.map(|(u, s)| {
             serde_json::json!({
                 "user": (self.per_cycle(u) * 10.0).round() / 10.0,
@@ -834,8 +1181,12 @@ impl Report<'_> {
                 "master_cpus": p.masters,
             })),
             "quorum": self.quorum,
-            "clients": self.args.clients,
-            "in_flight": self.args.in_flight,
+            "mode": mode.name(),
+            "shared_client": mode != Mode::Clients,
+            "clients": if mode == Mode::Clients { self.args.clients } else { 1 },
+            "callers": (mode != Mode::Clients).then(|| self.args.lockers()),
+            "tokio_worker_threads": (mode == Mode::Tasks).then_some(TOKIO_WORKERS),
+            "in_flight": self.args.in_flight(),
             "resources": self.resources,
             "ttl_ms": self.args.ttl.as_millis() as u64,
             "round_timeout_ms": self.round_timeout.as_secs_f64() * 1000.0,
@@ -870,13 +1221,29 @@ impl Report<'_> {
     fn print(&self) {
         let t = self.total;
         let a = self.args;
+        let k = a.lockers();
+        let who = match a.mode() {
+            Mode::Clients if a.in_flight > 1 => format!(
+                "{k} client{} x {} in flight",
+                if k == 1 { "" } else { "s" },
+                a.in_flight
+            ),
+            Mode::Clients => format!("{k} client{}", if k == 1 { "" } else { "s" }),
+            Mode::Callers => format!(
+                "{k} thread{} sharing one SharedRedlock",
+                if k == 1 { "" } else { "s" }
+            ),
+            Mode::Tasks => format!(
+                "{k} tokio task{} sharing one SharedRedlock ({TOKIO_WORKERS} worker thread{})",
+                if k == 1 { "" } else { "s" },
+                if TOKIO_WORKERS == 1 { "" } else { "s" }
+            ),
+        };
         println!(
-            "redlock bench: {} {}masters (quorum {}), {} client{}, {} resource{}, ttl {}, {:.2} s{}",
+            "redlock bench: {} {}masters (quorum {}), {who}, {} resource{}, ttl {}, {:.2} s{}",
             self.masters.len(),
             if self.local { "local " } else { "" },
             self.quorum,
-            a.clients,
-            if a.clients == 1 { "" } else { "s" },
             self.resources,
             if self.resources == 1 { "" } else { "s" },
             humantime::format_duration(a.ttl),
@@ -890,8 +1257,10 @@ impl Report<'_> {
                 cpu_list(&p.clients),
                 cpu_list(&p.masters)
             );
-        } else if self.local {
+        } else if self.local && a.mode() == Mode::Clients {
             println!("unpinned: clients and masters on any CPU (--pin to pin)");
+        } else if self.local {
+            println!("unpinned: callers, the shared client's loop thread and masters on any CPU");
         }
         println!();
         print!("{:<10}", "latency");
@@ -1014,5 +1383,31 @@ mod tests {
             }
         });
         assert!(counter.load(Ordering::SeqCst) < threads * per_thread);
+    }
+
+    #[test]
+    fn the_async_critical_section_loses_updates_without_a_lock() {
+        // The same for --tasks: tasks on one worker thread interleave at the yield.
+        let counter = Arc::new(AtomicU64::new(0));
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(TOKIO_WORKERS)
+            .build()
+            .unwrap();
+        let (tasks, per_task) = (4u64, 1000u64);
+        rt.block_on(async {
+            let mut set = tokio::task::JoinSet::new();
+            for _ in 0..tasks {
+                let counter = counter.clone();
+                set.spawn(async move {
+                    for _ in 0..per_task {
+                        critical_section_async(&counter).await;
+                    }
+                });
+            }
+            while let Some(r) = set.join_next().await {
+                r.unwrap();
+            }
+        });
+        assert!(counter.load(Ordering::SeqCst) < tasks * per_task);
     }
 }
