@@ -221,6 +221,16 @@ impl Machine {
         for k in keys {
             t.keys.push(k);
         }
+        #[cfg(feature = "tracing")]
+        {
+            t.span = tracing::debug_span!(
+                "redlock_mux::lock",
+                resource = %String::from_utf8_lossy(t.keys.iter().next().unwrap_or_default()),
+                resources = t.keys.len(),
+                ttl_ms = ttl.as_millis() as u64,
+                retries
+            );
+        }
         t.deadline = deadline;
         t.retries = retries;
         self.start_attempt(id, now);
@@ -262,6 +272,15 @@ impl Machine {
         let t = &mut self.tasks[id.slot as usize];
         t.begin(kind, ttl, now);
         t.keys.assign(&lock.keys);
+        #[cfg(feature = "tracing")]
+        {
+            t.span = tracing::debug_span!(
+                "redlock_mux::on_lock",
+                op = ?kind,
+                resource = %String::from_utf8_lossy(t.keys.iter().next().unwrap_or_default()),
+                ttl_ms = ttl.as_millis() as u64
+            );
+        }
         t.token = lock.token;
         t.valid_until = lock.valid_until;
         self.start_round_on_lock(id, now);
@@ -343,6 +362,11 @@ impl Machine {
     /// Record a task's result.
     fn finish(&mut self, id: TaskId, result: Result<Done, Error>) {
         let t = &mut self.tasks[id.slot as usize];
+        #[cfg(feature = "tracing")]
+        match &result {
+            Ok(done) => tracing::debug!(parent: &t.span, attempts = t.attempt, ?done, "done"),
+            Err(error) => tracing::debug!(parent: &t.span, attempts = t.attempt, %error, "failed"),
+        }
         t.result = Some(result);
         t.phase = task::Phase::Done;
         if self.track_finished {

@@ -79,6 +79,9 @@ pub(super) struct Task {
     /// The previous attempt's report (for a deadline that cut the last round short).
     last: Option<Box<Report>>,
     pub result: Option<Result<Done, Error>>,
+    /// The operation's span (`tracing` feature).
+    #[cfg(feature = "tracing")]
+    pub span: tracing::Span,
 }
 
 impl Task {
@@ -104,6 +107,8 @@ impl Task {
             cancelled: false,
             last: None,
             result: None,
+            #[cfg(feature = "tracing")]
+            span: tracing::Span::none(),
         }
     }
 
@@ -214,6 +219,19 @@ impl Machine {
         let (phase, ttl, t1, cancelled) = (t.phase, t.ttl, t.t1, t.cancelled);
         let o = self.engine.op(op);
         let decided_at = o.decided_at;
+        #[cfg(feature = "tracing")]
+        {
+            let span = &self.tasks[id.slot as usize].span;
+            for (i, outcome) in o.tally.outcomes().iter().enumerate() {
+                tracing::trace!(
+                    parent: span,
+                    master = &*self.engine.nodes[i].name,
+                    request = ?o.req,
+                    %outcome,
+                    "answer"
+                );
+            }
+        }
         match phase {
             Phase::Acquire => {
                 let verdict = rules::judge_acquire(
