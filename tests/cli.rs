@@ -1038,3 +1038,113 @@ fn run_keeps_the_lock_until_background_jobs_of_the_command_exit() {
     assert_eq!(status.code(), Some(0), "stderr: {err}");
     assert_eq!(holders(&m, key), vec![None, None, None]);
 }
+
+/// Wait (bounded) until the gated command of `run` created `started`; panic with
+/// redlock's stderr (piped) if redlock exits first.
+fn await_start(run: &mut Child, s: &Scratch) {
+    let mut exited = None;
+    eventually("the command to start", Duration::from_secs(10), || {
+        exited = run.try_wait().expect("try_wait");
+        s.path("started").exists() || exited.is_some()
+    });
+    if let Some(status) = exited {
+        if !s.path("started").exists() {
+            panic!(
+                "redlock exited ({status}) before the command started: {}",
+                take_stderr(run)
+            );
+        }
+    }
+}
+
+/// `PTTL key` on master `i`, in ms.
+fn pttl(m: &LocalMasters, i: usize, key: &str) -> i64 {
+    match m[i].cmd(&[b"PTTL", key.as_bytes()]).expect("PTTL") {
+        AdminReply::Int(ms) => ms,
+        other => panic!("PTTL {key}: {other:?}"),
+    }
+}
+
+#[test]
+fn durations_take_bare_seconds_like_flock_and_humantime_forms() {
+    let m = masters(3);
+    let s = Scratch::new();
+    let key = "cli:durations";
+    // `--ttl 2` is two seconds (fractions too: `--wait 0.5`), like `flock -w 10`.
+    let mut holder = redlock(
+        Some(&m),
+        &["run", "--ttl", "2", "-w", "10", key, "--", "sh", "-c"],
+    )
+    .arg(gated(&s, "exit 0"))
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("spawn redlock run");
+    let _run = KillOnDrop(holder.id());
+    await_start(&mut holder, &s);
+    let ms = pttl(&m, 0, key);
+    assert!(0 < ms && ms <= 2000, "--ttl 2 gave PTTL {ms} ms");
+
+    // The lock is held: `-w 0.5` waits, then gives up (the library's retry loop gives up
+    // once its next retry delay, 100..300 ms, would pass the deadline: after 200 ms at
+    // least; `-w 0` would not wait at all).
+    let started = Instant::now();
+    let out = output(
+        redlock(Some(&m), &["run", "-w", "0.5", key, "--", "true"]),
+        Duration::from_secs(10),
+    );
+    assert_eq!(code(&out), 1, "stderr: {}", stderr(&out));
+    assert!(
+        started.elapsed() >= Duration::from_millis(200),
+        "-w 0.5 gave up after {:?}",
+        started.elapsed()
+    );
+    // humantime forms still work, `1.5s` and `1m30s` included.
+    let out = output(
+        redlock(
+            Some(&m),
+            &[
+                "run",
+                "-w",
+                "250ms",
+                "--ttl",
+                "1m30s",
+                "--kill-grace",
+                "1.5s",
+                key,
+                "--",
+                "true",
+            ],
+        ),
+        Duration::from_secs(10),
+    );
+    assert_eq!(code(&out), 1, "stderr: {}", stderr(&out));
+    let out = output(
+        redlock(Some(&m), &["status", "--timeout", "0.25", key]),
+        Duration::from_secs(10),
+    );
+    assert_eq!(code(&out), 0, "stderr: {}", stderr(&out));
+
+    std::fs::write(s.path("go"), b"").unwrap();
+    let status = wait_exit(&mut holder, Duration::from_secs(10));
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "stderr: {}",
+        take_stderr(&mut holder)
+    );
+
+    // A bad duration is a usage error whose hint shows forms that work.
+    for bad in ["10x", "soon", "-1", "1e3", "0.5.1", ""] {
+        let wait = format!("--wait={bad}");
+        let out = output(
+            redlock(Some(&m), &["run", &wait, key, "--", "true"]),
+            Duration::from_secs(10),
+        );
+        assert_eq!(code(&out), 64, "-w {bad}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(
+            err.contains("30s") && err.contains("0.5") && !err.contains("0sec"),
+            "-w {bad}: {err}"
+        );
+    }
+}
