@@ -1148,3 +1148,35 @@ fn durations_take_bare_seconds_like_flock_and_humantime_forms() {
         );
     }
 }
+
+#[test]
+fn help_never_shows_the_masters_from_the_environment() {
+    // REDLOCK_MASTERS holds passwords: `--help` names the variable, never its value.
+    let m = LocalMasters::start_with(3, &["--requirepass", "s3cret-in-env"])
+        .expect("start 3 redis-server masters with a password");
+    assert!(m.urls()[0].contains("s3cret-in-env"), "{:?}", m.urls());
+    for sub in [
+        &["run", "--help"][..],
+        &["status", "--help"],
+        &["bench", "--help"],
+        &["--help"],
+    ] {
+        let out = output(redlock(Some(&m), sub), Duration::from_secs(10));
+        assert_eq!(code(&out), 0, "{sub:?}: {}", stderr(&out));
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            !help.contains("s3cret-in-env"),
+            "{sub:?} shows the password:\n{help}"
+        );
+        for port in m.iter().map(|x| format!("127.0.0.1:{}", x.port())) {
+            assert!(!help.contains(&port), "{sub:?} shows the masters:\n{help}");
+        }
+        if sub[0] != "--help" {
+            assert!(help.contains("REDLOCK_MASTERS"), "{sub:?}:\n{help}");
+        }
+    }
+    // Usage errors do not show it either.
+    let out = output(redlock(Some(&m), &["run"]), Duration::from_secs(10));
+    assert_eq!(code(&out), 64, "{}", stderr(&out));
+    assert!(!stderr(&out).contains("s3cret-in-env"), "{}", stderr(&out));
+}

@@ -90,11 +90,13 @@ enum Command {
 pub struct MasterArgs {
     /// Redis masters, comma separated; repeatable. An odd number, 3 or more, each
     /// independent (not replicas of each other).
+    // `hide_env_values`: the URLs may hold passwords; `--help` names the variable only.
     #[arg(
         short,
         long = "masters",
         value_name = "URLS",
         env = "REDLOCK_MASTERS",
+        hide_env_values = true,
         value_delimiter = ','
     )]
     masters: Vec<String>,
