@@ -1180,3 +1180,74 @@ fn help_never_shows_the_masters_from_the_environment() {
     assert_eq!(code(&out), 64, "{}", stderr(&out));
     assert!(!stderr(&out).contains("s3cret-in-env"), "{}", stderr(&out));
 }
+
+/// `run ARGS` to completion (bounded), with the command's stdout captured.
+fn run_out(m: &LocalMasters, args: &[&str]) -> Output {
+    let mut all = vec!["run"];
+    all.extend_from_slice(args);
+    output(redlock(Some(m), &all), Duration::from_secs(15))
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn run_takes_the_command_with_or_without_a_double_dash_like_flock() {
+    let m = masters(3);
+    let key = "cli:argv";
+    // flock FILE COMMAND...: the first word after RESOURCE starts COMMAND, and every option
+    // after it is COMMAND's (`-n` is not redlock's --no-wait here, `--` is printf's).
+    let out = run_out(&m, &[key, "printf", "%s|", "-n", "--", "-c", "x"]);
+    assert_eq!(code(&out), 0, "stderr: {}", stderr(&out));
+    assert_eq!(stdout(&out), "-n|--|-c|x|");
+    // redlock's options before RESOURCE, or between it and COMMAND.
+    let out = run_out(&m, &["-n", "--ttl", "5", key, "printf", "%s|", "a"]);
+    assert_eq!(code(&out), 0, "stderr: {}", stderr(&out));
+    assert_eq!(stdout(&out), "a|");
+    let out = run_out(&m, &[key, "--ttl", "5", "-n", "printf", "%s|", "b"]);
+    assert_eq!(code(&out), 0, "stderr: {}", stderr(&out));
+    assert_eq!(stdout(&out), "b|");
+    // `--` still works, and lets COMMAND start with a dash.
+    let out = run_out(&m, &[key, "--", "printf", "%s|", "-n", "--"]);
+    assert_eq!(code(&out), 0, "stderr: {}", stderr(&out));
+    assert_eq!(stdout(&out), "-n|--|");
+    let out = run_out(&m, &[key, "--", "-not-a-command"]);
+    assert_eq!(code(&out), 127, "stderr: {}", stderr(&out));
+    // No COMMAND at all is a usage error.
+    for args in [&[key][..], &[key, "--"]] {
+        let out = run_out(&m, args);
+        assert_eq!(code(&out), 64, "{args:?}: {}", stderr(&out));
+    }
+    assert_eq!(holders(&m, key), vec![None, None, None]);
+}
+
+#[test]
+fn run_dash_c_passes_one_command_to_the_shell_like_flock() {
+    let m = masters(3);
+    let key = "cli:dash-c";
+    let out = run_out(&m, &[key, "-c", "echo \"$((6 * 7))\" | tr 4 x; exit 3"]);
+    assert_eq!(code(&out), 3, "stderr: {}", stderr(&out));
+    assert_eq!(stdout(&out), "x2\n");
+    // Long form, before RESOURCE; the lock is held while it runs.
+    let s = Scratch::new();
+    let mut run = redlock(
+        Some(&m),
+        &["run", "--command", &gated(&s, "exit 5"), "-n", key],
+    )
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("spawn redlock run");
+    let _run = KillOnDrop(run.id());
+    await_start(&mut run, &s);
+    assert!(holders(&m, key).iter().all(Option::is_some));
+    std::fs::write(s.path("go"), b"").unwrap();
+    let status = wait_exit(&mut run, Duration::from_secs(10));
+    assert_eq!(status.code(), Some(5), "stderr: {}", take_stderr(&mut run));
+    // -c and a COMMAND together are a usage error; so is -c without RESOURCE.
+    for args in [&[key, "-c", "true", "false"][..], &["-c", "true"]] {
+        let out = run_out(&m, args);
+        assert_eq!(code(&out), 64, "{args:?}: {}", stderr(&out));
+    }
+    assert_eq!(holders(&m, key), vec![None, None, None]);
+}

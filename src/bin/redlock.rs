@@ -69,7 +69,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run a command while holding a lock (a distributed flock for cron jobs and scripts).
-    #[command(after_help = run::AFTER_HELP)]
+    #[command(after_help = run::AFTER_HELP, override_usage = run::USAGE)]
     Run(run::RunArgs),
     /// Measure lock+unlock latency and throughput, and check mutual exclusion.
     #[command(after_help = bench::AFTER_HELP)]

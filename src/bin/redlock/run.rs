@@ -39,6 +39,10 @@ use crate::child::{self, Watchdog};
 use crate::common::{exit, human_duration, say};
 use crate::{duration, MasterArgs};
 
+pub const USAGE: &str = "\
+redlock run [OPTIONS] RESOURCE [--] COMMAND [ARGS]...
+       redlock run [OPTIONS] RESOURCE -c CMD";
+
 pub const AFTER_HELP: &str = "\
 How it works:
   Takes the lock (waiting up to --wait), runs COMMAND in its own process group, extends the
@@ -140,11 +144,27 @@ pub struct RunArgs {
     /// Report acquire, extend and release on stderr.
     #[arg(short, long)]
     verbose: bool,
+    /// Pass a single command to the shell: run `sh -c CMD` (like `flock -c`).
+    #[arg(
+        short = 'c',
+        long = "command",
+        value_name = "CMD",
+        conflicts_with = "command"
+    )]
+    shell_command: Option<OsString>,
     /// The lock's name (the Redis key).
     #[arg(value_name = "RESOURCE")]
     resource: String,
-    /// The command to run, and its arguments, after `--`.
-    #[arg(last = true, required = true, num_args = 1.., value_name = "COMMAND")]
+    /// The command to run, and its arguments. It starts at the first word after RESOURCE
+    /// (or after `--`): every word from there on, options included, is COMMAND's.
+    // `trailing_var_arg`: once COMMAND started, clap parses nothing more, a `--` included;
+    // without `allow_hyphen_values`, options between RESOURCE and COMMAND are redlock's.
+    #[arg(
+        trailing_var_arg = true,
+        num_args = 1..,
+        value_name = "COMMAND",
+        required_unless_present = "shell_command"
+    )]
     command: Vec<OsString>,
 }
 
@@ -152,6 +172,14 @@ pub struct RunArgs {
 const POLL: Duration = Duration::from_millis(50);
 
 impl RunArgs {
+    /// The program and arguments to run: COMMAND, or `sh -c CMD`.
+    fn argv(&self) -> Vec<OsString> {
+        match &self.shell_command {
+            Some(cmd) => vec!["sh".into(), "-c".into(), cmd.clone()],
+            None => self.command.clone(),
+        }
+    }
+
     /// `--kill-grace`, or its default: 5 s, or a sixth of the TTL if that is less.
     fn kill_grace(&self) -> Duration {
         self.kill_grace
@@ -369,7 +397,7 @@ fn hold_and_run(args: &RunArgs, client: &mut Redlock, job: &Mutex<Job>, rx: Rece
     // a Ctrl-Z sees the group either not yet or fully registered.
     let spawned = {
         let mut job = lock_job(job);
-        child::spawn_command(&args.command).map(|c| {
+        child::spawn_command(&args.argv()).map(|c| {
             let leader = Pid::from_raw(c.id() as i32);
             job.group = Some(leader);
             job.held = true;
