@@ -1251,3 +1251,78 @@ fn run_dash_c_passes_one_command_to_the_shell_like_flock() {
     }
     assert_eq!(holders(&m, key), vec![None, None, None]);
 }
+
+/// Start `run EXTRA KEY -c SCRIPT`, where SCRIPT writes the lock variables of its
+/// environment to a file, then waits on the gate; return them (and the holders of the key
+/// while the command runs) once it has exited 0.
+fn lock_env(
+    m: &LocalMasters,
+    key: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (Vec<String>, Vec<Option<Vec<u8>>>) {
+    let s = Scratch::new();
+    let script = format!(
+        "printf '%s\\n' \"${{REDLOCK_RESOURCE-unset}}\" \"${{REDLOCK_TOKEN-unset}}\" \
+         \"${{REDLOCK_FENCING_TOKEN-unset}}\" > '{env}'; {gate}",
+        env = s.file("env"),
+        gate = gated(&s, "exit 0")
+    );
+    let mut run = redlock(Some(m), &["run"]);
+    run.args(extra)
+        .args([key, "-c", &script])
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        run.env(k, v);
+    }
+    let mut run = run.spawn().expect("spawn redlock run");
+    let _run = KillOnDrop(run.id());
+    await_start(&mut run, &s);
+    let held = holders(m, key);
+    std::fs::write(s.path("go"), b"").unwrap();
+    let status = wait_exit(&mut run, Duration::from_secs(10));
+    assert_eq!(status.code(), Some(0), "stderr: {}", take_stderr(&mut run));
+    let vars = std::fs::read_to_string(s.path("env")).expect("the command's variables");
+    (vars.lines().map(str::to_string).collect(), held)
+}
+
+#[test]
+fn run_gives_the_command_the_resource_and_the_token_in_its_environment() {
+    let m = masters(3);
+    let key = "cli:env";
+    // A REDLOCK_FENCING_TOKEN from an outer run does not leak into a run without fencing.
+    let (vars, held) = lock_env(
+        &m,
+        key,
+        &["-n"],
+        &[("REDLOCK_FENCING_TOKEN", "99"), ("REDLOCK_TOKEN", "outer")],
+    );
+    let token = held[0].clone().expect("held while the command ran");
+    assert_eq!(vars[0], key);
+    assert_eq!(
+        vars[1].as_bytes(),
+        &token[..],
+        "REDLOCK_TOKEN is the lock's token"
+    );
+    assert_eq!(vars[2], "unset", "REDLOCK_FENCING_TOKEN without --fencing");
+    assert_eq!(holders(&m, key), vec![None, None, None]);
+}
+
+#[test]
+fn run_fencing_gives_the_command_an_increasing_fencing_token() {
+    // Fencing needs masters that persist every write.
+    let m = LocalMasters::start_with(3, &["--appendonly", "yes", "--appendfsync", "always"])
+        .expect("start 3 durable redis-server masters");
+    let key = "cli:fencing";
+    let mut last = 0u64;
+    for _ in 0..2 {
+        let (vars, held) = lock_env(&m, key, &["--fencing"], &[]);
+        assert_eq!(vars[0], key);
+        assert_eq!(vars[1].as_bytes(), &held[0].clone().expect("held")[..]);
+        let fence: u64 = vars[2]
+            .parse()
+            .unwrap_or_else(|_| panic!("REDLOCK_FENCING_TOKEN {:?}", vars[2]));
+        assert!(fence > last, "fencing token {fence} after {last}");
+        last = fence;
+    }
+}

@@ -137,6 +137,10 @@ pub struct RunArgs {
     /// gets no quorum in time is retried until the lost margin (see below).
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     round_timeout: Option<Duration>,
+    /// Take the lock with a fencing token, passed to COMMAND as REDLOCK_FENCING_TOKEN.
+    /// Needs masters with `appendonly yes` and `appendfsync always` (others get no vote).
+    #[arg(long)]
+    fencing: bool,
     /// Say nothing when the lock is held by someone else (cron mails stay quiet); other
     /// errors are still reported.
     #[arg(short, long, conflicts_with = "verbose")]
@@ -270,6 +274,7 @@ pub fn main(args: RunArgs) -> u8 {
         .node_timeout(round_timeout)
         // `--wait` bounds the retries, not a count.
         .retry_count(u32::MAX)
+        .fencing(args.fencing)
         .build()
     {
         Ok(c) => c,
@@ -360,8 +365,10 @@ fn hold_and_run(args: &RunArgs, client: &mut Redlock, job: &Mutex<Job>, rx: Rece
     };
     if args.verbose {
         say!(
-            "acquired {resource} (token {}…, validity {}) after {}",
+            "acquired {resource} (token {}…{}, validity {}) after {}",
             lock.token().short(),
+            lock.fencing_token()
+                .map_or_else(String::new, |f| format!(", fencing token {f}")),
             human_duration(lock.remaining()),
             human_duration(started.elapsed())
         );
@@ -395,9 +402,15 @@ fn hold_and_run(args: &RunArgs, client: &mut Redlock, job: &Mutex<Job>, rx: Rece
     // Spawned on this (the main) thread, which lives as long as redlock: the helper's
     // parent-death signal fires when the spawning thread ends. Under the job lock, so that
     // a Ctrl-Z sees the group either not yet or fully registered.
+    // Variables of ours that COMMAND must not inherit from an outer run.
+    let unset: &[&str] = if lock.fencing_token().is_some() {
+        &[]
+    } else {
+        &[ENV_FENCING_TOKEN]
+    };
     let spawned = {
         let mut job = lock_job(job);
-        child::spawn_command(&args.argv()).map(|c| {
+        child::spawn_command(&args.argv(), &command_env(args, &lock), unset).map(|c| {
             let leader = Pid::from_raw(c.id() as i32);
             job.group = Some(leader);
             job.held = true;
@@ -728,6 +741,26 @@ impl Supervisor<'_> {
             thread::sleep(Duration::from_millis(10));
         }
     }
+}
+
+/// COMMAND's environment variables that name its lock.
+const ENV_RESOURCE: &str = "REDLOCK_RESOURCE";
+const ENV_TOKEN: &str = "REDLOCK_TOKEN";
+const ENV_FENCING_TOKEN: &str = "REDLOCK_FENCING_TOKEN";
+
+/// What COMMAND is told about its lock: the resource, the token (a capability: with it,
+/// anyone can release or extend the lock), and the fencing token with `--fencing`. No
+/// validity deadline: an environment is fixed at exec, the validity moves with every
+/// extension, and `run` ends COMMAND itself before the lock can expire.
+fn command_env(args: &RunArgs, lock: &Lock) -> Vec<(&'static str, OsString)> {
+    let mut env = vec![
+        (ENV_RESOURCE, OsString::from(&args.resource)),
+        (ENV_TOKEN, OsString::from(lock.token().as_str())),
+    ];
+    if let Some(fence) = lock.fencing_token() {
+        env.push((ENV_FENCING_TOKEN, fence.to_string().into()));
+    }
+    env
 }
 
 fn release(args: &RunArgs, client: &mut Redlock, lock: Lock) {
