@@ -1084,9 +1084,8 @@ fn durations_take_bare_seconds_like_flock_and_humantime_forms() {
     let ms = pttl(&m, 0, key);
     assert!(0 < ms && ms <= 2000, "--ttl 2 gave PTTL {ms} ms");
 
-    // The lock is held: `-w 0.5` waits, then gives up (the library's retry loop gives up
-    // once its next retry delay, 100..300 ms, would pass the deadline: after 200 ms at
-    // least; `-w 0` would not wait at all).
+    // The lock is held: `-w 0.5` waits half a second (its last attempt starts then), then
+    // gives up.
     let started = Instant::now();
     let out = output(
         redlock(Some(&m), &["run", "-w", "0.5", key, "--", "true"]),
@@ -1094,7 +1093,7 @@ fn durations_take_bare_seconds_like_flock_and_humantime_forms() {
     );
     assert_eq!(code(&out), 1, "stderr: {}", stderr(&out));
     assert!(
-        started.elapsed() >= Duration::from_millis(200),
+        started.elapsed() >= Duration::from_millis(500),
         "-w 0.5 gave up after {:?}",
         started.elapsed()
     );
@@ -1325,4 +1324,147 @@ fn run_fencing_gives_the_command_an_increasing_fencing_token() {
         assert!(fence > last, "fencing token {fence} after {last}");
         last = fence;
     }
+}
+
+#[test]
+fn run_without_a_quorum_waits_out_wait_then_says_no_quorum_and_what_the_masters_did() {
+    let mut m = masters(3);
+    let key = "cli:no-quorum";
+    let alive = m[2].addr().to_string();
+    // Two masters refuse connections (killed), then two do not answer (frozen): the lock
+    // may come back within --wait, so run waits all of it, then says what it found.
+    m[0].kill().unwrap();
+    m[1].kill().unwrap();
+    let (down0, down1) = (m[0].addr().to_string(), m[1].addr().to_string());
+    for (fault, what) in [("killed", "connection refused"), ("frozen", "timed out")] {
+        if fault == "frozen" {
+            m[0].restart().unwrap();
+            m[1].restart().unwrap();
+            m[0].freeze().unwrap();
+            m[1].freeze().unwrap();
+        }
+        let started = Instant::now();
+        let out = output(
+            redlock(
+                Some(&m),
+                &[
+                    "run",
+                    "-w",
+                    "1",
+                    "--round-timeout",
+                    "100ms",
+                    key,
+                    "--",
+                    "true",
+                ],
+            ),
+            Duration::from_secs(15),
+        );
+        let err = stderr(&out);
+        assert_eq!(code(&out), 69, "{fault}: {err}");
+        assert!(
+            started.elapsed() >= Duration::from_secs(1),
+            "{fault}: gave up after {:?}: {err}",
+            started.elapsed()
+        );
+        assert!(err.contains("no quorum"), "{fault}: {err}");
+        assert!(!err.contains("deadline passed"), "{fault}: {err}");
+        for down in [&down0, &down1] {
+            // (after a refused connect, a master may be "down (waiting to reconnect)")
+            assert!(
+                err.contains(&format!("{down} {what}"))
+                    || err.contains(&format!("{down} connect failed: {what}"))
+                    || err.contains(&format!("{down} down")),
+                "{fault}: {err}"
+            );
+        }
+        if fault == "frozen" {
+            // (with two refused at once, the round may end before the third answered)
+            assert!(err.contains(&format!("{alive} ok")), "{fault}: {err}");
+        }
+    }
+    m[0].thaw().unwrap();
+    m[1].thaw().unwrap();
+}
+
+#[test]
+fn run_fails_at_once_when_every_master_refuses_the_connection() {
+    let mut m = masters(3);
+    for i in 0..3 {
+        m[i].kill().unwrap();
+    }
+    // Nothing listens at any address (wrong ports, Redis not running): no use waiting 60 s.
+    let started = Instant::now();
+    let out = output(
+        redlock(Some(&m), &["run", "-w", "60", "cli:refused", "--", "true"]),
+        Duration::from_secs(10),
+    );
+    let err = stderr(&out);
+    assert_eq!(code(&out), 69, "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(err.matches("connection refused").count(), 3, "{err}");
+}
+
+#[test]
+fn run_with_a_wrong_password_fails_at_once_as_a_configuration_error() {
+    let m = LocalMasters::start_with(3, &["--requirepass", "right-pw"])
+        .expect("start 3 redis-server masters with a password");
+    let s = Scratch::new();
+    let key = "cli:auth";
+    let urls = m.urls();
+    let wrong: Vec<String> = urls
+        .iter()
+        .map(|u| u.replace("right-pw", "wrong-pw"))
+        .collect();
+    let none: Vec<String> = urls.iter().map(|u| u.replace(":right-pw@", "")).collect();
+    let attempt = |masters: Vec<&str>, extra: &[&str]| {
+        let mut c = redlock(None, &["run", "-w", "60", "--masters", &masters.join(",")]);
+        c.args(extra).args([key, "touch"]).arg(s.file("ran"));
+        let started = Instant::now();
+        let out = output(c, Duration::from_secs(10));
+        (out, started.elapsed())
+    };
+    // Every master refuses the password, or wants one: 64 at once, naming each master.
+    for (urls, why) in [(&wrong, "WRONGPASS"), (&none, "NOAUTH")] {
+        let (out, took) = attempt(urls.iter().map(String::as_str).collect(), &[]);
+        let err = stderr(&out);
+        assert_eq!(code(&out), 64, "{why}: {err}");
+        assert!(took < Duration::from_secs(5), "{why}: took {took:?}: {err}");
+        for a in m.addrs() {
+            assert!(err.contains(&a.to_string()), "{why}: {a} not named: {err}");
+        }
+        assert!(err.contains(why), "{err}");
+        assert!(
+            !err.contains("wrong-pw") && !err.contains("right-pw"),
+            "{err}"
+        );
+    }
+    // Two of three refuse: no quorum is possible: 64 as well.
+    let (out, _) = attempt(vec![&wrong[0], &wrong[1], &urls[2]], &[]);
+    assert_eq!(code(&out), 64, "{}", stderr(&out));
+    assert!(!s.path("ran").exists(), "a refused run ran its command");
+    // One refuses: the lock is taken on the other two, COMMAND runs.
+    let (out, _) = attempt(vec![&wrong[0], &urls[1], &urls[2]], &[]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(s.path("ran").exists());
+}
+
+#[test]
+fn run_fencing_on_masters_that_do_not_persist_fails_at_once() {
+    // LocalMasters run without persistence: no master may vote for a fenced lock.
+    let m = masters(3);
+    let out = output(
+        redlock(
+            Some(&m),
+            &["run", "--fencing", "-w", "60", "cli:fence-nd", "--", "true"],
+        ),
+        Duration::from_secs(10),
+    );
+    let err = stderr(&out);
+    assert_eq!(code(&out), 64, "{err}");
+    assert!(err.contains("appendfsync always"), "{err}");
 }

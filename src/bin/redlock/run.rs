@@ -31,7 +31,7 @@ use nix::errno::Errno;
 use nix::sys::signal::{kill, pthread_sigmask, raise, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
-use redlock_mux::{Error, HoldOptions, Lock, LockSignal, Outcome, Redlock};
+use redlock_mux::{Error, Fault, HoldOptions, Lock, LockSignal, Outcome, Redlock, Report};
 use signal_hook::consts::{SIGCHLD, SIGCONT, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGTSTP};
 use signal_hook::iterator::Signals;
 
@@ -272,8 +272,6 @@ pub fn main(args: RunArgs) -> u8 {
     let mut client = match Redlock::builder()
         .masters(&urls)
         .node_timeout(round_timeout)
-        // `--wait` bounds the retries, not a count.
-        .retry_count(u32::MAX)
         .fencing(args.fencing)
         .build()
     {
@@ -344,11 +342,7 @@ fn hold_and_run(args: &RunArgs, client: &mut Redlock, job: &Mutex<Job>, rx: Rece
             }
         );
     }
-    let result = if no_wait {
-        client.try_lock(resource, ttl)
-    } else {
-        client.lock_with_deadline(resource, ttl, started + args.wait)
-    };
+    let result = acquire(args, client, started, &rx);
     // From here on a signal no longer cancels: a cancel would cut short the extend and
     // release rounds.
     lock_job(job).acquiring = false;
@@ -356,19 +350,25 @@ fn hold_and_run(args: &RunArgs, client: &mut Redlock, job: &Mutex<Job>, rx: Rece
 
     let lock = match result {
         Ok(lock) => lock,
-        Err(Error::Cancelled) => {
+        Err(Failed::Error(Error::Cancelled)) => {
             let sig = early_signal.unwrap_or(SIGINT);
             say!("got {}, gave up waiting for {resource}", signal_name(sig));
             return exit::signal(sig);
         }
-        Err(e) => return acquire_failed(args, &e),
+        Err(Failed::Signal(sig)) => {
+            say!("got {}, gave up waiting for {resource}", signal_name(sig));
+            return exit::signal(sig);
+        }
+        Err(Failed::Hopeless(code)) => return code,
+        Err(Failed::Error(e)) => return acquire_failed(args, &e, no_wait),
     };
     if args.verbose {
+        let fence = lock
+            .fencing_token()
+            .map_or_else(String::new, |f| format!(", fencing token {f}"));
         say!(
-            "acquired {resource} (token {}…{}, validity {}) after {}",
+            "acquired {resource} (token {}…{fence}, validity {}) after {}",
             lock.token().short(),
-            lock.fencing_token()
-                .map_or_else(String::new, |f| format!(", fencing token {f}")),
             human_duration(lock.remaining()),
             human_duration(started.elapsed())
         );
@@ -777,26 +777,174 @@ fn release(args: &RunArgs, client: &mut Redlock, lock: Lock) {
     }
 }
 
-fn acquire_failed(args: &RunArgs, e: &Error) -> u8 {
+/// Why no lock was acquired.
+enum Failed {
+    /// The last attempt's error (or a local one).
+    Error(Error),
+    /// A terminating signal came between two attempts.
+    Signal(i32),
+    /// Retrying could not help; said so, exit with this code.
+    Hopeless(u8),
+}
+
+/// Take the lock: one attempt (`--no-wait`), or attempts until one succeeds or `--wait`
+/// has passed (the last one starts at the deadline, so a failed run waited all of
+/// `--wait`), with the library's default retry delay in between (200 ms +- 100 ms).
+/// Attempts are the client's own (`try_lock`) so that each one's report can be judged:
+/// when masters refuse the client for good, or none accepts a connection, waiting cannot
+/// help (`hopeless`).
+fn acquire(
+    args: &RunArgs,
+    client: &mut Redlock,
+    started: Instant,
+    rx: &Receiver<i32>,
+) -> Result<Lock, Failed> {
+    let no_wait = args.no_wait || args.wait.is_zero();
+    let deadline = started + args.wait;
+    let mut rng = fastrand::Rng::new();
+    loop {
+        let e = match client.try_lock(&args.resource, args.ttl) {
+            Ok(lock) => return Ok(lock),
+            Err(e @ (Error::Taken(_) | Error::NoQuorum(_) | Error::ValidityUsedUp(_))) => e,
+            Err(e) => return Err(Failed::Error(e)),
+        };
+        if let Some(code) = e.report().and_then(|r| hopeless(args, r)) {
+            return Err(Failed::Hopeless(code));
+        }
+        if no_wait || Instant::now() >= deadline {
+            return Err(Failed::Error(e));
+        }
+        let pause = Duration::from_millis(rng.u64(100..=300));
+        if let Some(sig) = pause_until((Instant::now() + pause).min(deadline), rx) {
+            return Err(Failed::Signal(sig));
+        }
+    }
+}
+
+/// Sleep until `until`, unless a terminating signal comes first (returned).
+fn pause_until(until: Instant, rx: &Receiver<i32>) -> Option<i32> {
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        match rx.recv_timeout(left) {
+            Ok(sig) if is_terminating(sig) => return Some(sig),
+            Ok(_) => {}
+            Err(RecvTimeoutError::Timeout) => return None,
+            Err(RecvTimeoutError::Disconnected) => {
+                thread::sleep(left);
+                return None;
+            }
+        }
+    }
+}
+
+/// A master that refuses this client whatever the wait: a refused handshake (wrong or
+/// missing password, unknown user, bad database), not durable enough for `--fencing`, or
+/// the same server as another master listed.
+fn refuses(o: Outcome) -> bool {
+    matches!(
+        o,
+        Outcome::Failed(Fault::Handshake(_) | Fault::NotDurable | Fault::SameServer)
+    )
+}
+
+/// A master that gave no answer at all: not connected, connection lost, timed out, not
+/// asked, or not heard from before the round was decided.
+fn silent(o: Outcome) -> bool {
+    matches!(
+        o,
+        Outcome::Pending
+            | Outcome::TimedOut
+            | Outcome::Failed(
+                Fault::Down | Fault::Connect(_) | Fault::Closed(_) | Fault::Backlogged
+            )
+    )
+}
+
+/// Whether an attempt's report shows that waiting cannot help; if so, say why and return
+/// the exit code.
+/// * Masters refuse the client (`refuses`), so many that no quorum is possible without
+///   them, or while no other master answered at all (a wrong password for every master is
+///   the common case): a configuration error, 64.
+/// * Every master refused the connection: nothing listens at any address (wrong ports, or
+///   Redis not running), 69. Masters that time out are waited for: a network may come
+///   back; so are some masters refusing while others answer.
+fn hopeless(args: &RunArgs, r: &Report) -> Option<u8> {
+    let n = r.outcomes().count();
+    let refusing: Vec<(&str, Outcome)> = r.outcomes().filter(|(_, o)| refuses(*o)).collect();
+    if !refusing.is_empty()
+        && (n - refusing.len() < r.quorum() || r.outcomes().all(|(_, o)| refuses(o) || silent(o)))
+    {
+        let mut hints = Vec::new();
+        if refusing
+            .iter()
+            .any(|(_, o)| matches!(o, Outcome::Failed(Fault::Handshake(_))))
+        {
+            hints.push("check the user, password and database in the master URLs");
+        }
+        if refusing
+            .iter()
+            .any(|(_, o)| *o == Outcome::Failed(Fault::NotDurable))
+        {
+            hints.push("--fencing needs masters with appendonly yes and appendfsync always");
+        }
+        if refusing
+            .iter()
+            .any(|(_, o)| *o == Outcome::Failed(Fault::SameServer))
+        {
+            hints.push("list each server once");
+        }
+        let k = refusing.len();
+        let why = if n - k < r.quorum() {
+            format!("so no quorum of {} is possible", r.quorum())
+        } else {
+            "and no other master answered".to_string()
+        };
+        say!(
+            "cannot lock {}: {k} of {n} master{} refuse{} this client, {why}, and waiting will \
+             not change that: {}. Last attempt: {r}",
+            args.resource,
+            if n == 1 { "" } else { "s" },
+            if k == 1 { "s" } else { "" },
+            hints.join("; "),
+        );
+        return Some(exit::USAGE);
+    }
+    let refused = Outcome::Failed(Fault::Connect(io::ErrorKind::ConnectionRefused));
+    if r.outcomes().all(|(_, o)| o == refused) {
+        say!(
+            "cannot lock {}: every master refused the connection (nothing listens there: is \
+             Redis running, are the addresses right?): {r}",
+            args.resource
+        );
+        return Some(exit::UNAVAILABLE);
+    }
+    None
+}
+
+/// Say why the last attempt failed, and return the exit code.
+fn acquire_failed(args: &RunArgs, e: &Error, no_wait: bool) -> u8 {
     let resource = &args.resource;
+    let waited = if no_wait {
+        String::new()
+    } else {
+        format!(" after waiting {}", humantime::format_duration(args.wait))
+    };
     match e {
-        Error::Taken(_) => {
+        Error::Taken(r) => {
             if !args.quiet {
-                say!("{resource} is locked: {e}");
+                if no_wait {
+                    say!("{resource} is locked: {e}");
+                } else {
+                    say!("{resource} is still locked{waited}: last attempt: {r}");
+                }
             }
             args.conflict_exit_code
         }
-        Error::DeadlineExceeded(Some(r)) if r.masters_with(Outcome::Taken).next().is_some() => {
-            if !args.quiet {
-                say!(
-                    "{resource} is still locked after waiting {}: last attempt: {r}",
-                    humantime::format_duration(args.wait)
-                );
-            }
-            args.conflict_exit_code
-        }
-        Error::DeadlineExceeded(_) | Error::NoQuorum(_) | Error::ValidityUsedUp(_) => {
-            say!("cannot lock {resource}: {e}");
+        Error::NoQuorum(_) | Error::ValidityUsedUp(_) => {
+            say!("cannot lock {resource}{waited}: {e}");
             exit::UNAVAILABLE
         }
         _ => {
