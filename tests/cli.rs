@@ -1468,3 +1468,57 @@ fn run_fencing_on_masters_that_do_not_persist_fails_at_once() {
     assert_eq!(code(&out), 64, "{err}");
     assert!(err.contains("appendfsync always"), "{err}");
 }
+
+/// Run to completion (bounded) with stdout going to `stdout`; stderr captured.
+fn output_to(mut cmd: Command, stdout: Stdio, within: Duration) -> Output {
+    cmd.stdout(stdout).stderr(Stdio::piped());
+    let child = cmd.spawn().expect("spawn redlock");
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    rx.recv_timeout(within)
+        .unwrap_or_else(|_| panic!("redlock did not finish within {within:?}"))
+        .expect("wait for redlock")
+}
+
+#[test]
+fn status_with_stdout_a_closed_pipe_or_a_full_disk_does_not_panic() {
+    let m = masters(3);
+    for args in [
+        &["status", "cli:epipe-status"][..],
+        &["status", "--json", "cli:epipe-status"],
+    ] {
+        // `redlock status | head -1`, head gone: every write fails with EPIPE.
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+        drop(theirs);
+        let out = output_to(
+            redlock(Some(&m), args),
+            Stdio::from(std::os::fd::OwnedFd::from(ours)),
+            Duration::from_secs(10),
+        );
+        assert_eq!(code(&out), 0, "{args:?}: {}", stderr(&out));
+        assert_eq!(stderr(&out), "", "{args:?}");
+        // Output to a full disk is an error, said on stderr.
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .expect("open /dev/full");
+        let out = output_to(
+            redlock(Some(&m), args),
+            Stdio::from(full),
+            Duration::from_secs(10),
+        );
+        assert_eq!(code(&out), 71, "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).starts_with("redlock: "),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+        assert!(
+            !stderr(&out).contains("panicked"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+}
