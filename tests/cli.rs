@@ -1522,3 +1522,26 @@ fn status_with_stdout_a_closed_pipe_or_a_full_disk_does_not_panic() {
         );
     }
 }
+
+#[test]
+fn a_short_ttl_alone_does_not_warn_about_a_kill_grace_never_set() {
+    let m = masters(3);
+    let key = "cli:grace";
+    // --kill-grace defaults to min(5s, ttl/6): nothing to warn about.
+    for ttl in ["5s", "1s", "2"] {
+        let out = run_out(&m, &["--ttl", ttl, key, "--", "true"]);
+        assert_eq!(code(&out), 0, "--ttl {ttl}: {}", stderr(&out));
+        assert_eq!(stderr(&out), "", "--ttl {ttl} alone");
+    }
+    // One set too large is still warned about.
+    let out = run_out(
+        &m,
+        &["--ttl", "5s", "--kill-grace", "3s", key, "--", "true"],
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("warning: --kill-grace 3s"),
+        "{}",
+        stderr(&out)
+    );
+}
