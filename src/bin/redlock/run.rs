@@ -44,12 +44,16 @@ redlock run [OPTIONS] RESOURCE [--] COMMAND [ARGS]...
        redlock run [OPTIONS] RESOURCE -c CMD";
 
 pub const AFTER_HELP: &str = "\
+Like flock(1): COMMAND starts at the first word after RESOURCE (`--` is optional; every
+word after COMMAND is COMMAND's, options included), or -c CMD runs `sh -c CMD`. Durations
+are seconds (10, 0.5) or a number with a unit (30s, 1m30s, 1.5s, 250ms).
+
 How it works:
-  Takes the lock (waiting up to --wait), runs COMMAND in its own process group, extends the
-  lock whenever a third of its validity is left, and releases it once no process of that
-  group is left (see below). The lock is lost when an extension fails (no quorum, or no
-  longer held) or its validity runs out; then COMMAND's process group gets SIGTERM, and
-  SIGKILL after --kill-grace.
+  Takes the lock, runs COMMAND in its own process group, extends the lock whenever a third
+  of its validity is left, and releases it once no process of that group is left (see
+  below). The lock is lost when an extension fails (no quorum, or no longer held) or its
+  validity runs out; then COMMAND's process group gets SIGTERM, and SIGKILL after
+  --kill-grace.
   SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to redlock are forwarded to COMMAND's process
   group (followed by SIGCONT). Because COMMAND has its own process group it cannot use the
   terminal interactively (reading from it stops it): run non-interactive commands, as from
@@ -60,6 +64,32 @@ How it works:
   Then the lock counts as lost, and COMMAND is gone before the lock can expire. Keep
   --kill-grace plus two round timeouts below 0.45 x --ttl (the defaults, 5s and 30s, do);
   redlock warns otherwise.
+
+Waiting for the lock:
+  Attempts are 200ms (+-100ms) apart until --wait has passed; the last one starts then.
+  Masters that are taken, time out or are down are waited for; after --wait, redlock says
+  what each master did in the last attempt (taken: exit 1; no quorum: exit 69). Two cases
+  fail at once, since waiting cannot change them: masters refuse this client (handshake
+  refused: wrong or missing password, unknown user, bad database; not durable enough for
+  --fencing; the same server listed twice) so that no quorum is possible, or while no
+  other master answers: exit 64, naming them and why; every master refuses the
+  connection (nothing listens: wrong ports, Redis not running): exit 69.
+
+COMMAND's environment:
+  REDLOCK_RESOURCE        RESOURCE
+  REDLOCK_TOKEN           the lock's token (32 hex characters). It is a capability: with
+                          it anyone can release or extend the lock. Do not log it or pass
+                          it on to anything you would not let hold the lock
+  REDLOCK_FENCING_TOKEN   with --fencing: the lock's fencing token, a number that
+                          increases from one holder of RESOURCE to the next; send it with
+                          each write to the protected resource, which should refuse a token
+                          lower than one it has seen. Fencing needs every master to persist
+                          every write (appendonly yes, appendfsync always): other masters
+                          get no vote. Without --fencing this variable is removed (an outer
+                          run's does not leak in)
+  No validity deadline is passed: the environment is fixed when COMMAND starts and the
+  validity moves with every extension; redlock itself ends COMMAND before the lock can
+  expire (see above).
 
 COMMAND does not run without the lock:
   Background jobs: the lock is held, and extended, until every process of COMMAND's
@@ -88,8 +118,11 @@ Exit status:
                           with --no-wait); COMMAND did not run
   75 (--lost-exit-code)   the lock was lost before COMMAND finished; COMMAND (its whole
                           process group) was terminated if still running
-  64                      usage or configuration error (no masters, bad URL, bad duration)
-  69                      no quorum of masters answered; COMMAND did not run
+  64                      usage or configuration error (no masters, bad URL, bad
+                          duration; masters refusing this client, such as a wrong
+                          password, see above); COMMAND did not run
+  69                      no quorum of masters answered within --wait, or every master
+                          refused the connection (at once); COMMAND did not run
   71                      local OS error (event loop, signals, starting the watchdog or the
                           exec helper); COMMAND did not run, or was killed
   126, 127                COMMAND could not be executed / was not found; reported by the
@@ -97,9 +130,11 @@ Exit status:
                           COMMAND that itself exits 126 or 127 looks the same, as in shells
   128+N                   redlock got signal N before COMMAND started
 
-Example (crontab on several hosts: the nightly backup runs on one of them):
+Examples (crontab on several hosts: the nightly backup runs on one of them; a report
+waits up to 30 seconds for the previous one):
   REDLOCK_MASTERS=redis://10.0.0.1:6379,redis://10.0.0.2:6379,redis://10.0.0.3:6379
-  0 3 * * *  redlock run -n -q -E 0 backup-nightly -- /usr/local/bin/backup.sh";
+  0 3 * * *    redlock run -n -q -E 0 backup-nightly /usr/local/bin/backup.sh --full
+  */5 * * * *  redlock run -w 30 report -c 'rollup.sh && publish.sh'";
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -109,7 +144,8 @@ pub struct RunArgs {
     /// the lock outlives a redlock that died, not how long COMMAND may run.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration)]
     ttl: Duration,
-    /// Wait up to this long for the lock, retrying while it is taken.
+    /// Wait up to this long for the lock, retrying while it is taken or no quorum
+    /// answers (`-w 10`: ten seconds, as for flock).
     #[arg(
         short,
         long,

@@ -15,12 +15,15 @@ pub const AFTER_HELP: &str = "\
 Asks every master, in parallel, for the lock's key (GET) and its time to live (PTTL),
 authenticating with the URL's user and password and selecting its database.
 Tokens are shown shortened: a whole token is the capability to release the lock.
+Durations are seconds (0.5) or a number with a unit (500ms). Output to a closed pipe
+(`redlock status R | head -1`) stops quietly.
 
 Exit status:
   0    every master answered (whether or not the lock is held)
   1    some master did not answer (down, refused, timed out) or answered an error
        (wrong password, for instance)
-  64   usage or configuration error";
+  64   usage or configuration error
+  71   the output could not be written (a full disk, say; not a closed pipe)";
 
 #[derive(Args, Debug)]
 pub struct StatusArgs {
