@@ -1545,3 +1545,63 @@ fn a_short_ttl_alone_does_not_warn_about_a_kill_grace_never_set() {
         stderr(&out)
     );
 }
+
+#[test]
+fn run_waits_for_masters_that_refuse_the_handshake_only_for_now() {
+    // A master busy running a script answers the handshake (SCRIPT LOAD) with -BUSY: it
+    // will answer again once the script ends, so run waits for it, as for a timeout.
+    let m = LocalMasters::start_with(3, &["--lua-time-limit", "50"])
+        .expect("start 3 redis-server masters");
+    let busy: Vec<_> = (0..2)
+        .map(|i| {
+            let addr = m[i].addr();
+            thread::spawn(move || {
+                redlock_mux::local::command(
+                    addr,
+                    &[b"EVAL", b"while true do end", b"0"],
+                    Duration::from_secs(30),
+                )
+            })
+        })
+        .collect();
+    for i in 0..2 {
+        eventually("the master to be busy", Duration::from_secs(10), || {
+            matches!(
+                redlock_mux::local::command(m[i].addr(), &[b"PING"], Duration::from_secs(2)),
+                Ok(AdminReply::Error(e)) if e.starts_with("BUSY")
+            )
+        });
+    }
+    let started = Instant::now();
+    let out = output(
+        redlock(
+            Some(&m),
+            &[
+                "run",
+                "-w",
+                "1",
+                "--round-timeout",
+                "100ms",
+                "cli:busy",
+                "--",
+                "true",
+            ],
+        ),
+        Duration::from_secs(15),
+    );
+    let took = started.elapsed();
+    for i in 0..2 {
+        let _ =
+            redlock_mux::local::command(m[i].addr(), &[b"SCRIPT", b"KILL"], Duration::from_secs(2));
+    }
+    for b in busy {
+        let _ = b.join();
+    }
+    let err = stderr(&out);
+    assert_eq!(code(&out), 69, "{err}");
+    assert!(
+        took >= Duration::from_secs(1),
+        "gave up after {took:?}: {err}"
+    );
+    assert!(err.contains("no quorum") && err.contains("BUSY"), "{err}");
+}

@@ -70,10 +70,12 @@ Waiting for the lock:
   Masters that are taken, time out or are down are waited for; after --wait, redlock says
   what each master did in the last attempt (taken: exit 1; no quorum: exit 69). Two cases
   fail at once, since waiting cannot change them: masters refuse this client (handshake
-  refused: wrong or missing password, unknown user, bad database; not durable enough for
-  --fencing; the same server listed twice) so that no quorum is possible, or while no
-  other master answers: exit 64, naming them and why; every master refuses the
-  connection (nothing listens: wrong ports, Redis not running): exit 69.
+  refused: wrong or missing password, unknown user, no right to a command, bad database;
+  not durable enough for --fencing; the same server listed twice) so that no quorum is
+  possible, or while no other master answers: exit 64, naming them and why; every master
+  refuses the connection (nothing listens: wrong ports, Redis not running): exit 69.
+  Refusals for the moment (LOADING after a restart, BUSY with a script, too many
+  clients) are waited for.
 
 COMMAND's environment:
   REDLOCK_RESOURCE        RESOURCE
@@ -876,14 +878,23 @@ fn pause_until(until: Instant, rx: &Receiver<i32>) -> Option<i32> {
     }
 }
 
-/// A master that refuses this client whatever the wait: a refused handshake (wrong or
-/// missing password, unknown user, bad database), not durable enough for `--fencing`, or
-/// the same server as another master listed.
+/// A master that refuses this client whatever the wait: a handshake refused for who we
+/// are or what we ask (wrong or missing password, unknown user or one without the right
+/// to a command, bad database index), not durable enough for `--fencing`, or the same
+/// server as another master listed. A refusal for the moment is not one: `-LOADING` (a
+/// master reading its data after a restart), `-BUSY` (running a long script),
+/// `-ERR max number of clients reached`, and any code not known here, are waited for.
 fn refuses(o: Outcome) -> bool {
-    matches!(
-        o,
-        Outcome::Failed(Fault::Handshake(_) | Fault::NotDurable | Fault::SameServer)
-    )
+    match o {
+        Outcome::Failed(Fault::Handshake(t)) => {
+            t.starts_with(b"WRONGPASS")
+                || t.starts_with(b"NOAUTH")
+                || t.starts_with(b"NOPERM")
+                || (t.starts_with(b"ERR ") && !t.starts_with(b"ERR max number of clients"))
+        }
+        Outcome::Failed(Fault::NotDurable | Fault::SameServer) => true,
+        _ => false,
+    }
 }
 
 /// A master that gave no answer at all: not connected, connection lost, timed out, not
