@@ -1352,7 +1352,7 @@ fn run_without_a_quorum_waits_out_wait_then_says_no_quorum_and_what_the_masters_
                     "-w",
                     "1",
                     "--round-timeout",
-                    "100ms",
+                    "300ms",
                     key,
                     "--",
                     "true",
