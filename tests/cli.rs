@@ -1089,3 +1089,570 @@ fn run_keeps_the_lock_until_background_jobs_of_the_command_exit() {
     assert_eq!(status.code(), Some(0), "stderr: {err}");
     assert_eq!(holders(&m, key), vec![None, None, None]);
 }
+
+/// Wait (bounded) until the gated command of `run` created `started`; panic with
+/// redlock's stderr (piped) if redlock exits first.
+fn await_start(run: &mut Child, s: &Scratch) {
+    let mut exited = None;
+    eventually("the command to start", Duration::from_secs(10), || {
+        exited = run.try_wait().expect("try_wait");
+        s.path("started").exists() || exited.is_some()
+    });
+    if let Some(status) = exited {
+        if !s.path("started").exists() {
+            panic!(
+                "redlock exited ({status}) before the command started: {}",
+                take_stderr(run)
+            );
+        }
+    }
+}
+
+/// `PTTL key` on master `i`, in ms.
+fn pttl(m: &LocalMasters, i: usize, key: &str) -> i64 {
+    match m[i].cmd(&[b"PTTL", key.as_bytes()]).expect("PTTL") {
+        AdminReply::Int(ms) => ms,
+        other => panic!("PTTL {key}: {other:?}"),
+    }
+}
+
+#[test]
+fn durations_take_bare_seconds_like_flock_and_humantime_forms() {
+    let m = masters(3);
+    let s = Scratch::new();
+    let key = "cli:durations";
+    // `--ttl 2` is two seconds (fractions too: `--wait 0.5`), like `flock -w 10`.
+    let mut holder = redlock(
+        Some(&m),
+        &["run", "--ttl", "2", "-w", "10", key, "--", "sh", "-c"],
+    )
+    .arg(gated(&s, "exit 0"))
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("spawn redlock run");
+    let _run = KillOnDrop(holder.id());
+    await_start(&mut holder, &s);
+    let ms = pttl(&m, 0, key);
+    assert!(0 < ms && ms <= 2000, "--ttl 2 gave PTTL {ms} ms");
+
+    // The lock is held: `-w 0.5` waits half a second (its last attempt starts then), then
+    // gives up.
+    let started = Instant::now();
+    let out = output(
+        redlock(Some(&m), &["run", "-w", "0.5", key, "--", "true"]),
+        Duration::from_secs(10),
+    );
+    assert_eq!(code(&out), 1, "stderr: {}", stderr(&out));
+    assert!(
+        started.elapsed() >= Duration::from_millis(500),
+        "-w 0.5 gave up after {:?}",
+        started.elapsed()
+    );
+    // humantime forms still work, `1.5s` and `1m30s` included.
+    let out = output(
+        redlock(
+            Some(&m),
+            &[
+                "run",
+                "-w",
+                "250ms",
+                "--ttl",
+                "1m30s",
+                "--kill-grace",
+                "1.5s",
+                key,
+                "--",
+                "true",
+            ],
+        ),
+        Duration::from_secs(10),
+    );
+    assert_eq!(code(&out), 1, "stderr: {}", stderr(&out));
+    let out = output(
+        redlock(Some(&m), &["status", "--timeout", "0.25", key]),
+        Duration::from_secs(10),
+    );
+    assert_eq!(code(&out), 0, "stderr: {}", stderr(&out));
+
+    std::fs::write(s.path("go"), b"").unwrap();
+    let status = wait_exit(&mut holder, Duration::from_secs(10));
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "stderr: {}",
+        take_stderr(&mut holder)
+    );
+
+    // A bad duration is a usage error whose hint shows forms that work.
+    for bad in ["10x", "soon", "-1", "1e3", "0.5.1", ""] {
+        let wait = format!("--wait={bad}");
+        let out = output(
+            redlock(Some(&m), &["run", &wait, key, "--", "true"]),
+            Duration::from_secs(10),
+        );
+        assert_eq!(code(&out), 64, "-w {bad}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(
+            err.contains("30s") && err.contains("0.5") && !err.contains("0sec"),
+            "-w {bad}: {err}"
+        );
+    }
+}
+
+#[test]
+fn help_never_shows_the_masters_from_the_environment() {
+    // REDLOCK_MASTERS holds passwords: `--help` names the variable, never its value.
+    let m = LocalMasters::start_with(3, &["--requirepass", "s3cret-in-env"])
+        .expect("start 3 redis-server masters with a password");
+    assert!(m.urls()[0].contains("s3cret-in-env"), "{:?}", m.urls());
+    for sub in [
+        &["run", "--help"][..],
+        &["status", "--help"],
+        &["bench", "--help"],
+        &["--help"],
+    ] {
+        let out = output(redlock(Some(&m), sub), Duration::from_secs(10));
+        assert_eq!(code(&out), 0, "{sub:?}: {}", stderr(&out));
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            !help.contains("s3cret-in-env"),
+            "{sub:?} shows the password:\n{help}"
+        );
+        for port in m.iter().map(|x| format!("127.0.0.1:{}", x.port())) {
+            assert!(!help.contains(&port), "{sub:?} shows the masters:\n{help}");
+        }
+        if sub[0] != "--help" {
+            assert!(help.contains("REDLOCK_MASTERS"), "{sub:?}:\n{help}");
+        }
+    }
+    // Usage errors do not show it either.
+    let out = output(redlock(Some(&m), &["run"]), Duration::from_secs(10));
+    assert_eq!(code(&out), 64, "{}", stderr(&out));
+    assert!(!stderr(&out).contains("s3cret-in-env"), "{}", stderr(&out));
+}
+
+/// `run ARGS` to completion (bounded), with the command's stdout captured.
+fn run_out(m: &LocalMasters, args: &[&str]) -> Output {
+    let mut all = vec!["run"];
+    all.extend_from_slice(args);
+    output(redlock(Some(m), &all), Duration::from_secs(15))
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn run_takes_the_command_with_or_without_a_double_dash_like_flock() {
+    let m = masters(3);
+    let key = "cli:argv";
+    // flock FILE COMMAND...: the first word after RESOURCE starts COMMAND, and every option
+    // after it is COMMAND's (`-n` is not redlock's --no-wait here, `--` is printf's).
+    let out = run_out(&m, &[key, "printf", "%s|", "-n", "--", "-c", "x"]);
+    assert_eq!(code(&out), 0, "stderr: {}", stderr(&out));
+    assert_eq!(stdout(&out), "-n|--|-c|x|");
+    // redlock's options before RESOURCE, or between it and COMMAND.
+    let out = run_out(&m, &["-n", "--ttl", "5", key, "printf", "%s|", "a"]);
+    assert_eq!(code(&out), 0, "stderr: {}", stderr(&out));
+    assert_eq!(stdout(&out), "a|");
+    let out = run_out(&m, &[key, "--ttl", "5", "-n", "printf", "%s|", "b"]);
+    assert_eq!(code(&out), 0, "stderr: {}", stderr(&out));
+    assert_eq!(stdout(&out), "b|");
+    // `--` still works, and lets COMMAND start with a dash.
+    let out = run_out(&m, &[key, "--", "printf", "%s|", "-n", "--"]);
+    assert_eq!(code(&out), 0, "stderr: {}", stderr(&out));
+    assert_eq!(stdout(&out), "-n|--|");
+    let out = run_out(&m, &[key, "--", "-not-a-command"]);
+    assert_eq!(code(&out), 127, "stderr: {}", stderr(&out));
+    // No COMMAND at all is a usage error.
+    for args in [&[key][..], &[key, "--"]] {
+        let out = run_out(&m, args);
+        assert_eq!(code(&out), 64, "{args:?}: {}", stderr(&out));
+    }
+    assert_eq!(holders(&m, key), vec![None, None, None]);
+}
+
+#[test]
+fn run_dash_c_passes_one_command_to_the_shell_like_flock() {
+    let m = masters(3);
+    let key = "cli:dash-c";
+    let out = run_out(&m, &[key, "-c", "echo \"$((6 * 7))\" | tr 4 x; exit 3"]);
+    assert_eq!(code(&out), 3, "stderr: {}", stderr(&out));
+    assert_eq!(stdout(&out), "x2\n");
+    // Long form, before RESOURCE; the lock is held while it runs.
+    let s = Scratch::new();
+    let mut run = redlock(
+        Some(&m),
+        &["run", "--command", &gated(&s, "exit 5"), "-n", key],
+    )
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("spawn redlock run");
+    let _run = KillOnDrop(run.id());
+    await_start(&mut run, &s);
+    assert!(holders(&m, key).iter().all(Option::is_some));
+    std::fs::write(s.path("go"), b"").unwrap();
+    let status = wait_exit(&mut run, Duration::from_secs(10));
+    assert_eq!(status.code(), Some(5), "stderr: {}", take_stderr(&mut run));
+    // -c and a COMMAND together are a usage error; so is -c without RESOURCE.
+    for args in [&[key, "-c", "true", "false"][..], &["-c", "true"]] {
+        let out = run_out(&m, args);
+        assert_eq!(code(&out), 64, "{args:?}: {}", stderr(&out));
+    }
+    assert_eq!(holders(&m, key), vec![None, None, None]);
+}
+
+/// Start `run EXTRA KEY -c SCRIPT`, where SCRIPT writes the lock variables of its
+/// environment to a file, then waits on the gate; return them (and the holders of the key
+/// while the command runs) once it has exited 0.
+fn lock_env(
+    m: &LocalMasters,
+    key: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (Vec<String>, Vec<Option<Vec<u8>>>) {
+    let s = Scratch::new();
+    let script = format!(
+        "printf '%s\\n' \"${{REDLOCK_RESOURCE-unset}}\" \"${{REDLOCK_TOKEN-unset}}\" \
+         \"${{REDLOCK_FENCING_TOKEN-unset}}\" > '{env}'; {gate}",
+        env = s.file("env"),
+        gate = gated(&s, "exit 0")
+    );
+    let mut run = redlock(Some(m), &["run"]);
+    run.args(extra)
+        .args([key, "-c", &script])
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        run.env(k, v);
+    }
+    let mut run = run.spawn().expect("spawn redlock run");
+    let _run = KillOnDrop(run.id());
+    await_start(&mut run, &s);
+    let held = holders(m, key);
+    std::fs::write(s.path("go"), b"").unwrap();
+    let status = wait_exit(&mut run, Duration::from_secs(10));
+    assert_eq!(status.code(), Some(0), "stderr: {}", take_stderr(&mut run));
+    let vars = std::fs::read_to_string(s.path("env")).expect("the command's variables");
+    (vars.lines().map(str::to_string).collect(), held)
+}
+
+#[test]
+fn run_gives_the_command_the_resource_and_the_token_in_its_environment() {
+    let m = masters(3);
+    let key = "cli:env";
+    // A REDLOCK_FENCING_TOKEN from an outer run does not leak into a run without fencing.
+    let (vars, held) = lock_env(
+        &m,
+        key,
+        &["-n"],
+        &[("REDLOCK_FENCING_TOKEN", "99"), ("REDLOCK_TOKEN", "outer")],
+    );
+    let token = held[0].clone().expect("held while the command ran");
+    assert_eq!(vars[0], key);
+    assert_eq!(
+        vars[1].as_bytes(),
+        &token[..],
+        "REDLOCK_TOKEN is the lock's token"
+    );
+    assert_eq!(vars[2], "unset", "REDLOCK_FENCING_TOKEN without --fencing");
+    assert_eq!(holders(&m, key), vec![None, None, None]);
+}
+
+#[test]
+fn run_fencing_gives_the_command_an_increasing_fencing_token() {
+    // Fencing needs masters that persist every write.
+    let m = LocalMasters::start_with(3, &["--appendonly", "yes", "--appendfsync", "always"])
+        .expect("start 3 durable redis-server masters");
+    let key = "cli:fencing";
+    let mut last = 0u64;
+    for _ in 0..2 {
+        let (vars, held) = lock_env(&m, key, &["--fencing"], &[]);
+        assert_eq!(vars[0], key);
+        assert_eq!(vars[1].as_bytes(), &held[0].clone().expect("held")[..]);
+        let fence: u64 = vars[2]
+            .parse()
+            .unwrap_or_else(|_| panic!("REDLOCK_FENCING_TOKEN {:?}", vars[2]));
+        assert!(fence > last, "fencing token {fence} after {last}");
+        last = fence;
+    }
+}
+
+#[test]
+fn run_without_a_quorum_waits_out_wait_then_says_no_quorum_and_what_the_masters_did() {
+    let mut m = masters(3);
+    let key = "cli:no-quorum";
+    let alive = m[2].addr().to_string();
+    // Two masters refuse connections (killed), then two do not answer (frozen): the lock
+    // may come back within --wait, so run waits all of it, then says what it found.
+    m[0].kill().unwrap();
+    m[1].kill().unwrap();
+    let (down0, down1) = (m[0].addr().to_string(), m[1].addr().to_string());
+    for (fault, what) in [("killed", "connection refused"), ("frozen", "timed out")] {
+        if fault == "frozen" {
+            m[0].restart().unwrap();
+            m[1].restart().unwrap();
+            m[0].freeze().unwrap();
+            m[1].freeze().unwrap();
+        }
+        let started = Instant::now();
+        let out = output(
+            redlock(
+                Some(&m),
+                &[
+                    "run",
+                    "-w",
+                    "1",
+                    "--round-timeout",
+                    "300ms",
+                    key,
+                    "--",
+                    "true",
+                ],
+            ),
+            Duration::from_secs(15),
+        );
+        let err = stderr(&out);
+        assert_eq!(code(&out), 69, "{fault}: {err}");
+        assert!(
+            started.elapsed() >= Duration::from_secs(1),
+            "{fault}: gave up after {:?}: {err}",
+            started.elapsed()
+        );
+        assert!(err.contains("no quorum"), "{fault}: {err}");
+        assert!(!err.contains("deadline passed"), "{fault}: {err}");
+        for down in [&down0, &down1] {
+            // (after a refused connect, a master may be "down (waiting to reconnect)")
+            assert!(
+                err.contains(&format!("{down} {what}"))
+                    || err.contains(&format!("{down} connect failed: {what}"))
+                    || err.contains(&format!("{down} down")),
+                "{fault}: {err}"
+            );
+        }
+        if fault == "frozen" {
+            // (with two refused at once, the round may end before the third answered)
+            assert!(err.contains(&format!("{alive} ok")), "{fault}: {err}");
+        }
+    }
+    m[0].thaw().unwrap();
+    m[1].thaw().unwrap();
+}
+
+#[test]
+fn run_fails_at_once_when_every_master_refuses_the_connection() {
+    let mut m = masters(3);
+    for i in 0..3 {
+        m[i].kill().unwrap();
+    }
+    // Nothing listens at any address (wrong ports, Redis not running): no use waiting 60 s.
+    let started = Instant::now();
+    let out = output(
+        redlock(Some(&m), &["run", "-w", "60", "cli:refused", "--", "true"]),
+        Duration::from_secs(10),
+    );
+    let err = stderr(&out);
+    assert_eq!(code(&out), 69, "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(err.matches("connection refused").count(), 3, "{err}");
+}
+
+#[test]
+fn run_with_a_wrong_password_fails_at_once_as_a_configuration_error() {
+    let m = LocalMasters::start_with(3, &["--requirepass", "right-pw"])
+        .expect("start 3 redis-server masters with a password");
+    let s = Scratch::new();
+    let key = "cli:auth";
+    let urls = m.urls();
+    let wrong: Vec<String> = urls
+        .iter()
+        .map(|u| u.replace("right-pw", "wrong-pw"))
+        .collect();
+    let none: Vec<String> = urls.iter().map(|u| u.replace(":right-pw@", "")).collect();
+    let attempt = |masters: Vec<&str>, extra: &[&str]| {
+        let mut c = redlock(None, &["run", "-w", "60", "--masters", &masters.join(",")]);
+        c.args(extra).args([key, "touch"]).arg(s.file("ran"));
+        let started = Instant::now();
+        let out = output(c, Duration::from_secs(10));
+        (out, started.elapsed())
+    };
+    // Every master refuses the password, or wants one: 64 at once, naming each master.
+    for (urls, why) in [(&wrong, "WRONGPASS"), (&none, "NOAUTH")] {
+        let (out, took) = attempt(urls.iter().map(String::as_str).collect(), &[]);
+        let err = stderr(&out);
+        assert_eq!(code(&out), 64, "{why}: {err}");
+        assert!(took < Duration::from_secs(5), "{why}: took {took:?}: {err}");
+        for a in m.addrs() {
+            assert!(err.contains(&a.to_string()), "{why}: {a} not named: {err}");
+        }
+        assert!(err.contains(why), "{err}");
+        assert!(
+            !err.contains("wrong-pw") && !err.contains("right-pw"),
+            "{err}"
+        );
+    }
+    // Two of three refuse: no quorum is possible: 64 as well.
+    let (out, _) = attempt(vec![&wrong[0], &wrong[1], &urls[2]], &[]);
+    assert_eq!(code(&out), 64, "{}", stderr(&out));
+    assert!(!s.path("ran").exists(), "a refused run ran its command");
+    // One refuses: the lock is taken on the other two, COMMAND runs.
+    let (out, _) = attempt(vec![&wrong[0], &urls[1], &urls[2]], &[]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(s.path("ran").exists());
+}
+
+#[test]
+fn run_fencing_on_masters_that_do_not_persist_fails_at_once() {
+    // LocalMasters run without persistence: no master may vote for a fenced lock.
+    let m = masters(3);
+    let out = output(
+        redlock(
+            Some(&m),
+            &["run", "--fencing", "-w", "60", "cli:fence-nd", "--", "true"],
+        ),
+        Duration::from_secs(10),
+    );
+    let err = stderr(&out);
+    assert_eq!(code(&out), 64, "{err}");
+    assert!(err.contains("appendfsync always"), "{err}");
+}
+
+/// Run to completion (bounded) with stdout going to `stdout`; stderr captured.
+fn output_to(mut cmd: Command, stdout: Stdio, within: Duration) -> Output {
+    cmd.stdout(stdout).stderr(Stdio::piped());
+    let child = cmd.spawn().expect("spawn redlock");
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    rx.recv_timeout(within)
+        .unwrap_or_else(|_| panic!("redlock did not finish within {within:?}"))
+        .expect("wait for redlock")
+}
+
+#[test]
+fn status_with_stdout_a_closed_pipe_or_a_full_disk_does_not_panic() {
+    let m = masters(3);
+    for args in [
+        &["status", "cli:epipe-status"][..],
+        &["status", "--json", "cli:epipe-status"],
+    ] {
+        // `redlock status | head -1`, head gone: every write fails with EPIPE.
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+        drop(theirs);
+        let out = output_to(
+            redlock(Some(&m), args),
+            Stdio::from(std::os::fd::OwnedFd::from(ours)),
+            Duration::from_secs(10),
+        );
+        assert_eq!(code(&out), 0, "{args:?}: {}", stderr(&out));
+        assert_eq!(stderr(&out), "", "{args:?}");
+        // Output to a full disk is an error, said on stderr.
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .expect("open /dev/full");
+        let out = output_to(
+            redlock(Some(&m), args),
+            Stdio::from(full),
+            Duration::from_secs(10),
+        );
+        assert_eq!(code(&out), 71, "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).starts_with("redlock: "),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+        assert!(
+            !stderr(&out).contains("panicked"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+}
+
+#[test]
+fn a_short_ttl_alone_does_not_warn_about_a_kill_grace_never_set() {
+    let m = masters(3);
+    let key = "cli:grace";
+    // --kill-grace defaults to min(5s, ttl/6): nothing to warn about.
+    for ttl in ["5s", "1s", "2"] {
+        let out = run_out(&m, &["--ttl", ttl, key, "--", "true"]);
+        assert_eq!(code(&out), 0, "--ttl {ttl}: {}", stderr(&out));
+        assert_eq!(stderr(&out), "", "--ttl {ttl} alone");
+    }
+    // One set too large is still warned about.
+    let out = run_out(
+        &m,
+        &["--ttl", "5s", "--kill-grace", "3s", key, "--", "true"],
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("warning: --kill-grace 3s"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn run_waits_for_masters_that_refuse_the_handshake_only_for_now() {
+    // A master busy running a script answers the handshake (SCRIPT LOAD) with -BUSY: it
+    // will answer again once the script ends, so run waits for it, as for a timeout.
+    let m = LocalMasters::start_with(3, &["--lua-time-limit", "50"])
+        .expect("start 3 redis-server masters");
+    let busy: Vec<_> = (0..2)
+        .map(|i| {
+            let addr = m[i].addr();
+            thread::spawn(move || {
+                redlock_mux::local::command(
+                    addr,
+                    &[b"EVAL", b"while true do end", b"0"],
+                    Duration::from_secs(30),
+                )
+            })
+        })
+        .collect();
+    for i in 0..2 {
+        eventually("the master to be busy", Duration::from_secs(10), || {
+            matches!(
+                redlock_mux::local::command(m[i].addr(), &[b"PING"], Duration::from_secs(2)),
+                Ok(AdminReply::Error(e)) if e.starts_with("BUSY")
+            )
+        });
+    }
+    let started = Instant::now();
+    let out = output(
+        redlock(
+            Some(&m),
+            &[
+                "run",
+                "-w",
+                "1",
+                "--round-timeout",
+                "100ms",
+                "cli:busy",
+                "--",
+                "true",
+            ],
+        ),
+        Duration::from_secs(15),
+    );
+    let took = started.elapsed();
+    for i in 0..2 {
+        let _ =
+            redlock_mux::local::command(m[i].addr(), &[b"SCRIPT", b"KILL"], Duration::from_secs(2));
+    }
+    for b in busy {
+        let _ = b.join();
+    }
+    let err = stderr(&out);
+    assert_eq!(code(&out), 69, "{err}");
+    assert!(
+        took >= Duration::from_secs(1),
+        "gave up after {took:?}: {err}"
+    );
+    assert!(err.contains("no quorum") && err.contains("BUSY"), "{err}");
+}

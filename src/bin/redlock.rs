@@ -20,9 +20,32 @@ mod status;
 
 use common::exit;
 
-/// Parse a human duration (`30s`, `1m 30s`, `250ms`) with `humantime`.
+/// Parse a duration for any flag: a bare number is seconds, fractions included (`10`,
+/// `0.5`: what `flock -w` takes), anything else a `humantime` duration (`30s`, `1m30s`,
+/// `1.5s`, `250ms`).
 fn duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{e} (write e.g. 30s, 1m30s, 250ms)"))
+    const FORMS: &str = "write seconds (10, 0.5) or a number with a unit (30s, 1m30s, 250ms)";
+    let s = s.trim();
+    let bare_seconds = {
+        let (whole, frac) = s.split_once('.').unwrap_or((s, "0"));
+        let digits = |d: &str| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit());
+        digits(whole) && digits(frac)
+    };
+    // humantime does the arithmetic (exact fractions, overflow) once it has the unit.
+    let parsed = if bare_seconds {
+        humantime::parse_duration(&format!("{s}s"))
+    } else {
+        humantime::parse_duration(s)
+    };
+    parsed.map_err(|e| match e {
+        // Its list of units helps; its other messages ("time unit needed, for example
+        // 0sec") do not, or point at forms that are no longer needed.
+        humantime::DurationError::UnknownUnit { ref unit, .. } if !unit.is_empty() => {
+            format!("{e}; {FORMS}")
+        }
+        humantime::DurationError::NumberOverflow => format!("too large or too precise; {FORMS}"),
+        _ => format!("not a duration; {FORMS}"),
+    })
 }
 
 #[derive(Parser, Debug)]
@@ -33,6 +56,8 @@ fn duration(s: &str) -> Result<Duration, String> {
              benchmark lock latency, inspect a lock.",
     after_help = "Masters are redis://[user:password@]host:port[/db] or host:port, given with \
                   --masters (comma separated, repeatable) or in REDLOCK_MASTERS.\n\
+                  Durations are seconds (10, 0.5, as for flock -w) or a number with a unit \
+                  (30s, 1m30s, 1.5s, 250ms).\n\
                   Messages go to stderr, prefixed `redlock:`. Usage and configuration errors \
                   exit with 64."
 )]
@@ -44,7 +69,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run a command while holding a lock (a distributed flock for cron jobs and scripts).
-    #[command(after_help = run::AFTER_HELP)]
+    #[command(after_help = run::AFTER_HELP, override_usage = run::USAGE)]
     Run(run::RunArgs),
     /// Measure lock+unlock latency and throughput, and check mutual exclusion.
     #[command(after_help = bench::AFTER_HELP)]
@@ -65,11 +90,13 @@ enum Command {
 pub struct MasterArgs {
     /// Redis masters, comma separated; repeatable. An odd number, 3 or more, each
     /// independent (not replicas of each other).
+    // `hide_env_values`: the URLs may hold passwords; `--help` names the variable only.
     #[arg(
         short,
         long = "masters",
         value_name = "URLS",
         env = "REDLOCK_MASTERS",
+        hide_env_values = true,
         value_delimiter = ','
     )]
     masters: Vec<String>,
@@ -103,4 +130,40 @@ fn main() -> ExitCode {
         Command::Watchdog(args) => child::watchdog_main(args),
     };
     ExitCode::from(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations() {
+        let ms = Duration::from_millis;
+        assert_eq!(duration("10"), Ok(Duration::from_secs(10)));
+        assert_eq!(duration("0.5"), Ok(ms(500)));
+        assert_eq!(duration("0"), Ok(Duration::ZERO));
+        assert_eq!(duration("1.25"), Ok(ms(1250)));
+        assert_eq!(duration(" 2 "), Ok(ms(2000)));
+        assert_eq!(duration("0.000000001"), Ok(Duration::from_nanos(1)));
+        assert_eq!(duration("30s"), Ok(ms(30_000)));
+        assert_eq!(duration("1m30s"), Ok(ms(90_000)));
+        assert_eq!(duration("1.5s"), Ok(ms(1500)));
+        assert_eq!(duration("250ms"), Ok(ms(250)));
+        for bad in [
+            "",
+            "10x",
+            "-1",
+            "1e3",
+            ".5",
+            "5.",
+            "0.5.1",
+            "soon",
+            "0.0000000001",
+        ] {
+            let e = duration(bad).expect_err(bad);
+            assert!(e.contains("(10, 0.5)") && !e.contains("0sec"), "{bad}: {e}");
+        }
+        assert!(duration("10x").unwrap_err().contains("supported units"));
+    }
 }

@@ -98,11 +98,23 @@ pub fn exec_main(args: ExecArgs) -> u8 {
     }
 }
 
-/// Spawn COMMAND through the exec helper, as the leader of a new process group. Call from
-/// the thread that lives as long as redlock (the main thread): the parent-death signal
-/// fires when the thread that spawned the helper exits, not the process.
-pub fn spawn_command(command: &[OsString]) -> io::Result<Child> {
+/// Spawn COMMAND through the exec helper, as the leader of a new process group, with
+/// `env` set and `unset` removed in its environment (the helper's, which COMMAND inherits
+/// through the exec). Call from the thread that lives as long as redlock (the main
+/// thread): the parent-death signal fires when the thread that spawned the helper exits,
+/// not the process.
+pub fn spawn_command(
+    command: &[OsString],
+    env: &[(&str, OsString)],
+    unset: &[&str],
+) -> io::Result<Child> {
     let mut cmd = Command::new(this_program()?);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    for k in unset {
+        cmd.env_remove(k);
+    }
     cmd.arg0("redlock")
         .arg("__exec")
         .arg("--parent")

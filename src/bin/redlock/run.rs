@@ -31,7 +31,7 @@ use nix::errno::Errno;
 use nix::sys::signal::{kill, pthread_sigmask, raise, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
-use redlock_mux::{Error, HoldOptions, Lock, LockSignal, Outcome, Redlock};
+use redlock_mux::{Error, Fault, HoldOptions, Lock, LockSignal, Outcome, Redlock, Report};
 use signal_hook::consts::{SIGCHLD, SIGCONT, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGTSTP};
 use signal_hook::iterator::Signals;
 
@@ -39,13 +39,21 @@ use crate::child::{self, Watchdog};
 use crate::common::{exit, human_duration, say};
 use crate::{duration, MasterArgs};
 
+pub const USAGE: &str = "\
+redlock run [OPTIONS] RESOURCE [--] COMMAND [ARGS]...
+       redlock run [OPTIONS] RESOURCE -c CMD";
+
 pub const AFTER_HELP: &str = "\
+Like flock(1): COMMAND starts at the first word after RESOURCE (`--` is optional; every
+word after COMMAND is COMMAND's, options included), or -c CMD runs `sh -c CMD`. Durations
+are seconds (10, 0.5) or a number with a unit (30s, 1m30s, 1.5s, 250ms).
+
 How it works:
-  Takes the lock (waiting up to --wait), runs COMMAND in its own process group, extends the
-  lock whenever a third of its validity is left, and releases it once no process of that
-  group is left (see below). The lock is lost when an extension fails (no quorum, or no
-  longer held) or its validity runs out; then COMMAND's process group gets SIGTERM, and
-  SIGKILL after --kill-grace.
+  Takes the lock, runs COMMAND in its own process group, extends the lock whenever a third
+  of its validity is left, and releases it once no process of that group is left (see
+  below). The lock is lost when an extension fails (no quorum, or no longer held) or its
+  validity runs out; then COMMAND's process group gets SIGTERM, and SIGKILL after
+  --kill-grace.
   SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to redlock are forwarded to COMMAND's process
   group (followed by SIGCONT). Because COMMAND has its own process group it cannot use the
   terminal interactively (reading from it stops it): run non-interactive commands, as from
@@ -56,6 +64,34 @@ How it works:
   Then the lock counts as lost, and COMMAND is gone before the lock can expire. Keep
   --kill-grace plus two round timeouts below 0.45 x --ttl (the defaults, 5s and 30s, do);
   redlock warns otherwise.
+
+Waiting for the lock:
+  Attempts are 200ms (+-100ms) apart until --wait has passed; the last one starts then.
+  Masters that are taken, time out or are down are waited for; after --wait, redlock says
+  what each master did in the last attempt (taken: exit 1; no quorum: exit 69). Two cases
+  fail at once, since waiting cannot change them: masters refuse this client (handshake
+  refused: wrong or missing password, unknown user, no right to a command, bad database;
+  not durable enough for --fencing; the same server listed twice) so that no quorum is
+  possible, or while no other master answers: exit 64, naming them and why; every master
+  refuses the connection (nothing listens: wrong ports, Redis not running): exit 69.
+  Refusals for the moment (LOADING after a restart, BUSY with a script, too many
+  clients) are waited for.
+
+COMMAND's environment:
+  REDLOCK_RESOURCE        RESOURCE
+  REDLOCK_TOKEN           the lock's token (32 hex characters). It is a capability: with
+                          it anyone can release or extend the lock. Do not log it or pass
+                          it on to anything you would not let hold the lock
+  REDLOCK_FENCING_TOKEN   with --fencing: the lock's fencing token, a number that
+                          increases from one holder of RESOURCE to the next; send it with
+                          each write to the protected resource, which should refuse a token
+                          lower than one it has seen. Fencing needs every master to persist
+                          every write (appendonly yes, appendfsync always): other masters
+                          get no vote. Without --fencing this variable is removed (an outer
+                          run's does not leak in)
+  No validity deadline is passed: the environment is fixed when COMMAND starts and the
+  validity moves with every extension; redlock itself ends COMMAND before the lock can
+  expire (see above).
 
 COMMAND does not run without the lock:
   Background jobs: the lock is held, and extended, until every process of COMMAND's
@@ -84,8 +120,11 @@ Exit status:
                           with --no-wait); COMMAND did not run
   75 (--lost-exit-code)   the lock was lost before COMMAND finished; COMMAND (its whole
                           process group) was terminated if still running
-  64                      usage or configuration error (no masters, bad URL, bad duration)
-  69                      no quorum of masters answered; COMMAND did not run
+  64                      usage or configuration error (no masters, bad URL, bad
+                          duration; masters refusing this client, such as a wrong
+                          password, see above); COMMAND did not run
+  69                      no quorum of masters answered within --wait, or every master
+                          refused the connection (at once); COMMAND did not run
   71                      local OS error (event loop, signals, starting the watchdog or the
                           exec helper); COMMAND did not run, or was killed
   126, 127                COMMAND could not be executed / was not found; reported by the
@@ -93,9 +132,11 @@ Exit status:
                           COMMAND that itself exits 126 or 127 looks the same, as in shells
   128+N                   redlock got signal N before COMMAND started
 
-Example (crontab on several hosts: the nightly backup runs on one of them):
+Examples (crontab on several hosts: the nightly backup runs on one of them; a report
+waits up to 30 seconds for the previous one):
   REDLOCK_MASTERS=redis://10.0.0.1:6379,redis://10.0.0.2:6379,redis://10.0.0.3:6379
-  0 3 * * *  redlock run -n -q -E 0 backup-nightly -- /usr/local/bin/backup.sh";
+  0 3 * * *    redlock run -n -q -E 0 backup-nightly /usr/local/bin/backup.sh --full
+  */5 * * * *  redlock run -w 30 report -c 'rollup.sh && publish.sh'";
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -105,7 +146,8 @@ pub struct RunArgs {
     /// the lock outlives a redlock that died, not how long COMMAND may run.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration)]
     ttl: Duration,
-    /// Wait up to this long for the lock, retrying while it is taken.
+    /// Wait up to this long for the lock, retrying while it is taken or no quorum
+    /// answers (`-w 10`: ten seconds, as for flock).
     #[arg(
         short,
         long,
@@ -133,6 +175,10 @@ pub struct RunArgs {
     /// gets no quorum in time is retried until the lost margin (see below).
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     round_timeout: Option<Duration>,
+    /// Take the lock with a fencing token, passed to COMMAND as REDLOCK_FENCING_TOKEN.
+    /// Needs masters with `appendonly yes` and `appendfsync always` (others get no vote).
+    #[arg(long)]
+    fencing: bool,
     /// Say nothing when the lock is held by someone else (cron mails stay quiet); other
     /// errors are still reported.
     #[arg(short, long, conflicts_with = "verbose")]
@@ -140,11 +186,27 @@ pub struct RunArgs {
     /// Report acquire, extend and release on stderr.
     #[arg(short, long)]
     verbose: bool,
+    /// Pass a single command to the shell: run `sh -c CMD` (like `flock -c`).
+    #[arg(
+        short = 'c',
+        long = "command",
+        value_name = "CMD",
+        conflicts_with = "command"
+    )]
+    shell_command: Option<OsString>,
     /// The lock's name (the Redis key).
     #[arg(value_name = "RESOURCE")]
     resource: String,
-    /// The command to run, and its arguments, after `--`.
-    #[arg(last = true, required = true, num_args = 1.., value_name = "COMMAND")]
+    /// The command to run, and its arguments. It starts at the first word after RESOURCE
+    /// (or after `--`): every word from there on, options included, is COMMAND's.
+    // `trailing_var_arg`: once COMMAND started, clap parses nothing more, a `--` included;
+    // without `allow_hyphen_values`, options between RESOURCE and COMMAND are redlock's.
+    #[arg(
+        trailing_var_arg = true,
+        num_args = 1..,
+        value_name = "COMMAND",
+        required_unless_present = "shell_command"
+    )]
     command: Vec<OsString>,
 }
 
@@ -152,6 +214,14 @@ pub struct RunArgs {
 const POLL: Duration = Duration::from_millis(50);
 
 impl RunArgs {
+    /// The program and arguments to run: COMMAND, or `sh -c CMD`.
+    fn argv(&self) -> Vec<OsString> {
+        match &self.shell_command {
+            Some(cmd) => vec!["sh".into(), "-c".into(), cmd.clone()],
+            None => self.command.clone(),
+        }
+    }
+
     /// `--kill-grace`, or its default: 5 s, or a sixth of the TTL if that is less.
     fn kill_grace(&self) -> Duration {
         self.kill_grace
@@ -240,8 +310,7 @@ pub fn main(args: RunArgs) -> u8 {
     let mut client = match Redlock::builder()
         .masters(&urls)
         .node_timeout(round_timeout)
-        // `--wait` bounds the retries, not a count.
-        .retry_count(u32::MAX)
+        .fencing(args.fencing)
         .build()
     {
         Ok(c) => c,
@@ -311,11 +380,7 @@ fn hold_and_run(args: &RunArgs, client: &mut Redlock, job: &Mutex<Job>, rx: Rece
             }
         );
     }
-    let result = if no_wait {
-        client.try_lock(resource, ttl)
-    } else {
-        client.lock_with_deadline(resource, ttl, started + args.wait)
-    };
+    let result = acquire(args, client, started, &rx);
     // From here on a signal no longer cancels: a cancel would cut short the extend and
     // release rounds.
     lock_job(job).acquiring = false;
@@ -323,16 +388,24 @@ fn hold_and_run(args: &RunArgs, client: &mut Redlock, job: &Mutex<Job>, rx: Rece
 
     let lock = match result {
         Ok(lock) => lock,
-        Err(Error::Cancelled) => {
+        Err(Failed::Error(Error::Cancelled)) => {
             let sig = early_signal.unwrap_or(SIGINT);
             say!("got {}, gave up waiting for {resource}", signal_name(sig));
             return exit::signal(sig);
         }
-        Err(e) => return acquire_failed(args, &e),
+        Err(Failed::Signal(sig)) => {
+            say!("got {}, gave up waiting for {resource}", signal_name(sig));
+            return exit::signal(sig);
+        }
+        Err(Failed::Hopeless(code)) => return code,
+        Err(Failed::Error(e)) => return acquire_failed(args, &e, no_wait),
     };
     if args.verbose {
+        let fence = lock
+            .fencing_token()
+            .map_or_else(String::new, |f| format!(", fencing token {f}"));
         say!(
-            "acquired {resource} (token {}…, validity {}) after {}",
+            "acquired {resource} (token {}…{fence}, validity {}) after {}",
             lock.token().short(),
             human_duration(lock.remaining()),
             human_duration(started.elapsed())
@@ -367,9 +440,15 @@ fn hold_and_run(args: &RunArgs, client: &mut Redlock, job: &Mutex<Job>, rx: Rece
     // Spawned on this (the main) thread, which lives as long as redlock: the helper's
     // parent-death signal fires when the spawning thread ends. Under the job lock, so that
     // a Ctrl-Z sees the group either not yet or fully registered.
+    // Variables of ours that COMMAND must not inherit from an outer run.
+    let unset: &[&str] = if lock.fencing_token().is_some() {
+        &[]
+    } else {
+        &[ENV_FENCING_TOKEN]
+    };
     let spawned = {
         let mut job = lock_job(job);
-        child::spawn_command(&args.command).map(|c| {
+        child::spawn_command(&args.argv(), &command_env(args, &lock), unset).map(|c| {
             let leader = Pid::from_raw(c.id() as i32);
             job.group = Some(leader);
             job.held = true;
@@ -702,6 +781,26 @@ impl Supervisor<'_> {
     }
 }
 
+/// COMMAND's environment variables that name its lock.
+const ENV_RESOURCE: &str = "REDLOCK_RESOURCE";
+const ENV_TOKEN: &str = "REDLOCK_TOKEN";
+const ENV_FENCING_TOKEN: &str = "REDLOCK_FENCING_TOKEN";
+
+/// What COMMAND is told about its lock: the resource, the token (a capability: with it,
+/// anyone can release or extend the lock), and the fencing token with `--fencing`. No
+/// validity deadline: an environment is fixed at exec, the validity moves with every
+/// extension, and `run` ends COMMAND itself before the lock can expire.
+fn command_env(args: &RunArgs, lock: &Lock) -> Vec<(&'static str, OsString)> {
+    let mut env = vec![
+        (ENV_RESOURCE, OsString::from(&args.resource)),
+        (ENV_TOKEN, OsString::from(lock.token().as_str())),
+    ];
+    if let Some(fence) = lock.fencing_token() {
+        env.push((ENV_FENCING_TOKEN, fence.to_string().into()));
+    }
+    env
+}
+
 fn release(args: &RunArgs, client: &mut Redlock, lock: Lock) {
     match client.release(lock) {
         Ok(()) => {
@@ -716,26 +815,183 @@ fn release(args: &RunArgs, client: &mut Redlock, lock: Lock) {
     }
 }
 
-fn acquire_failed(args: &RunArgs, e: &Error) -> u8 {
+/// Why no lock was acquired.
+enum Failed {
+    /// The last attempt's error (or a local one).
+    Error(Error),
+    /// A terminating signal came between two attempts.
+    Signal(i32),
+    /// Retrying could not help; said so, exit with this code.
+    Hopeless(u8),
+}
+
+/// Take the lock: one attempt (`--no-wait`), or attempts until one succeeds or `--wait`
+/// has passed (the last one starts at the deadline, so a failed run waited all of
+/// `--wait`), with the library's default retry delay in between (200 ms +- 100 ms).
+/// Attempts are the client's own (`try_lock`) so that each one's report can be judged:
+/// when masters refuse the client for good, or none accepts a connection, waiting cannot
+/// help (`hopeless`).
+fn acquire(
+    args: &RunArgs,
+    client: &mut Redlock,
+    started: Instant,
+    rx: &Receiver<i32>,
+) -> Result<Lock, Failed> {
+    let no_wait = args.no_wait || args.wait.is_zero();
+    let deadline = started + args.wait;
+    let mut rng = fastrand::Rng::new();
+    loop {
+        let e = match client.try_lock(&args.resource, args.ttl) {
+            Ok(lock) => return Ok(lock),
+            Err(e @ (Error::Taken(_) | Error::NoQuorum(_) | Error::ValidityUsedUp(_))) => e,
+            Err(e) => return Err(Failed::Error(e)),
+        };
+        if let Some(code) = e.report().and_then(|r| hopeless(args, r)) {
+            return Err(Failed::Hopeless(code));
+        }
+        if no_wait || Instant::now() >= deadline {
+            return Err(Failed::Error(e));
+        }
+        let pause = Duration::from_millis(rng.u64(100..=300));
+        if let Some(sig) = pause_until((Instant::now() + pause).min(deadline), rx) {
+            return Err(Failed::Signal(sig));
+        }
+    }
+}
+
+/// Sleep until `until`, unless a terminating signal comes first (returned).
+fn pause_until(until: Instant, rx: &Receiver<i32>) -> Option<i32> {
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        match rx.recv_timeout(left) {
+            Ok(sig) if is_terminating(sig) => return Some(sig),
+            Ok(_) => {}
+            Err(RecvTimeoutError::Timeout) => return None,
+            Err(RecvTimeoutError::Disconnected) => {
+                thread::sleep(left);
+                return None;
+            }
+        }
+    }
+}
+
+/// A master that refuses this client whatever the wait: a handshake refused for who we
+/// are or what we ask (wrong or missing password, unknown user or one without the right
+/// to a command, bad database index), not durable enough for `--fencing`, or the same
+/// server as another master listed. A refusal for the moment is not one: `-LOADING` (a
+/// master reading its data after a restart), `-BUSY` (running a long script),
+/// `-ERR max number of clients reached`, and any code not known here, are waited for.
+fn refuses(o: Outcome) -> bool {
+    match o {
+        Outcome::Failed(Fault::Handshake(t)) => {
+            t.starts_with(b"WRONGPASS")
+                || t.starts_with(b"NOAUTH")
+                || t.starts_with(b"NOPERM")
+                || (t.starts_with(b"ERR ") && !t.starts_with(b"ERR max number of clients"))
+        }
+        Outcome::Failed(Fault::NotDurable | Fault::SameServer) => true,
+        _ => false,
+    }
+}
+
+/// A master that gave no answer at all: not connected, connection lost, timed out, not
+/// asked, or not heard from before the round was decided.
+fn silent(o: Outcome) -> bool {
+    matches!(
+        o,
+        Outcome::Pending
+            | Outcome::TimedOut
+            | Outcome::Failed(
+                Fault::Down | Fault::Connect(_) | Fault::Closed(_) | Fault::Backlogged
+            )
+    )
+}
+
+/// Whether an attempt's report shows that waiting cannot help; if so, say why and return
+/// the exit code.
+/// * Masters refuse the client (`refuses`), so many that no quorum is possible without
+///   them, or while no other master answered at all (a wrong password for every master is
+///   the common case): a configuration error, 64.
+/// * Every master refused the connection: nothing listens at any address (wrong ports, or
+///   Redis not running), 69. Masters that time out are waited for: a network may come
+///   back; so are some masters refusing while others answer.
+fn hopeless(args: &RunArgs, r: &Report) -> Option<u8> {
+    let n = r.outcomes().count();
+    let refusing: Vec<(&str, Outcome)> = r.outcomes().filter(|(_, o)| refuses(*o)).collect();
+    if !refusing.is_empty()
+        && (n - refusing.len() < r.quorum() || r.outcomes().all(|(_, o)| refuses(o) || silent(o)))
+    {
+        let mut hints = Vec::new();
+        if refusing
+            .iter()
+            .any(|(_, o)| matches!(o, Outcome::Failed(Fault::Handshake(_))))
+        {
+            hints.push("check the user, password and database in the master URLs");
+        }
+        if refusing
+            .iter()
+            .any(|(_, o)| *o == Outcome::Failed(Fault::NotDurable))
+        {
+            hints.push("--fencing needs masters with appendonly yes and appendfsync always");
+        }
+        if refusing
+            .iter()
+            .any(|(_, o)| *o == Outcome::Failed(Fault::SameServer))
+        {
+            hints.push("list each server once");
+        }
+        let k = refusing.len();
+        let why = if n - k < r.quorum() {
+            format!("so no quorum of {} is possible", r.quorum())
+        } else {
+            "and no other master answered".to_string()
+        };
+        say!(
+            "cannot lock {}: {k} of {n} master{} refuse{} this client, {why}, and waiting will \
+             not change that: {}. Last attempt: {r}",
+            args.resource,
+            if n == 1 { "" } else { "s" },
+            if k == 1 { "s" } else { "" },
+            hints.join("; "),
+        );
+        return Some(exit::USAGE);
+    }
+    let refused = Outcome::Failed(Fault::Connect(io::ErrorKind::ConnectionRefused));
+    if r.outcomes().all(|(_, o)| o == refused) {
+        say!(
+            "cannot lock {}: every master refused the connection (nothing listens there: is \
+             Redis running, are the addresses right?): {r}",
+            args.resource
+        );
+        return Some(exit::UNAVAILABLE);
+    }
+    None
+}
+
+/// Say why the last attempt failed, and return the exit code.
+fn acquire_failed(args: &RunArgs, e: &Error, no_wait: bool) -> u8 {
     let resource = &args.resource;
+    let waited = if no_wait {
+        String::new()
+    } else {
+        format!(" after waiting {}", humantime::format_duration(args.wait))
+    };
     match e {
-        Error::Taken(_) => {
+        Error::Taken(r) => {
             if !args.quiet {
-                say!("{resource} is locked: {e}");
+                if no_wait {
+                    say!("{resource} is locked: {e}");
+                } else {
+                    say!("{resource} is still locked{waited}: last attempt: {r}");
+                }
             }
             args.conflict_exit_code
         }
-        Error::DeadlineExceeded(Some(r)) if r.masters_with(Outcome::Taken).next().is_some() => {
-            if !args.quiet {
-                say!(
-                    "{resource} is still locked after waiting {}: last attempt: {r}",
-                    humantime::format_duration(args.wait)
-                );
-            }
-            args.conflict_exit_code
-        }
-        Error::DeadlineExceeded(_) | Error::NoQuorum(_) | Error::ValidityUsedUp(_) => {
-            say!("cannot lock {resource}: {e}");
+        Error::NoQuorum(_) | Error::ValidityUsedUp(_) => {
+            say!("cannot lock {resource}{waited}: {e}");
             exit::UNAVAILABLE
         }
         _ => {

@@ -15,12 +15,15 @@ pub const AFTER_HELP: &str = "\
 Asks every master, in parallel, for the lock's key (GET) and its time to live (PTTL),
 authenticating with the URL's user and password and selecting its database.
 Tokens are shown shortened: a whole token is the capability to release the lock.
+Durations are seconds (0.5) or a number with a unit (500ms). Output to a closed pipe
+(`redlock status R | head -1`) stops quietly.
 
 Exit status:
   0    every master answered (whether or not the lock is held)
   1    some master did not answer (down, refused, timed out) or answered an error
        (wrong password, for instance)
-  64   usage or configuration error";
+  64   usage or configuration error
+  71   the output could not be written (a full disk, say; not a closed pipe)";
 
 #[derive(Args, Debug)]
 pub struct StatusArgs {
@@ -88,10 +91,23 @@ pub fn main(args: StatusArgs) -> u8 {
     });
     let quorum = specs.len() / 2 + 1;
     let verdict = verdict(&states, quorum);
-    if args.json {
-        print_json(&args.resource, &specs, &states, quorum, &verdict);
+    // Written whole, then flushed; never with `println!`, which panics when stdout fails
+    // (`redlock status | head -1`: EPIPE once head is gone).
+    let mut out = io::BufWriter::new(io::stdout().lock());
+    let written = if args.json {
+        print_json(&mut out, &args.resource, &specs, &states, quorum, &verdict)
     } else {
-        print_table(&args.resource, &specs, &states, quorum, &verdict);
+        print_table(&mut out, &args.resource, &specs, &states, quorum, &verdict)
+    }
+    .and_then(|()| out.flush());
+    match written {
+        Ok(()) => {}
+        // Whoever reads stopped reading: nothing to say, and nobody to say it to.
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {}
+        Err(e) => {
+            say!("cannot write the status: {e}");
+            return exit::OSERR;
+        }
     }
     if states.iter().all(State::answered) {
         exit::OK
@@ -151,27 +167,34 @@ fn verdict(states: &[State], quorum: usize) -> (Option<Vec<u8>>, usize, String) 
 }
 
 fn print_table(
+    out: &mut impl Write,
     resource: &str,
     specs: &[MasterSpec],
     states: &[State],
     quorum: usize,
     verdict: &(Option<Vec<u8>>, usize, String),
-) {
-    println!("{resource} on {} masters (quorum {quorum}):", specs.len());
+) -> io::Result<()> {
+    writeln!(
+        out,
+        "{resource} on {} masters (quorum {quorum}):",
+        specs.len()
+    )?;
     let width = specs
         .iter()
         .map(|s| s.to_string().len())
         .max()
         .unwrap_or(6)
         .max(6);
-    println!(
+    writeln!(
+        out,
         "  {:<width$}  {:<11}  {:<10}  PTTL",
         "MASTER", "STATE", "HOLDER"
-    );
+    )?;
     for (spec, state) in specs.iter().zip(states) {
         let name = spec.to_string();
         match state {
-            State::Held(t, pttl) => println!(
+            State::Held(t, pttl) => writeln!(
+                out,
                 "  {name:<width$}  {:<11}  {:<10}  {}",
                 "held",
                 short_token(t),
@@ -179,24 +202,25 @@ fn print_table(
                     || "no expiry".to_string(),
                     |ms| humantime::format_duration(Duration::from_millis(ms)).to_string()
                 )
-            ),
-            State::Free => println!("  {name:<width$}  {:<11}  {:<10}  -", "free", "-"),
+            )?,
+            State::Free => writeln!(out, "  {name:<width$}  {:<11}  {:<10}  -", "free", "-")?,
             State::Unreachable(why) => {
-                println!("  {name:<width$}  {:<11}  {why}", "unreachable")
+                writeln!(out, "  {name:<width$}  {:<11}  {why}", "unreachable")?
             }
-            State::Failed(why) => println!("  {name:<width$}  {:<11}  {why}", "error"),
+            State::Failed(why) => writeln!(out, "  {name:<width$}  {:<11}  {why}", "error")?,
         }
     }
-    println!("{}", verdict.2);
+    writeln!(out, "{}", verdict.2)
 }
 
 fn print_json(
+    out: &mut impl Write,
     resource: &str,
     specs: &[MasterSpec],
     states: &[State],
     quorum: usize,
     verdict: &(Option<Vec<u8>>, usize, String),
-) {
+) -> io::Result<()> {
     let masters: Vec<serde_json::Value> = specs
         .iter()
         .zip(states)
@@ -225,7 +249,7 @@ fn print_json(
             }),
         })
         .collect();
-    let out = serde_json::json!({
+    let report = serde_json::json!({
         "resource": resource,
         "quorum": quorum,
         "locked": verdict.1 >= quorum,
@@ -234,7 +258,7 @@ fn print_json(
         "summary": verdict.2,
         "masters": masters,
     });
-    println!("{out}");
+    writeln!(out, "{report}")
 }
 
 /// Connect, authenticate, select the database, then `GET key` and `PTTL key`, pipelined.
