@@ -63,11 +63,16 @@ fn spans_per_operation_and_events_per_answer() {
     let spans = seen.spans.lock().unwrap();
     let events = seen.events.lock().unwrap();
     assert_eq!(spans.len(), 2, "{spans:?}");
-    assert!(spans[0].contains("redlock_mux::lock") && spans[0].contains("traced"), "{spans:?}");
+    assert!(
+        spans[0].contains("redlock_mux::lock") && spans[0].contains("traced"),
+        "{spans:?}"
+    );
     assert!(spans[1].contains("Release"), "{spans:?}");
     let answers = events.iter().filter(|e| e.contains("answer")).count();
     assert_eq!(answers, 6, "one per master per round: {events:?}");
-    assert!(events.iter().any(|e| e.contains("master=") && e.contains("outcome=ok")));
+    assert!(events
+        .iter()
+        .any(|e| e.contains("master=") && e.contains("outcome=ok")));
     let results = events.iter().filter(|e| e.contains("message=done")).count();
     assert_eq!(results, 2, "{events:?}");
 }

@@ -1004,7 +1004,7 @@ fn acquire_failed(args: &RunArgs, e: &Error, no_wait: bool) -> u8 {
 /// The exit code for an error that is not about the lock itself.
 pub fn error_code(e: &Error) -> u8 {
     match e {
-        Error::Config(_) | Error::InvalidArgument(_) => exit::USAGE,
+        Error::Config(_) | Error::InvalidArgument(_) | Error::Refused(_) => exit::USAGE,
         Error::Io(_) => exit::OSERR,
         Error::Taken(_)
         | Error::NoQuorum(_)
