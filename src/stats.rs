@@ -31,9 +31,14 @@ impl Default for Latency {
 
 impl Latency {
     /// Record one latency.
+    #[cfg(test)]
+    fn record(&mut self, d: Duration) {
+        self.record_us(u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+    }
+
+    /// Record one latency, in microseconds.
     #[inline]
-    pub(crate) fn record(&mut self, d: Duration) {
-        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+    pub(crate) fn record_us(&mut self, us: u64) {
         self.counts[bucket(us)] += 1;
         self.total += 1;
         self.max_us = self.max_us.max(us);

@@ -116,6 +116,10 @@ pub(crate) struct Engine {
     next_due: Option<Instant>,
     /// The owners of ops decided since the driver last looked (see [`Engine::take_decided`]).
     decided: Vec<(Owner, OpId)>,
+    /// The origin of [`Engine::micros`], and its last answer: replies of one poll share
+    /// their `now`, so latencies cost one clock subtraction per poll, not one per reply.
+    base: Instant,
+    clock: (Instant, u64),
 }
 
 /// Whoever started an op and wants to hear when it is decided (a task of the layer
@@ -142,7 +146,10 @@ impl Engine {
             active: Vec::with_capacity(64),
             next_due: None,
             decided: Vec::with_capacity(64),
+            base: Instant::now(),
+            clock: (Instant::now(), 0),
         };
+        e.clock = (e.base, 0);
         // Pre-build a few slots so the first cycles do not allocate either.
         for _ in 0..4 {
             e.new_slot();
@@ -156,6 +163,16 @@ impl Engine {
 
     pub(crate) fn quorum(&self) -> usize {
         self.quorum
+    }
+
+    /// `t` in microseconds since the engine's origin (cached for the last `t` asked).
+    #[inline]
+    fn micros(&mut self, t: Instant) -> u64 {
+        if t != self.clock.0 {
+            let us = t.saturating_duration_since(self.base);
+            self.clock = (t, us.as_secs() * 1_000_000 + u64::from(us.subsec_micros()));
+        }
+        self.clock.1
     }
 
     /// A timer at `t` exists now: make sure the loop looks at it.
@@ -172,6 +189,7 @@ impl Engine {
             req: Request::Acquire,
             tally: Tally::new(n, self.quorum),
             started: now,
+            started_us: 0,
             deadline: now,
             decided_at: now,
             args: OpArgs::default(),
@@ -222,6 +240,9 @@ impl Engine {
         op.req = req;
         op.tally.reset(n, quorum);
         op.started = now;
+        let started_us = self.micros(now);
+        let op = &mut self.ops[slot as usize];
+        op.started_us = started_us;
         let deadline = now + timeout;
         op.deadline = deadline;
         op.decided_at = now;
@@ -968,15 +989,16 @@ impl Engine {
                 return;
             }
         }
-        let op = &mut self.ops[id.slot as usize];
-        if op.gen != id.gen {
+        if self.ops[id.slot as usize].gen != id.gen {
             return;
         }
+        let latency_us = self
+            .micros(now)
+            .saturating_sub(self.ops[id.slot as usize].started_us);
         let stats = &mut self.nodes[i].stats;
-        stats
-            .latency
-            .record(now.saturating_duration_since(op.started));
+        stats.latency.record_us(latency_us);
         stats.outcome(outcome);
+        let op = &mut self.ops[id.slot as usize];
         op.outstanding = op.outstanding.saturating_sub(1);
         if op.state != OpState::Free {
             if outcome.is_ok() && value > op.max_value {

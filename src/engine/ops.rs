@@ -55,6 +55,8 @@ pub(crate) struct Op {
     pub req: Request,
     pub tally: Tally,
     pub started: Instant,
+    /// `started` in the engine's microseconds (for latencies).
+    pub(super) started_us: u64,
     pub deadline: Instant,
     pub decided_at: Instant,
     pub args: OpArgs,
