@@ -43,6 +43,8 @@ pub(crate) use ops::{KeyList, Op, OpArgs, OpId};
 /// The mio token reserved for the cross-thread waker.
 pub(crate) const WAKER: MioToken = MioToken(usize::MAX);
 
+/// Op slots the table has room for before it allocates.
+const OPS_RESERVED: usize = 256;
 /// Idle gaps between `drive` calls shorter than this do not shift the stall clocks.
 const IDLE_SHIFT_MIN: Duration = Duration::from_millis(1);
 
@@ -136,16 +138,19 @@ impl Engine {
             poll,
             events: Events::with_capacity(64),
             nodes,
-            ops: Vec::with_capacity(64),
-            free: Vec::with_capacity(64),
+            // Reserved, not touched: the table grows into it without an allocation when a
+            // lagging master keeps many ops waiting for its replies (the pages are only
+            // mapped when used).
+            ops: Vec::with_capacity(OPS_RESERVED),
+            free: Vec::with_capacity(OPS_RESERVED),
             shared: Vec::with_capacity(1024),
             cfg,
             quorum,
             waker,
             left_loop: Instant::now(),
-            active: Vec::with_capacity(64),
+            active: Vec::with_capacity(OPS_RESERVED),
             next_due: None,
-            decided: Vec::with_capacity(64),
+            decided: Vec::with_capacity(OPS_RESERVED),
             base: Instant::now(),
             clock: (Instant::now(), 0),
         };
