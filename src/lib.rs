@@ -138,7 +138,7 @@ pub use keep::HoldOptions;
 #[cfg(feature = "client")]
 pub use lock::Lock;
 #[cfg(feature = "client")]
-pub use rules::{Fault, Outcome};
+pub use rules::{Fault, Outcome, TlsFault};
 #[cfg(feature = "client")]
 pub use shared::{LockGuard, Lost, Pending, SharedRedlock};
 #[cfg(feature = "client")]
@@ -146,7 +146,7 @@ pub use single::{CancelHandle, Held, LockSignal, Redlock};
 #[cfg(feature = "client")]
 pub use token::Token;
 #[cfg(feature = "client")]
-pub use url::MasterSpec;
+pub use url::{Endpoint, MasterSpec};
 
 /// Longest resource name accepted, in bytes.
 pub const MAX_RESOURCE_LEN: usize = 4096;
