@@ -356,7 +356,7 @@ const EINPROGRESS: i32 = 36;
 
 /// One `write`: the bytes the kernel took (0 when it would block), or why the connection
 /// is broken.
-#[inline]
+#[inline(always)]
 pub(super) fn write_some(
     stream: &mut Stream,
     bytes: &[u8],
@@ -382,7 +382,7 @@ pub(super) fn write_some(
 
 /// One `read` into `buf` (never empty): the bytes read (0 when the socket is drained), or
 /// why the connection is broken (the end of stream is `Closed(UnexpectedEof)`).
-#[inline]
+#[inline(always)]
 pub(super) fn read_some(
     stream: &mut Stream,
     buf: &mut [u8],
