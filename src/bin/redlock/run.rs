@@ -237,8 +237,9 @@ pub fn main(args: RunArgs) -> u8 {
             );
         }
     }
-    let mut client = match Redlock::builder()
-        .masters(&urls)
+    let mut client = match args
+        .masters
+        .builder()
         .node_timeout(round_timeout)
         // `--wait` bounds the retries, not a count.
         .retry_count(u32::MAX)
