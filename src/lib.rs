@@ -13,6 +13,10 @@
 //! * [`local`]: start and control local `redis-server` processes (feature `local`), for
 //!   tests and benchmarks.
 //!
+//! Masters are given as URLs ([`MasterSpec::parse`]): `redis://` over TCP, `rediss://` over
+//! TLS (feature `tls`: rustls driven inside the same loop), `unix://` for a Unix socket.
+//! Host names are resolved at every connect, off the loop.
+//!
 //! # Lock and release
 //!
 //! ```no_run

@@ -524,9 +524,10 @@ impl LocalMaster {
         Self::start_inner(Transport::Tcp, extra_args, None)
     }
 
-    /// Starts `redis-server` listening on a Unix socket only (`--port 0 --unixsocket
-    /// <dir>/redis.sock`), with extra arguments as in [`start_with`](Self::start_with). Its
-    /// [`url`](Self::url) is `unix://<dir>/redis.sock`; [`port`](Self::port) is 0.
+    /// Starts `redis-server` listening on a Unix socket only: `--port 0` and
+    /// `--unixsocket DIR/redis.sock` in its temporary directory, with extra arguments as in
+    /// [`start_with`](Self::start_with). Its [`url`](Self::url) is `unix://DIR/redis.sock`;
+    /// [`port`](Self::port) is 0.
     ///
     /// # Examples
     ///
