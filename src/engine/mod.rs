@@ -1154,3 +1154,68 @@ impl Engine {
         self.nodes.iter().map(|n| n.stats)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A resolve that outlives the connect timeout: the master is down with
+    /// `Fault::Resolve("timed out")` at once, and the late answer is dropped when it comes.
+    #[test]
+    fn a_resolve_past_the_connect_timeout_is_dropped() {
+        let now = Instant::now();
+        let target = Target::Host {
+            host: Arc::from("localhost"),
+            port: 1,
+        };
+        let limits = NetConfig::default().limits;
+        let node = Node::new(Arc::from("localhost:1"), target, None, None, 0, limits, now);
+        let mut e = Engine::new(vec![node], NetConfig::default()).unwrap();
+        let token = crate::token::TokenSource::new().unwrap().next().unwrap();
+        let keys: [&[u8]; 1] = [b"k"];
+        let start = |e: &mut Engine, now| {
+            e.start(
+                Request::Acquire,
+                |a| a.set(keys, token, 1000),
+                Duration::from_secs(5),
+                now,
+                |_| true,
+                None,
+            )
+        };
+        let op = start(&mut e, now);
+        assert!(matches!(e.nodes[0].conn, Conn::Resolving));
+        assert_eq!(e.resolving, 1);
+        // The connect timeout passes before anyone looks at the answer.
+        let late = now + e.cfg.connect_timeout;
+        e.tick(late);
+        let timed_out = Fault::Resolve(ErrorText::new(b"timed out"));
+        assert!(matches!(e.nodes[0].conn, Conn::Down));
+        assert_eq!(e.nodes[0].stats.last_fault, Some(timed_out));
+        assert_eq!(
+            e.op(op).tally.outcomes()[0],
+            Outcome::Failed(timed_out),
+            "the op owed by the master failed with it"
+        );
+        // The thread's answer arrives (a wake), and is dropped: the master stays down.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while e.resolving > 0 && Instant::now() < deadline {
+            let now = e.wait(
+                Instant::now(),
+                Some(Instant::now() + Duration::from_millis(10)),
+            );
+            now.unwrap();
+        }
+        assert_eq!(e.resolving, 0);
+        assert!(!e.nodes[0].resolving);
+        assert!(matches!(e.nodes[0].conn, Conn::Down));
+        // After the backoff, a new resolve starts (the old thread is done).
+        let after_backoff = late + e.cfg.backoff_max;
+        let op = start(&mut e, after_backoff);
+        assert!(
+            matches!(e.nodes[0].conn, Conn::Resolving),
+            "{:?}",
+            e.op(op).tally.outcomes()
+        );
+    }
+}
