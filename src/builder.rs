@@ -1,15 +1,17 @@
 //! [`Builder`]: the configuration of a client, checked once, for either front-end.
 
 use std::fmt;
+#[cfg(feature = "tls")]
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::engine::{Engine, NetConfig, Node};
+use crate::engine::{Engine, NetConfig, Node, Target};
 use crate::error::Error;
 use crate::machine::{Machine, Settings};
 use crate::single::Redlock;
 use crate::token::TokenSource;
-use crate::url::MasterSpec;
+use crate::url::{Endpoint, MasterSpec};
 use crate::MAX_TTL;
 
 /// Configures and builds a [`Redlock`].
@@ -29,6 +31,10 @@ pub struct Builder {
     fencing: bool,
     assume_durable: bool,
     amnesia_guard: Option<Duration>,
+    #[cfg(feature = "tls")]
+    tls_ca_file: Option<PathBuf>,
+    #[cfg(feature = "tls")]
+    tls_client_cert: Option<(PathBuf, PathBuf)>,
 }
 
 impl Default for Builder {
@@ -48,6 +54,10 @@ impl Default for Builder {
             fencing: false,
             assume_durable: false,
             amnesia_guard: None,
+            #[cfg(feature = "tls")]
+            tls_ca_file: None,
+            #[cfg(feature = "tls")]
+            tls_client_cert: None,
         }
     }
 }
@@ -59,8 +69,8 @@ impl fmt::Debug for Builder {
             .iter()
             .map(|m| MasterSpec::parse(m).map_or_else(|_| "<invalid>".into(), |s| s.to_string()))
             .collect();
-        f.debug_struct("Builder")
-            .field("masters", &masters)
+        let mut f = f.debug_struct("Builder");
+        f.field("masters", &masters)
             .field("retry_count", &self.retry_count)
             .field("retry_delay", &self.retry_delay)
             .field("retry_jitter", &self.retry_jitter)
@@ -69,13 +79,23 @@ impl fmt::Debug for Builder {
             .field("min_validity", &self.min_validity)
             .field("busy_poll", &self.busy_poll)
             .field("fencing", &self.fencing)
-            .field("amnesia_guard", &self.amnesia_guard)
-            .finish()
+            .field("amnesia_guard", &self.amnesia_guard);
+        #[cfg(feature = "tls")]
+        f.field("tls_ca_file", &self.tls_ca_file)
+            .field("tls_client_cert", &self.tls_client_cert);
+        f.finish()
     }
 }
 
 impl Builder {
-    /// Add masters (`redis://[user:password@]host:port[/db]` or `host:port`).
+    /// Add masters: `redis://[user:password@]host[:port][/db]` or `host:port`;
+    /// `rediss://...` for TLS (feature `tls`); `unix:///path/redis.sock[?db=N&password=P]`
+    /// (or `redis+unix://`) for a Unix socket. See [`MasterSpec::parse`].
+    ///
+    /// Host names are resolved at every connect, on a helper thread (never in `build()`,
+    /// never blocking the loop); one that does not resolve makes its master down
+    /// ([`Fault::Resolve`](crate::Fault::Resolve)), not the build fail. IP literals are
+    /// never resolved.
     pub fn masters<I, S>(mut self, urls: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -173,6 +193,22 @@ impl Builder {
         self.amnesia_guard = Some(max_ttl);
         self
     }
+    /// TLS (`rediss://` masters): trust only the CA certificates in this PEM file, instead
+    /// of the system's trust roots (default). Read at [`Builder::build`]; an unreadable or
+    /// empty file is a `Config` error.
+    #[cfg(feature = "tls")]
+    pub fn tls_ca_file(mut self, path: impl AsRef<Path>) -> Self {
+        self.tls_ca_file = Some(path.as_ref().to_path_buf());
+        self
+    }
+    /// TLS: present this client certificate (PEM, the chain leaf first) with its private
+    /// key (PEM: PKCS#8, PKCS#1 or SEC1), for masters that require one
+    /// (`tls-auth-clients yes`). Read at [`Builder::build`].
+    #[cfg(feature = "tls")]
+    pub fn tls_client_cert(mut self, cert: impl AsRef<Path>, key: impl AsRef<Path>) -> Self {
+        self.tls_client_cert = Some((cert.as_ref().to_path_buf(), key.as_ref().to_path_buf()));
+        self
+    }
     /// Seed the retry-jitter generator (tests). Tokens always come from the OS.
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
@@ -241,19 +277,22 @@ impl Builder {
             }
         }
         let now = Instant::now();
-        let mut specs: Vec<(MasterSpec, std::net::SocketAddr)> = Vec::new();
+        let mut specs: Vec<MasterSpec> = Vec::new();
         for url in &self.masters {
             let spec = MasterSpec::parse(url).map_err(Error::Config)?;
-            let addr = spec.resolve().map_err(Error::Config)?;
             // Two databases of one server are one master: they fail and restart together.
-            if let Some((dup, _)) = specs.iter().find(|(_, a)| *a == addr) {
+            // Literal addresses, socket paths and host names as written are compared here;
+            // names that resolve to one server are caught by the handshake's `run_id`.
+            if let Some(dup) = specs.iter().find(|s| same_place(s, &spec)) {
                 return Err(Error::Config(format!(
-                    "master {spec} is given twice (as {dup}; both are the server {addr}): \
-                     each master must be an independent server, or the quorum is meaningless"
+                    "master {spec} is given twice (as {dup}; both are the server {}): \
+                     each master must be an independent server, or the quorum is meaningless",
+                    spec.endpoint
                 )));
             }
-            specs.push((spec, addr));
+            specs.push(spec);
         }
+        let tls = self.tls_setup(&specs)?;
         let net = NetConfig {
             connect_timeout: self.connect_timeout,
             stall_timeout: self.stall_timeout,
@@ -262,20 +301,35 @@ impl Builder {
             require_durable: self.fencing && !self.assume_durable,
             ..NetConfig::default()
         };
-        let nodes = specs
-            .into_iter()
-            .map(|(s, addr)| {
-                Node::new(
-                    Arc::from(s.to_string()),
-                    addr,
-                    s.user,
-                    s.password,
-                    s.db,
-                    net.limits,
-                    now,
-                )
-            })
-            .collect();
+        let mut nodes = Vec::with_capacity(specs.len());
+        for s in specs {
+            let target = match (&s.endpoint, s.literal_addr()) {
+                (_, Some(addr)) => Target::Addr(addr),
+                (Endpoint::Tcp { host, port }, None) => Target::Host {
+                    host: Arc::from(host.as_str()),
+                    port: *port,
+                },
+                (Endpoint::Unix(path), None) => Target::Unix(path.clone()),
+            };
+            #[allow(unused_mut)]
+            let mut node = Node::new(
+                Arc::from(s.to_string()),
+                target,
+                s.user.clone(),
+                s.password.clone(),
+                s.db,
+                net.limits,
+                now,
+            );
+            #[cfg(feature = "tls")]
+            if let (true, Some(config), Endpoint::Tcp { host, .. }) = (s.tls, &tls, &s.endpoint) {
+                let target = crate::engine::TlsTarget::new(config.clone(), host)
+                    .map_err(|e| Error::Config(format!("master {s}: {e}")))?;
+                node.set_tls(target);
+            }
+            nodes.push(node);
+        }
+        let _ = &tls;
         let engine = Engine::new(nodes, net)?;
         let settings = Settings {
             retry_count: self.retry_count,
@@ -293,5 +347,58 @@ impl Builder {
             TokenSource::new()?,
             self.seed,
         )?)
+    }
+
+    /// The TLS configuration the `rediss://` masters share, if any master is one. Without
+    /// the `tls` feature a `rediss://` master is a `Config` error; with it, TLS options
+    /// given for no `rediss://` master are one too (a `redis://` typo would send the
+    /// password in clear).
+    #[cfg(not(feature = "tls"))]
+    fn tls_setup(&self, specs: &[MasterSpec]) -> Result<Option<()>, Error> {
+        match specs.iter().find(|s| s.tls) {
+            Some(s) => Err(Error::Config(format!(
+                "master {s} is rediss:// (TLS): build redlock-mux with the `tls` feature"
+            ))),
+            None => Ok(None),
+        }
+    }
+
+    #[cfg(feature = "tls")]
+    fn tls_setup(&self, specs: &[MasterSpec]) -> Result<Option<Arc<rustls::ClientConfig>>, Error> {
+        if !specs.iter().any(|s| s.tls) {
+            if self.tls_ca_file.is_some() || self.tls_client_cert.is_some() {
+                return Err(Error::Config(
+                    "TLS options (tls_ca_file, tls_client_cert) are set but no master is \
+                     rediss://"
+                        .into(),
+                ));
+            }
+            return Ok(None);
+        }
+        let cert = self
+            .tls_client_cert
+            .as_ref()
+            .map(|(c, k)| (c.as_path(), k.as_path()));
+        crate::engine::client_config(self.tls_ca_file.as_deref(), cert)
+            .map(Some)
+            .map_err(Error::Config)
+    }
+}
+
+/// One server written twice: the same IP literal and port, the same socket path, or the
+/// same host name (any case) and port.
+fn same_place(a: &MasterSpec, b: &MasterSpec) -> bool {
+    match (&a.endpoint, &b.endpoint) {
+        (Endpoint::Tcp { host: ha, port: pa }, Endpoint::Tcp { host: hb, port: pb }) => {
+            match (a.literal_addr(), b.literal_addr()) {
+                (Some(x), Some(y)) => x == y,
+                (None, None) => pa == pb && ha.eq_ignore_ascii_case(hb),
+                _ => false,
+            }
+        }
+        (Endpoint::Unix(x), Endpoint::Unix(y)) => {
+            x == y || matches!((x.canonicalize(), y.canonicalize()), (Ok(x), Ok(y)) if x == y)
+        }
+        _ => false,
     }
 }

@@ -19,6 +19,10 @@
 //! The examples run against three local masters in the crate's tests (hidden lines start
 //! them); read `urls` as your masters' URLs.
 //!
+//! Masters are given as URLs ([`MasterSpec::parse`]): `redis://` over TCP, `rediss://` over
+//! TLS (feature `tls`: rustls driven inside the same loop), `unix://` for a Unix socket.
+//! Host names are resolved at every connect, off the loop.
+//!
 //! # Lock and release
 //!
 //! ```
@@ -208,7 +212,7 @@ pub use keep::HoldOptions;
 #[cfg(feature = "client")]
 pub use lock::Lock;
 #[cfg(feature = "client")]
-pub use rules::{ErrorText, Fault, Outcome};
+pub use rules::{ErrorText, Fault, Outcome, TlsFault};
 #[cfg(feature = "client")]
 pub use shared::{LockGuard, Lost, Pending, SharedRedlock};
 #[cfg(feature = "client")]
@@ -220,7 +224,7 @@ pub use token::Token;
 // URL parsing for the `redlock` binary (`status`).
 #[cfg(feature = "client")]
 #[doc(hidden)]
-pub use url::MasterSpec;
+pub use url::{Endpoint, MasterSpec};
 
 /// Longest resource name accepted, in bytes.
 pub const MAX_RESOURCE_LEN: usize = 4096;

@@ -21,6 +21,14 @@
 //!
 //! Everything here is Unix-only (signals) and talks to `127.0.0.1` only.
 //!
+//! Other transports: [`LocalMaster::start_unix`] starts a master that listens on a Unix
+//! socket only (`--port 0 --unixsocket <tmp>/redis.sock`; its [`url`](LocalMaster::url) is
+//! `unix://<tmp>/redis.sock`). [`LocalMaster::start_tls`] starts one that speaks TLS only
+//! (`--port 0 --tls-port P` with the certificates of a [`TestCerts`], which shells out to
+//! the `openssl` command; its URL is `rediss://127.0.0.1:P`). Both also listen on a Unix
+//! socket in their directory, which [`cmd`](LocalMaster::cmd) and the readiness probe use:
+//! the admin client speaks no TLS.
+//!
 //! For benchmarks that give the client a core of its own, [`LocalMasters::start_on_cpus`]
 //! starts the masters on a chosen CPU set (Linux): `redis-server` inherits the CPU affinity
 //! of the thread that spawns it, so the spawning thread takes the masters' set for the
@@ -56,6 +64,10 @@ use nix::unistd::Pid;
 pub use self::affinity::{
     cpu_list, current_thread_cpus, pin_current_thread, set_current_thread_cpus, split_cpus,
 };
+
+/// What the error says when the `openssl` command (for [`TestCerts`]) cannot be run.
+pub const OPENSSL_HINT: &str = "the openssl command is needed to make test certificates: \
+install it with `sudo apt-get install openssl` (Debian/Ubuntu) or set OPENSSL=/path/to/openssl";
 
 /// What the error says when `redis-server` cannot be found.
 pub const INSTALL_HINT: &str = "redis-server not found on PATH: install it with \
@@ -177,41 +189,80 @@ impl AdminReply {
 /// # Ok::<(), std::io::Error>(())
 /// ```
 pub fn command(addr: SocketAddr, args: &[&[u8]], timeout: Duration) -> io::Result<AdminReply> {
-    let mut replies = exchange(addr, &[args], timeout)?;
+    let mut replies = exchange(&Admin::Tcp(addr), &[args], timeout)?;
     replies
         .pop()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no reply"))
 }
 
+/// Where the admin client connects: TCP, or the Unix socket of a master without a plain
+/// TCP port.
+#[derive(Debug, Clone)]
+enum Admin {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+impl fmt::Display for Admin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Admin::Tcp(a) => a.fmt(f),
+            Admin::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
 /// Sends `commands` pipelined on one fresh connection and reads one reply per command.
 fn exchange(
-    addr: SocketAddr,
+    admin: &Admin,
     commands: &[&[&[u8]]],
     timeout: Duration,
 ) -> io::Result<Vec<AdminReply>> {
-    let stream = TcpStream::connect_timeout(&addr, timeout)
-        .map_err(|e| io::Error::new(e.kind(), format!("connect to {addr}: {e}")))?;
-    stream.set_read_timeout(Some(timeout))?;
-    stream.set_write_timeout(Some(timeout))?;
-    stream.set_nodelay(true)?;
+    let connect_error = |e: io::Error| io::Error::new(e.kind(), format!("connect to {admin}: {e}"));
+    match admin {
+        Admin::Tcp(addr) => {
+            let stream = TcpStream::connect_timeout(addr, timeout).map_err(connect_error)?;
+            stream.set_read_timeout(Some(timeout))?;
+            stream.set_write_timeout(Some(timeout))?;
+            stream.set_nodelay(true)?;
+            exchange_on(&stream, admin, commands, timeout)
+        }
+        Admin::Unix(path) => {
+            let stream = std::os::unix::net::UnixStream::connect(path).map_err(connect_error)?;
+            stream.set_read_timeout(Some(timeout))?;
+            stream.set_write_timeout(Some(timeout))?;
+            exchange_on(&stream, admin, commands, timeout)
+        }
+    }
+}
+
+fn exchange_on<S>(
+    stream: S,
+    admin: &Admin,
+    commands: &[&[&[u8]]],
+    timeout: Duration,
+) -> io::Result<Vec<AdminReply>>
+where
+    S: Read + Write + Copy,
+{
     let mut out = Vec::new();
     for args in commands {
         encode_command(args, &mut out);
     }
-    (&stream)
+    { stream }
         .write_all(&out)
-        .map_err(|e| timeout_error(e, addr, timeout, "writing to"))?;
-    let mut reader = BufReader::new(&stream);
+        .map_err(|e| timeout_error(e, admin, timeout, "writing to"))?;
+    let mut reader = BufReader::new(stream);
     let mut replies = Vec::with_capacity(commands.len());
     for _ in commands {
         let reply =
-            read_reply(&mut reader, 0).map_err(|e| timeout_error(e, addr, timeout, "reading"))?;
+            read_reply(&mut reader, 0).map_err(|e| timeout_error(e, admin, timeout, "reading"))?;
         replies.push(reply);
     }
     Ok(replies)
 }
 
-fn timeout_error(e: io::Error, addr: SocketAddr, timeout: Duration, doing: &str) -> io::Error {
+fn timeout_error(e: io::Error, addr: &Admin, timeout: Duration, doing: &str) -> io::Error {
     match e.kind() {
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
             io::ErrorKind::TimedOut,
@@ -397,6 +448,7 @@ pub struct LocalMaster {
     bin: PathBuf,
     dir: PathBuf,
     port: u16,
+    transport: Transport,
     extra_args: Vec<String>,
     password: Option<String>,
     /// The CPUs every spawn of this server is restricted to (`None`: inherited).
@@ -405,10 +457,22 @@ pub struct LocalMaster {
     frozen: bool,
 }
 
+/// How a [`LocalMaster`] listens. `C`: the certificates while starting, `()` after (they
+/// are in the master's directory).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transport<C = ()> {
+    /// Plain TCP on `127.0.0.1:port`.
+    Tcp,
+    /// TLS only on `127.0.0.1:port`.
+    Tls(C),
+    /// A Unix socket only, `<dir>/redis.sock`.
+    Unix,
+}
+
 impl fmt::Debug for LocalMaster {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LocalMaster")
-            .field("addr", &self.addr())
+            .field("url", &self.url())
             .field("pid", &self.pid())
             .field("frozen", &self.frozen)
             .field("cpus", &self.cpus)
@@ -457,7 +521,45 @@ impl LocalMaster {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn start_with(extra_args: &[&str]) -> io::Result<LocalMaster> {
-        Self::start_inner(extra_args, None)
+        Self::start_inner(Transport::Tcp, extra_args, None)
+    }
+
+    /// Starts `redis-server` listening on a Unix socket only: `--port 0` and
+    /// `--unixsocket DIR/redis.sock` in its temporary directory, with extra arguments as in
+    /// [`start_with`](Self::start_with). Its [`url`](Self::url) is `unix://DIR/redis.sock`;
+    /// [`port`](Self::port) is 0.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let master = redlock_mux::local::LocalMaster::start_unix(&[])?;
+    /// assert!(master.url().starts_with("unix:///"));
+    /// assert!(master.cmd(&[b"PING"])?.as_str() == Some("PONG"));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn start_unix(extra_args: &[&str]) -> io::Result<LocalMaster> {
+        Self::start_inner(Transport::Unix, extra_args, None)
+    }
+
+    /// Starts `redis-server` speaking TLS only (`--port 0 --tls-port P`) with the server
+    /// certificate, key and CA of `certs` (copied into the master's directory, so `certs`
+    /// may be dropped), and `--tls-auth-clients no`; pass `--tls-auth-clients yes` in
+    /// `extra_args` to require client certificates. Its [`url`](Self::url) is
+    /// `rediss://127.0.0.1:P`. [`cmd`](Self::cmd) goes through a Unix socket in its
+    /// directory.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use redlock_mux::local::{LocalMaster, TestCerts};
+    ///
+    /// let certs = TestCerts::generate()?;
+    /// let master = LocalMaster::start_tls(&certs, &["--tls-auth-clients", "yes"])?;
+    /// assert!(master.url().starts_with("rediss://127.0.0.1:"));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn start_tls(certs: &TestCerts, extra_args: &[&str]) -> io::Result<LocalMaster> {
+        Self::start_inner(Transport::Tls(certs), extra_args, None)
     }
 
     /// Like [`start`](Self::start), on the CPUs `cpus` only (Linux): the server and its
@@ -480,10 +582,14 @@ impl LocalMaster {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn start_on_cpus(cpus: &[usize]) -> io::Result<LocalMaster> {
-        Self::start_inner(&[], Some(affinity::checked(cpus)?))
+        Self::start_inner(Transport::Tcp, &[], Some(affinity::checked(cpus)?))
     }
 
-    fn start_inner(extra_args: &[&str], cpus: Option<Vec<usize>>) -> io::Result<LocalMaster> {
+    fn start_inner(
+        transport: Transport<&TestCerts>,
+        extra_args: &[&str],
+        cpus: Option<Vec<usize>>,
+    ) -> io::Result<LocalMaster> {
         let bin = redis_server_path()?;
         let dir = make_temp_dir()?;
         let extra_args: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
@@ -497,12 +603,35 @@ impl LocalMaster {
             bin,
             dir,
             port: 0,
+            transport: Transport::Tcp,
             extra_args,
             password,
             cpus,
             child: None,
             frozen: false,
         };
+        master.transport = match transport {
+            Transport::Tcp => Transport::Tcp,
+            Transport::Unix => Transport::Unix,
+            Transport::Tls(certs) => {
+                for (from, to) in [
+                    (certs.server_cert(), "tls-server.crt"),
+                    (certs.server_key(), "tls-server.key"),
+                    (certs.ca_cert(), "tls-ca.crt"),
+                ] {
+                    fs::copy(&from, master.dir.join(to)).map_err(|e| {
+                        io::Error::new(e.kind(), format!("copying {}: {e}", from.display()))
+                    })?;
+                }
+                Transport::Tls(())
+            }
+        };
+        if master.transport == Transport::Unix {
+            return match master.spawn_and_wait() {
+                Ok(()) => Ok(master),
+                Err(StartFailure::PortTaken(e) | StartFailure::Fatal(e)) => Err(e),
+            };
+        }
         let mut last = None;
         for _ in 0..MAX_PORT_ATTEMPTS {
             master.port = free_port()?;
@@ -521,21 +650,49 @@ impl LocalMaster {
         ))
     }
 
-    /// The TCP port (the same across [`restart`](Self::restart)).
+    /// The TCP port, TLS for a TLS master (the same across [`restart`](Self::restart)); 0
+    /// for a Unix-socket master.
     pub fn port(&self) -> u16 {
         self.port
     }
 
-    /// `127.0.0.1:port`.
+    /// `127.0.0.1:port` (`127.0.0.1:0` for a Unix-socket master).
     pub fn addr(&self) -> SocketAddr {
         SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, self.port))
     }
 
-    /// `redis://127.0.0.1:port` (with `:password@` when started with `--requirepass`).
+    /// `redis://127.0.0.1:port`, `rediss://127.0.0.1:port` for a TLS master, or
+    /// `unix://<dir>/redis.sock` for a Unix-socket master (with the password, when started
+    /// with `--requirepass`).
     pub fn url(&self) -> String {
+        let scheme = match self.transport {
+            Transport::Tcp => "redis",
+            Transport::Tls(()) => "rediss",
+            Transport::Unix => {
+                let path = self.socket_path();
+                return match &self.password {
+                    Some(p) => format!("unix://{}?password={p}", path.display()),
+                    None => format!("unix://{}", path.display()),
+                };
+            }
+        };
         match &self.password {
-            Some(p) => format!("redis://:{p}@127.0.0.1:{}", self.port),
-            None => format!("redis://127.0.0.1:{}", self.port),
+            Some(p) => format!("{scheme}://:{p}@127.0.0.1:{}", self.port),
+            None => format!("{scheme}://127.0.0.1:{}", self.port),
+        }
+    }
+
+    /// The Unix socket of a master started with [`start_unix`](Self::start_unix) or
+    /// [`start_tls`](Self::start_tls) (`<dir>/redis.sock`).
+    pub fn socket_path(&self) -> PathBuf {
+        self.dir.join("redis.sock")
+    }
+
+    /// Where the admin client connects: TCP unless the master has no plain TCP port.
+    fn admin(&self) -> Admin {
+        match self.transport {
+            Transport::Tcp => Admin::Tcp(self.addr()),
+            Transport::Tls(()) | Transport::Unix => Admin::Unix(self.socket_path()),
         }
     }
 
@@ -781,16 +938,19 @@ impl LocalMaster {
 
     /// [`cmd`](Self::cmd) with a chosen timeout (for each of connect, write and read).
     pub fn cmd_timeout(&self, args: &[&[u8]], timeout: Duration) -> io::Result<AdminReply> {
+        let admin = self.admin();
         match &self.password {
-            None => command(self.addr(), args, timeout),
+            None => exchange(&admin, &[args], timeout)?
+                .pop()
+                .ok_or_else(|| invalid("no reply")),
             Some(password) => {
                 let auth: &[&[u8]] = &[b"AUTH", password.as_bytes()];
-                let mut replies = exchange(self.addr(), &[auth, args], timeout)?;
+                let mut replies = exchange(&admin, &[auth, args], timeout)?;
                 let reply = replies.pop();
                 match replies.pop() {
                     Some(AdminReply::Error(e)) => Err(io::Error::new(
                         io::ErrorKind::PermissionDenied,
-                        format!("AUTH on {}: {e}", self.addr()),
+                        format!("AUTH on {admin}: {e}"),
                     )),
                     _ => reply.ok_or_else(|| invalid("no reply")),
                 }
@@ -810,8 +970,35 @@ impl LocalMaster {
             Some(cpus) => Some(affinity::Scoped::set(cpus)?),
             None => None,
         };
+        let mut listen: Vec<std::ffi::OsString> = match self.transport {
+            Transport::Tcp => vec!["--port".into(), port.clone().into()],
+            Transport::Tls(()) => vec![
+                "--port".into(),
+                "0".into(),
+                "--tls-port".into(),
+                port.clone().into(),
+                "--tls-cert-file".into(),
+                self.dir.join("tls-server.crt").into(),
+                "--tls-key-file".into(),
+                self.dir.join("tls-server.key").into(),
+                "--tls-ca-cert-file".into(),
+                self.dir.join("tls-ca.crt").into(),
+                "--tls-auth-clients".into(),
+                "no".into(),
+            ],
+            Transport::Unix => vec!["--port".into(), "0".into()],
+        };
+        if self.transport != Transport::Tcp {
+            listen.extend([
+                "--unixsocket".into(),
+                self.socket_path().into(),
+                "--unixsocketperm".into(),
+                "700".into(),
+            ]);
+        }
         let child = Command::new(&self.bin)
-            .args(["--port", &port, "--bind", "127.0.0.1", "--save", ""])
+            .args(&listen)
+            .args(["--bind", "127.0.0.1", "--save", ""])
             .args([
                 "--appendonly",
                 "no",
@@ -846,7 +1033,7 @@ impl LocalMaster {
     fn spawn_and_wait(&mut self) -> Result<(), StartFailure> {
         self.spawn().map_err(StartFailure::Fatal)?;
         let pid = self.pid().unwrap_or(0);
-        let addr = self.addr();
+        let addr = self.admin();
         let deadline = Instant::now() + START_TIMEOUT;
         let mut last_probe = String::from("no probe yet");
         for _ in 0..MAX_POLLS {
@@ -897,11 +1084,12 @@ impl LocalMaster {
     fn probe(&self, pid: u32) -> Result<(), String> {
         let ping: &[&[u8]] = &[b"PING"];
         let info: &[&[u8]] = &[b"INFO", b"server"];
+        let admin = self.admin();
         let replies = match &self.password {
-            None => exchange(self.addr(), &[ping, info], PROBE_IO_TIMEOUT),
+            None => exchange(&admin, &[ping, info], PROBE_IO_TIMEOUT),
             Some(p) => {
                 let auth: &[&[u8]] = &[b"AUTH", p.as_bytes()];
-                exchange(self.addr(), &[auth, ping, info], PROBE_IO_TIMEOUT)
+                exchange(&admin, &[auth, ping, info], PROBE_IO_TIMEOUT)
             }
         }
         .map_err(|e| e.to_string())?;
@@ -967,7 +1155,29 @@ impl LocalMasters {
     /// Starts `n` masters, each with the same extra arguments (see
     /// [`LocalMaster::start_with`]). On error the ones already started are stopped.
     pub fn start_with(n: usize, extra_args: &[&str]) -> io::Result<LocalMasters> {
-        Self::start_inner(n, extra_args, None)
+        Self::start_inner(n, Transport::Tcp, extra_args, None)
+    }
+
+    /// Starts `n` masters on Unix sockets only (see [`LocalMaster::start_unix`]).
+    pub fn start_unix(n: usize, extra_args: &[&str]) -> io::Result<LocalMasters> {
+        Self::start_inner(n, Transport::Unix, extra_args, None)
+    }
+
+    /// Starts `n` TLS-only masters with the certificates of `certs` (see
+    /// [`LocalMaster::start_tls`]).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use redlock_mux::local::{LocalMasters, TestCerts};
+    ///
+    /// let certs = TestCerts::generate()?;
+    /// let masters = LocalMasters::start_tls(3, &certs, &[])?;
+    /// // Builder::tls_ca_file(certs.ca_cert()) with masters.urls() (feature `tls`).
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn start_tls(n: usize, certs: &TestCerts, extra_args: &[&str]) -> io::Result<LocalMasters> {
+        Self::start_inner(n, Transport::Tls(certs), extra_args, None)
     }
 
     /// Starts `n` masters without persistence, all on the CPUs `cpus` (see
@@ -993,11 +1203,12 @@ impl LocalMasters {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn start_on_cpus(n: usize, cpus: &[usize]) -> io::Result<LocalMasters> {
-        Self::start_inner(n, &[], Some(affinity::checked(cpus)?))
+        Self::start_inner(n, Transport::Tcp, &[], Some(affinity::checked(cpus)?))
     }
 
     fn start_inner(
         n: usize,
+        transport: Transport<&TestCerts>,
         extra_args: &[&str],
         cpus: Option<Vec<usize>>,
     ) -> io::Result<LocalMasters> {
@@ -1005,7 +1216,9 @@ impl LocalMasters {
         redis_server_path()?;
         let results: Vec<io::Result<LocalMaster>> = thread::scope(|scope| {
             let handles: Vec<_> = (0..n)
-                .map(|_| scope.spawn(|| LocalMaster::start_inner(extra_args, cpus.clone())))
+                .map(|_| {
+                    scope.spawn(|| LocalMaster::start_inner(transport, extra_args, cpus.clone()))
+                })
                 .collect();
             handles
                 .into_iter()
@@ -1078,6 +1291,180 @@ impl<'a> IntoIterator for &'a mut LocalMasters {
     fn into_iter(self) -> Self::IntoIter {
         self.masters.iter_mut()
     }
+}
+
+/// Certificates for local TLS masters, made with the `openssl` command (`$OPENSSL` if set,
+/// else `openssl` on `PATH`) in a temporary directory of their own, removed on drop: a CA,
+/// a server certificate signed by it (for `localhost` and `127.0.0.1` unless other names
+/// are given), and a client certificate signed by it (for mutual TLS). Keys are ECDSA
+/// P-256, valid for ten years. For tests only: the keys are not protected.
+///
+/// # Examples
+///
+/// ```no_run
+/// use redlock_mux::local::TestCerts;
+///
+/// let certs = TestCerts::generate()?;
+/// let other = TestCerts::generate_for(&["redis.test"])?; // another CA, another name
+/// assert!(certs.ca_cert().exists() && other.server_cert().exists());
+/// # Ok::<(), std::io::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct TestCerts {
+    dir: PathBuf,
+}
+
+impl TestCerts {
+    /// A new CA, with a server certificate for `localhost` and `127.0.0.1`.
+    pub fn generate() -> io::Result<TestCerts> {
+        Self::generate_for(&["localhost", "127.0.0.1"])
+    }
+
+    /// A new CA, with a server certificate for `names` (DNS names or IP addresses).
+    ///
+    /// # Errors
+    ///
+    /// `NotFound` with [`OPENSSL_HINT`] when `openssl` cannot be run; the command and its
+    /// output when it fails.
+    pub fn generate_for(names: &[&str]) -> io::Result<TestCerts> {
+        let certs = TestCerts {
+            dir: make_temp_dir()?,
+        };
+        let sans: Vec<String> = names
+            .iter()
+            .map(|n| match n.parse::<std::net::IpAddr>() {
+                Ok(_) => format!("IP:{n}"),
+                Err(_) => format!("DNS:{n}"),
+            })
+            .collect();
+        let d = |f: &str| certs.dir.join(f).into_os_string();
+        openssl(&[
+            "req".into(),
+            "-x509".into(),
+            "-newkey".into(),
+            "ec".into(),
+            "-pkeyopt".into(),
+            "ec_paramgen_curve:prime256v1".into(),
+            "-nodes".into(),
+            "-keyout".into(),
+            d("ca.key"),
+            "-out".into(),
+            d("ca.crt"),
+            "-days".into(),
+            "3650".into(),
+            "-subj".into(),
+            // A name of its own: two test CAs must not look like one to a verifier.
+            format!(
+                "/CN=redlock-mux test CA {}",
+                certs.dir.file_name().unwrap_or_default().to_string_lossy()
+            )
+            .into(),
+            "-addext".into(),
+            "basicConstraints=critical,CA:TRUE".into(),
+            "-addext".into(),
+            "keyUsage=critical,keyCertSign,cRLSign".into(),
+        ])?;
+        let leaf = |name: &str, cn: &str, usage: &str, san: Option<&str>| -> io::Result<()> {
+            let mut ext = format!(
+                "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n\
+                 extendedKeyUsage={usage}\n"
+            );
+            if let Some(san) = san {
+                ext.push_str(&format!("subjectAltName={san}\n"));
+            }
+            fs::write(certs.dir.join(format!("{name}.ext")), ext)?;
+            openssl(&[
+                "req".into(),
+                "-newkey".into(),
+                "ec".into(),
+                "-pkeyopt".into(),
+                "ec_paramgen_curve:prime256v1".into(),
+                "-nodes".into(),
+                "-keyout".into(),
+                d(&format!("{name}.key")),
+                "-out".into(),
+                d(&format!("{name}.csr")),
+                "-subj".into(),
+                format!("/CN={cn}").into(),
+            ])?;
+            openssl(&[
+                "x509".into(),
+                "-req".into(),
+                "-in".into(),
+                d(&format!("{name}.csr")),
+                "-CA".into(),
+                d("ca.crt"),
+                "-CAkey".into(),
+                d("ca.key"),
+                "-set_serial".into(),
+                if name == "server" { "2" } else { "3" }.into(),
+                "-days".into(),
+                "3650".into(),
+                "-extfile".into(),
+                d(&format!("{name}.ext")),
+                "-out".into(),
+                d(&format!("{name}.crt")),
+            ])
+        };
+        let first = names.first().copied().unwrap_or("localhost");
+        leaf("server", first, "serverAuth", Some(&sans.join(",")))?;
+        leaf("client", "redlock-mux test client", "clientAuth", None)?;
+        Ok(certs)
+    }
+
+    /// The directory holding the files.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+    /// The CA certificate (PEM): what a client trusts.
+    pub fn ca_cert(&self) -> PathBuf {
+        self.dir.join("ca.crt")
+    }
+    /// The server certificate (PEM).
+    pub fn server_cert(&self) -> PathBuf {
+        self.dir.join("server.crt")
+    }
+    /// The server's private key (PEM, PKCS#8).
+    pub fn server_key(&self) -> PathBuf {
+        self.dir.join("server.key")
+    }
+    /// The client certificate (PEM), for mutual TLS.
+    pub fn client_cert(&self) -> PathBuf {
+        self.dir.join("client.crt")
+    }
+    /// The client's private key (PEM, PKCS#8).
+    pub fn client_key(&self) -> PathBuf {
+        self.dir.join("client.key")
+    }
+}
+
+impl Drop for TestCerts {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Runs `openssl` with `args`; its output becomes the error when it fails.
+fn openssl(args: &[std::ffi::OsString]) -> io::Result<()> {
+    let bin = std::env::var_os("OPENSSL")
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "openssl".into());
+    let out = Command::new(&bin)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| io::Error::new(e.kind(), format!("{OPENSSL_HINT} ({e})")))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(io::Error::other(format!(
+        "openssl {} failed ({}): {}",
+        args.first()
+            .map(|a| a.to_string_lossy())
+            .unwrap_or_default(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    )))
 }
 
 /// CPU affinity of the calling thread, and the temporary pinning used to start

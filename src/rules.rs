@@ -137,6 +137,57 @@ pub enum Fault {
     /// The master is the same server (same `run_id`) as a master listed before it: its
     /// votes do not count, or one server would vote twice.
     SameServer,
+    /// Its host name did not resolve (the resolver's reason, or `timed out` after the
+    /// connect timeout). Resolved again at the next connect, after the backoff.
+    Resolve(ErrorText),
+    /// The TLS session failed (`rediss://`): the certificate did not verify, the master
+    /// refused ours, or the handshake broke. Backs off like a failed connect.
+    Tls(TlsFault),
+}
+
+/// Why a TLS session with a master failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TlsFault {
+    /// The master's certificate is not signed by a trusted CA (the system's roots, or the
+    /// CA file given to the builder).
+    UnknownIssuer,
+    /// The master's certificate is not valid for the host name (or IP address) of its URL.
+    NameMismatch,
+    /// The master's certificate has expired.
+    Expired,
+    /// The master's certificate is not valid yet.
+    NotYetValid,
+    /// The master's certificate was rejected for another reason (rustls' name for it).
+    BadCertificate(ErrorText),
+    /// The master ended the handshake with this alert, e.g. `CertificateRequired` (it wants
+    /// a client certificate) or `UnknownCA` / `BadCertificate` (it rejected ours).
+    Alert(ErrorText),
+    /// Any other TLS failure (rustls' message).
+    Other(ErrorText),
+}
+
+impl std::fmt::Display for TlsFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let bad = "certificate verification failed";
+        match self {
+            TlsFault::UnknownIssuer => {
+                write!(f, "{bad}: not signed by a trusted CA (unknown issuer)")
+            }
+            TlsFault::NameMismatch => {
+                write!(f, "{bad}: not valid for the master's host name or address")
+            }
+            TlsFault::Expired => write!(f, "{bad}: expired"),
+            TlsFault::NotYetValid => write!(f, "{bad}: not valid yet"),
+            TlsFault::BadCertificate(t) => write!(f, "{bad}: {t}"),
+            TlsFault::Alert(t) if t.as_bytes() == b"CertificateRequired" => write!(
+                f,
+                "the master requires a client certificate (alert {t}): see tls_client_cert"
+            ),
+            TlsFault::Alert(t) => write!(f, "the master refused the handshake (alert {t})"),
+            TlsFault::Other(t) => t.fmt(f),
+        }
+    }
 }
 
 impl Fault {
@@ -173,6 +224,8 @@ impl std::fmt::Display for Fault {
             Fault::SameServer => {
                 f.write_str("same server as a master listed before it (same run_id): vote not counted")
             }
+            Fault::Resolve(t) => write!(f, "cannot resolve host: {t}"),
+            Fault::Tls(t) => write!(f, "TLS: {t}"),
         }
     }
 }

@@ -95,21 +95,32 @@ fn no_masters() {
 
 #[test]
 fn duplicate_masters_are_refused() {
-    // Nothing listens on these ports: `build` never connects, it only parses and resolves.
+    // Nothing listens on these ports: `build` never connects, it only parses. It does not
+    // resolve either: a name and an address of one server (`localhost:7001` and
+    // `127.0.0.1:7001`) are caught at the handshake by their `run_id`
+    // (tests/transports.rs, `a_name_and_an_address_of_one_server_vote_once`).
     let same: &[(&str, &str)] = &[
         ("redis://127.0.0.1:7001", "redis://127.0.0.1:7001"),
         ("redis://127.0.0.1:7001", "127.0.0.1:7001"),
-        ("redis://localhost:7001", "redis://127.0.0.1:7001"),
-        ("localhost:7001", "127.0.0.1:7001"),
+        ("redis://[::1]:7001", "[0:0::1]:7001"),
+        ("redis://localhost:7001", "LOCALHOST:7001"),
         (
             "redis://:pw@127.0.0.1:7001",
             "redis://user:other@127.0.0.1:7001/0",
+        ),
+        (
+            "unix:///tmp/r7001.sock",
+            "redis+unix:///tmp/r7001.sock?db=1",
         ),
     ];
     for (a, b) in same {
         let urls = [a.to_string(), "127.0.0.1:7002".into(), b.to_string()];
         let m = config_error(builder(&urls));
         assert_names(&m, &["given twice", "7001", "independent"]);
+        assert!(
+            !m.contains("pw") && !m.contains("other"),
+            "password shown: {m}"
+        );
         assert!(
             !m.contains("pw") && !m.contains("other"),
             "password shown: {m}"
@@ -148,28 +159,83 @@ fn unparseable_urls() {
         ("redis://host:0", &["bad port"]),
         ("redis://host:notaport", &["bad port", "notaport"]),
         (
-            "rediss://h:1",
-            &["unsupported scheme", "rediss://h:1", "TLS"],
+            "http://h:1",
+            &["unsupported scheme", "http://h:1", "unix://"],
         ),
-        ("http://h:1", &["unsupported scheme", "http://h:1"]),
         ("redis://h:1/x", &["bad database", "x"]),
         ("redis://[::1:6379", &["unclosed"]),
+        // A socket path is not a database number.
+        ("/tmp/redis.sock", &["unix socket", "unix:///"]),
+        ("redis:///tmp/redis.sock", &["unix socket", "unix:///"]),
+        ("unix://tmp/redis.sock", &["absolute"]),
+        ("unix:///tmp/r.sock?db=x", &["bad database", "x"]),
+        (
+            "unix:///tmp/r.sock?colour=blue",
+            &["unknown parameter", "colour"],
+        ),
     ];
     for (url, words) in cases {
         let m = config_error(builder(&[url.to_string()]));
         assert_names(&m, words);
     }
     // A password in a bad URL is never echoed.
-    let m = config_error(builder(&["rediss://app:s3cret@h:1".to_string()]));
-    assert!(!m.contains("s3cret"), "password shown: {m}");
-    assert_names(&m, &["unsupported scheme"]);
+    for url in [
+        "http://app:s3cret@h:1",
+        "unix:///r.sock?password=s3cret&db=x",
+    ] {
+        let m = config_error(builder(&[url.to_string()]));
+        assert!(!m.contains("s3cret"), "password shown: {m}");
+    }
 }
 
+/// `rediss://` without the `tls` feature is a configuration error that says so; with it,
+/// TLS options without a `rediss://` master are one (a `redis://` typo would send the
+/// password in clear).
+#[test]
+fn tls_needs_its_feature_and_a_rediss_master() {
+    #[cfg(not(feature = "tls"))]
+    {
+        let m = config_error(builder(&["rediss://app:s3cret@h:1".to_string()]));
+        assert_names(&m, &["rediss://", "tls", "feature"]);
+        assert!(!m.contains("s3cret"), "password shown: {m}");
+    }
+    #[cfg(feature = "tls")]
+    {
+        let m = config_error(
+            builder(&["redis://127.0.0.1:7001".to_string()]).tls_ca_file("/nonexistent/ca.pem"),
+        );
+        assert_names(&m, &["tls_ca_file", "rediss://"]);
+        let m = config_error(
+            builder(&["rediss://127.0.0.1:7001".to_string()]).tls_ca_file("/nonexistent/ca.pem"),
+        );
+        assert_names(&m, &["tls_ca_file", "/nonexistent/ca.pem"]);
+        let m = config_error(
+            builder(&["rediss://127.0.0.1:7001".to_string()])
+                .tls_client_cert("/nonexistent/c.pem", "/nonexistent/k.pem"),
+        );
+        assert_names(&m, &["tls_client_cert", "/nonexistent/c.pem"]);
+    }
+}
+
+/// A host name that does not resolve is not a build error: the master is down, reported
+/// as such, while the others work (see tests/transports.rs for a quorum around one).
 #[test]
 fn unresolvable_host() {
     let t = Instant::now();
-    let m = config_error(builder(&["redis://no-such-host.invalid:6379".to_string()]));
-    assert_names(&m, &["cannot resolve", "no-such-host.invalid"]);
+    let mut c = builder(&["redis://no-such-host.invalid:6379".to_string()])
+        .build()
+        .expect("a name is resolved at connect, not at build");
+    let e = c.try_lock("x", Duration::from_secs(5)).unwrap_err();
+    let report = e.report().expect("a report");
+    let (name, outcome) = report.outcomes().next().unwrap();
+    assert_eq!(name, "no-such-host.invalid:6379");
+    assert!(
+        matches!(
+            outcome,
+            Outcome::Failed(Fault::Resolve(_)) | Outcome::TimedOut
+        ),
+        "{report}"
+    );
     assert!(
         t.elapsed() < Duration::from_secs(30),
         "took {:?}",

@@ -1656,3 +1656,124 @@ fn run_waits_for_masters_that_refuse_the_handshake_only_for_now() {
     );
     assert!(err.contains("no quorum") && err.contains("BUSY"), "{err}");
 }
+
+/// `run` and `status` take the library's URL forms: Unix sockets (both schemes, with a
+/// database in the query string) and a host name.
+#[test]
+fn run_and_status_with_unix_sockets_and_a_host_name() {
+    let unix = LocalMasters::start_unix(2, &[]).expect("unix-socket masters");
+    let tcp = masters(1);
+    let urls = [
+        unix[0].url(),
+        format!("redis+unix://{}?db=0", unix[1].socket_path().display()),
+        format!("redis://localhost:{}", tcp[0].port()),
+    ]
+    .join(",");
+    let s = Scratch::new();
+    let key = "cli:unix";
+    let mut holder = Command::new(BIN)
+        .env("REDLOCK_MASTERS", &urls)
+        .args(["run", "--ttl", "5s", key, "--", "sh", "-c"])
+        .arg(gated(&s, "exit 0"))
+        .spawn()
+        .expect("spawn redlock run");
+    eventually("the command to start", Duration::from_secs(10), || {
+        s.path("started").exists()
+    });
+    let on_unix = |i: usize| match unix[i].cmd(&[b"GET", key.as_bytes()]).unwrap() {
+        AdminReply::Bulk(v) => v,
+        other => panic!("{other:?}"),
+    };
+    // Decided at the quorum-th answer: the last master (the name, resolved on a helper
+    // thread) may lag. The client runs its loop only inside its calls (here, the
+    // extensions), so its connection may take a few extensions to come up.
+    eventually(
+        "every master to hold the key",
+        Duration::from_secs(15),
+        || {
+            let t = get(&tcp, 0, key);
+            t.is_some() && on_unix(0) == t && on_unix(1) == t
+        },
+    );
+
+    let mut status = Command::new(BIN);
+    status
+        .env("REDLOCK_MASTERS", &urls)
+        .args(["status", "--json", key]);
+    let st = json(&output(status, Duration::from_secs(10)));
+    assert_eq!(st["locked"], true, "{st}");
+    assert_eq!(st["holder_masters"], 3, "{st}");
+    let first = st["masters"][0]["master"].as_str().unwrap();
+    assert!(
+        first.starts_with("unix:/") && first.ends_with("redis.sock"),
+        "{st}"
+    );
+
+    std::fs::write(s.path("go"), b"").unwrap();
+    let status = wait_exit(&mut holder, Duration::from_secs(10));
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(get(&tcp, 0, key), None);
+    assert_eq!((on_unix(0), on_unix(1)), (None, None));
+}
+
+/// With the `tls` feature: `run` and `status` over `rediss://`, trusting a CA file; without
+/// it, the CA is unknown and both say so.
+#[cfg(feature = "tls")]
+#[test]
+fn run_and_status_over_tls() {
+    use redlock_mux::local::TestCerts;
+    let certs = TestCerts::generate().expect("test certificates");
+    let m =
+        LocalMasters::start_tls(3, &certs, &["--tls-auth-clients", "yes"]).expect("TLS masters");
+    let ca = certs.ca_cert();
+    let tls_args = |c: &mut Command| {
+        c.env("REDLOCK_MASTERS", m.urls().join(","))
+            .arg("--tls-ca-file")
+            .arg(&ca)
+            .arg("--tls-cert")
+            .arg(certs.client_cert())
+            .arg("--tls-key")
+            .arg(certs.client_key());
+    };
+    let s = Scratch::new();
+    let key = "cli:tls";
+    let mut holder = Command::new(BIN);
+    holder.args(["run", "--ttl", "5s"]);
+    tls_args(&mut holder);
+    let mut holder = holder
+        .args([key, "--", "sh", "-c"])
+        .arg(gated(&s, "exit 0"))
+        .spawn()
+        .expect("spawn redlock run");
+    eventually("the command to start", Duration::from_secs(10), || {
+        s.path("started").exists()
+    });
+    let mut status = Command::new(BIN);
+    status.args(["status", "--json"]);
+    tls_args(&mut status);
+    status.arg(key);
+    let st = json(&output(status, Duration::from_secs(10)));
+    assert_eq!(st["locked"], true, "{st}");
+
+    // Without the client certificate: refused by every master, and said so.
+    let mut bare = Command::new(BIN);
+    bare.env("REDLOCK_MASTERS", m.urls().join(","))
+        .args(["status", "--tls-ca-file"])
+        .arg(&ca)
+        .arg(key);
+    let out = output(bare, Duration::from_secs(10));
+    assert_eq!(code(&out), 1, "stderr: {}", stderr(&out));
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(table.matches("unreachable").count(), 3, "{table}");
+
+    std::fs::write(s.path("go"), b"").unwrap();
+    let status = wait_exit(&mut holder, Duration::from_secs(10));
+    assert_eq!(status.code(), Some(0));
+    // The command ran under the lock: released after.
+    let mut after = Command::new(BIN);
+    after.args(["status", "--json"]);
+    tls_args(&mut after);
+    after.arg(key);
+    let st = json(&output(after, Duration::from_secs(10)));
+    assert_eq!(st["locked"], false, "{st}");
+}

@@ -100,9 +100,67 @@ pub struct MasterArgs {
         value_delimiter = ','
     )]
     masters: Vec<String>,
+    /// rediss:// masters: trust only the CA certificates in this PEM file (default: the
+    /// system's trust roots).
+    #[cfg(feature = "tls")]
+    #[arg(long, value_name = "PEM", env = "REDLOCK_TLS_CA_FILE")]
+    tls_ca_file: Option<std::path::PathBuf>,
+    /// rediss:// masters: a client certificate (PEM) for mutual TLS; needs --tls-key.
+    #[cfg(feature = "tls")]
+    #[arg(
+        long,
+        value_name = "PEM",
+        env = "REDLOCK_TLS_CERT",
+        requires = "tls_key"
+    )]
+    tls_cert: Option<std::path::PathBuf>,
+    /// rediss:// masters: the client certificate's private key (PEM).
+    #[cfg(feature = "tls")]
+    #[arg(
+        long,
+        value_name = "PEM",
+        env = "REDLOCK_TLS_KEY",
+        requires = "tls_cert"
+    )]
+    tls_key: Option<std::path::PathBuf>,
 }
 
 impl MasterArgs {
+    /// The CA file and the client certificate and key given.
+    #[cfg(feature = "tls")]
+    pub fn tls_files(
+        &self,
+    ) -> (
+        Option<&std::path::Path>,
+        Option<(&std::path::Path, &std::path::Path)>,
+    ) {
+        let cert = match (&self.tls_cert, &self.tls_key) {
+            (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
+            _ => None,
+        };
+        (self.tls_ca_file.as_deref(), cert)
+    }
+
+    /// The builder with the masters and, when built with TLS, the TLS options.
+    pub fn builder(&self) -> redlock_mux::Builder {
+        self.with_tls(redlock_mux::Redlock::builder().masters(self.urls()))
+    }
+
+    /// `b` with the TLS options, when built with TLS.
+    #[allow(unused_mut)]
+    pub fn with_tls(&self, mut b: redlock_mux::Builder) -> redlock_mux::Builder {
+        #[cfg(feature = "tls")]
+        {
+            if let Some(ca) = &self.tls_ca_file {
+                b = b.tls_ca_file(ca);
+            }
+            if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+                b = b.tls_client_cert(cert, key);
+            }
+        }
+        b
+    }
+
     /// The non-empty master URLs.
     pub fn urls(&self) -> Vec<String> {
         self.masters

@@ -23,22 +23,30 @@
 mod conn;
 mod encode;
 mod ops;
+#[cfg(feature = "tls")]
+mod tls;
 
-use std::io::{self, Read};
-use std::sync::Arc;
+use std::io;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use mio::{Events, Interest, Poll, Token as MioToken, Waker};
+use mio::{Events, Poll, Token as MioToken, Waker};
 
 use crate::resp::{self, Frame};
-use crate::rules::{self, Decision, Fault, Outcome, Request, Tally};
+use crate::rules::{self, Decision, ErrorText, Fault, Outcome, Request, Tally, TlsFault};
 use crate::stats::MasterStats;
 
-pub(crate) use conn::Node;
-use conn::{connect, interpret, write_handshake, write_some, Conn, Setup, SetupReply, Tag};
+use conn::{
+    connect_tcp, connect_unix, interpret, read_some, write_handshake, write_some, Conn, Setup,
+    SetupReply, Stream, Tag,
+};
+pub(crate) use conn::{Node, Target};
 use encode::encode_request;
 use ops::OpState;
 pub(crate) use ops::{KeyList, Op, OpArgs, OpId};
+#[cfg(feature = "tls")]
+pub(crate) use tls::{client_config, TlsTarget};
 
 /// The mio token reserved for the cross-thread waker.
 pub(crate) const WAKER: MioToken = MioToken(usize::MAX);
@@ -122,7 +130,14 @@ pub(crate) struct Engine {
     /// their `now`, so latencies cost one clock subtraction per poll, not one per reply.
     base: Instant,
     clock: (Instant, u64),
+    /// Answers of the resolver threads, handed back with a wake of `waker`.
+    resolved: Arc<Mutex<Vec<Resolved>>>,
+    /// Resolver threads running (their answers not taken yet).
+    resolving: usize,
 }
+
+/// A resolver thread's answer: master, which resolve, the address or why none.
+type Resolved = (usize, u64, Result<SocketAddr, ErrorText>);
 
 /// Whoever started an op and wants to hear when it is decided (a task of the layer
 /// above, as an opaque number). Ops without one are fire-and-forget (cleanup releases).
@@ -153,6 +168,8 @@ impl Engine {
             decided: Vec::with_capacity(OPS_RESERVED),
             base: Instant::now(),
             clock: (Instant::now(), 0),
+            resolved: Arc::new(Mutex::new(Vec::new())),
+            resolving: 0,
         };
         e.clock = (e.base, 0);
         // Pre-build a few slots so the first cycles do not allocate either.
@@ -399,7 +416,7 @@ impl Engine {
     fn connect_if_down(&mut self, i: usize, now: Instant) -> Result<(), Fault> {
         let node = &mut self.nodes[i];
         match node.conn {
-            Conn::Up(_) | Conn::Connecting(_) => {
+            Conn::Up(_) | Conn::Connecting(_) | Conn::Resolving => {
                 if node.pending.len() >= self.cfg.max_pending {
                     self.fail_node(i, Fault::Closed(io::ErrorKind::OutOfMemory), now);
                     return Err(Fault::Down);
@@ -413,36 +430,150 @@ impl Engine {
                 return Err(node.last_fault.unwrap_or(Fault::Down));
             }
         }
-        match connect(node.addr) {
-            Ok(mut stream) => {
-                if let Err(e) = self.poll.registry().register(
-                    &mut stream,
-                    MioToken(i),
-                    Interest::READABLE | Interest::WRITABLE,
-                ) {
-                    let f = Fault::Connect(e.kind());
-                    self.connect_failed(i, f, now);
-                    return Err(f);
-                }
-                let node = &mut self.nodes[i];
-                node.conn = Conn::Connecting(stream);
-                node.connect_deadline = now + self.cfg.connect_timeout;
-                node.last_progress = now;
-                let first = node.connect_deadline.min(now + self.cfg.stall_timeout);
-                node.answered = false;
-                node.clear_streams();
-                node.votes_from = None;
-                node.durable = false;
-                write_handshake(node, self.cfg.require_durable);
-                self.due_by(first);
+        let stream = match &node.target {
+            &Target::Addr(addr) => self.open_tcp(i, addr),
+            Target::Unix(path) => connect_unix(path)
+                .map(Stream::Unix)
+                .map_err(|e| Fault::Connect(e.kind())),
+            Target::Host { .. } => return self.start_resolve(i, now),
+        };
+        let registered = stream.and_then(|mut s| {
+            s.register(self.poll.registry(), MioToken(i))
+                .map(|()| s)
+                .map_err(|e| Fault::Connect(e.kind()))
+        });
+        match registered {
+            Ok(stream) => {
+                self.new_connection(i, now);
+                self.nodes[i].conn = Conn::Connecting(stream);
                 Ok(())
             }
-            Err(e) => {
-                let f = Fault::Connect(e.kind());
-                self.connect_failed(i, f, now);
+            Err(f) => {
+                self.connect_refused(i, f, now);
                 Err(f)
             }
         }
+    }
+
+    /// Start a TCP connect to `addr` for master `i`, with TLS when its URL asks.
+    fn open_tcp(&self, i: usize, addr: SocketAddr) -> Result<Stream, Fault> {
+        let tcp = connect_tcp(addr).map_err(|e| Fault::Connect(e.kind()))?;
+        #[cfg(feature = "tls")]
+        if let Some(target) = &self.nodes[i].tls {
+            return Ok(Stream::Tls(Box::new(tls::TlsStream::new(tcp, target)?)));
+        }
+        let _ = i;
+        Ok(Stream::Tcp(tcp))
+    }
+
+    /// A new connection of master `i` starts (resolving or connecting): fresh buffers, its
+    /// handshake queued, the connect deadline set.
+    fn new_connection(&mut self, i: usize, now: Instant) {
+        let node = &mut self.nodes[i];
+        node.connect_deadline = now + self.cfg.connect_timeout;
+        node.last_progress = now;
+        let first = node.connect_deadline.min(now + self.cfg.stall_timeout);
+        node.answered = false;
+        node.clear_streams();
+        node.votes_from = None;
+        node.durable = false;
+        write_handshake(node, self.cfg.require_durable);
+        self.due_by(first);
+    }
+
+    /// Resolve master `i`'s host on a helper thread: `getaddrinfo` blocks for as long as
+    /// the system's resolver takes, and the loop must not. The answer comes back through
+    /// `resolved` and a wake of the loop's waker ([`Engine::take_resolved`]); requests queue
+    /// meanwhile. The connect timeout covers the resolve: past it the master is down (its
+    /// thread's late answer is dropped). One thread per master at a time: while an old one
+    /// still hangs, the master stays down.
+    fn start_resolve(&mut self, i: usize, now: Instant) -> Result<(), Fault> {
+        let node = &mut self.nodes[i];
+        let Target::Host { host, port } = &node.target else {
+            unreachable!("only host names are resolved")
+        };
+        if node.resolving {
+            let f = Fault::Resolve(ErrorText::new(b"timed out (the last resolve still runs)"));
+            self.connect_refused(i, f, now);
+            return Err(f);
+        }
+        let (host, port) = (host.clone(), *port);
+        node.resolve_gen += 1;
+        let gen = node.resolve_gen;
+        let results = self.resolved.clone();
+        let waker = self.waker.clone();
+        let spawned = std::thread::Builder::new()
+            .name("redlock-resolve".into())
+            .spawn(move || {
+                let answer = match (&*host, port).to_socket_addrs() {
+                    Ok(addrs) => crate::url::pick_addr(&addrs.collect::<Vec<_>>())
+                        .ok_or_else(|| ErrorText::new(b"no addresses")),
+                    Err(e) => {
+                        let msg = e.to_string();
+                        // std prefixes getaddrinfo's words with this; keep the words.
+                        let msg = msg
+                            .strip_prefix("failed to lookup address information: ")
+                            .unwrap_or(&msg);
+                        Err(ErrorText::new(msg.as_bytes()))
+                    }
+                };
+                if let Ok(mut r) = results.lock() {
+                    r.push((i, gen, answer));
+                }
+                let _ = waker.wake();
+            });
+        if let Err(e) = spawned {
+            let f = Fault::Resolve(ErrorText::new(
+                format!("cannot start a resolver thread: {e}").as_bytes(),
+            ));
+            self.connect_refused(i, f, now);
+            return Err(f);
+        }
+        self.nodes[i].resolving = true;
+        self.resolving += 1;
+        self.new_connection(i, now);
+        self.nodes[i].conn = Conn::Resolving;
+        Ok(())
+    }
+
+    /// Take the resolver threads' answers: connect where a master still waits for one,
+    /// fail it where its host did not resolve.
+    #[cold]
+    fn take_resolved(&mut self, now: Instant) {
+        let answers = match self.resolved.lock() {
+            Ok(mut r) => std::mem::take(&mut *r),
+            Err(_) => return,
+        };
+        for (i, gen, answer) in answers {
+            self.resolving -= 1;
+            let node = &mut self.nodes[i];
+            node.resolving = false;
+            if !matches!(node.conn, Conn::Resolving) || node.resolve_gen != gen {
+                continue; // timed out meanwhile: the master is down already
+            }
+            let stream = answer.map_err(Fault::Resolve).and_then(|addr| {
+                let mut s = self.open_tcp(i, addr)?;
+                s.register(self.poll.registry(), MioToken(i))
+                    .map_err(|e| Fault::Connect(e.kind()))?;
+                Ok(s)
+            });
+            match stream {
+                Ok(s) => {
+                    let node = &mut self.nodes[i];
+                    node.conn = Conn::Connecting(s);
+                    node.last_progress = now;
+                }
+                Err(f) => self.fail_node(i, f, now),
+            }
+        }
+    }
+
+    /// A connect failed at once (no connection to close): count it, then back off.
+    fn connect_refused(&mut self, i: usize, fault: Fault, now: Instant) {
+        let stats = &mut self.nodes[i].stats;
+        stats.disconnects += 1;
+        stats.last_fault = Some(fault);
+        self.connect_failed(i, fault, now);
     }
 
     fn connect_failed(&mut self, i: usize, fault: Fault, now: Instant) {
@@ -469,18 +600,13 @@ impl Engine {
         let conn = std::mem::replace(&mut node.conn, Conn::Down);
         let owed = !node.pending.is_empty();
         match conn {
-            Conn::Up(mut s) | Conn::Connecting(mut s) => {
-                let _ = self.poll.registry().deregister(&mut s);
-                if owed {
-                    // Close with a reset, not a FIN: requests still unsent or unread by the
-                    // master are dropped rather than run later, behind a cleanup release
-                    // sent on the next connection. (A request the master already took may
-                    // still run: such a key expires within its TTL, and the round reports
-                    // the master as "connection lost".)
-                    let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
-                }
-            }
-            Conn::Down => {}
+            // With requests owed, close with a reset, not a FIN: requests still unsent or
+            // unread by the master are dropped rather than run later, behind a cleanup
+            // release sent on the next connection. (A request the master already took may
+            // still run: such a key expires within its TTL, and the round reports the
+            // master as "connection lost".)
+            Conn::Up(s) | Conn::Connecting(s) => s.close(self.poll.registry(), owed),
+            Conn::Down | Conn::Resolving => {}
         }
         let node = &mut self.nodes[i];
         node.clear_streams();
@@ -578,6 +704,13 @@ impl Engine {
                 *g = 0;
             }
         }
+        // Records rustls holds without plaintext of ours behind them (the ClientHello).
+        #[cfg(feature = "tls")]
+        if let Stream::Tls(t) = stream {
+            if let Err(f) = t.flush(&mut node.stats) {
+                self.fail_node(i, f, Instant::now());
+            }
+        }
     }
 
     /// Enter the loop; returns the time. Time the client spent outside the loop (idle
@@ -591,8 +724,8 @@ impl Engine {
         entered
     }
 
-    /// Shift every stall clock by the time since the client left the loop (when that is
-    /// at least `IDLE_SHIFT_MIN`); returns whether it was.
+    /// Shift every stall clock and connect timeout by the time since the client left the
+    /// loop (when that is at least `IDLE_SHIFT_MIN`); returns whether it was.
     fn shift_stall_clocks(&mut self, entered: Instant) -> bool {
         let idle = entered.saturating_duration_since(self.left_loop);
         self.left_loop = entered;
@@ -601,6 +734,16 @@ impl Engine {
         }
         for node in self.nodes.iter_mut() {
             node.last_progress = (node.last_progress + idle).min(entered);
+            // A connect (or a resolve) nobody watched over may well be done, its event
+            // still unread: its timeout counts the time the loop ran, not the idle gap.
+            let connecting = match &node.conn {
+                Conn::Connecting(_) | Conn::Resolving => true,
+                Conn::Up(s) => s.tls_handshaking(),
+                Conn::Down => false,
+            };
+            if connecting {
+                node.connect_deadline += idle;
+            }
         }
         true
     }
@@ -686,7 +829,17 @@ impl Engine {
                 Conn::Connecting(_) if now >= node.connect_deadline => {
                     self.fail_node(i, Fault::Connect(io::ErrorKind::TimedOut), now);
                 }
-                Conn::Connecting(_) => due(node.connect_deadline),
+                Conn::Resolving if now >= node.connect_deadline => {
+                    let f = Fault::Resolve(ErrorText::new(b"timed out"));
+                    self.fail_node(i, f, now);
+                }
+                Conn::Connecting(_) | Conn::Resolving => due(node.connect_deadline),
+                // The connect timeout covers the TLS handshake too.
+                Conn::Up(ref s) if s.tls_handshaking() && now >= node.connect_deadline => {
+                    let f = Fault::Tls(TlsFault::Other(ErrorText::new(b"handshake timed out")));
+                    self.fail_node(i, f, now);
+                }
+                Conn::Up(ref s) if s.tls_handshaking() => due(node.connect_deadline),
                 Conn::Up(_) if !node.pending.is_empty() => {
                     let stall = node.last_progress + self.cfg.stall_timeout;
                     if now >= stall {
@@ -729,7 +882,11 @@ impl Engine {
         for ev in events.iter() {
             let i = ev.token().0;
             if i >= self.nodes.len() {
-                continue; // the waker, or spurious
+                // The waker (a resolver thread may have answered), or spurious.
+                if self.resolving > 0 {
+                    self.take_resolved(now);
+                }
+                continue;
             }
             let error = ev.is_error();
             let closed = ev.is_read_closed() || error;
@@ -751,13 +908,21 @@ impl Engine {
                         continue;
                     }
                 }
-            } else if writable && self.nodes[i].has_unwritten() {
+            } else if writable
+                && (self.nodes[i].has_unwritten() || self.nodes[i].conn.tls_wants_write())
+            {
                 // Edge-triggered: every readable edge reports writable too; most of them
                 // find nothing to write.
                 self.flush_node(i);
             }
             if readable && self.nodes[i].is_up() {
                 self.read_node(i, closed, now);
+                // TLS: the records read may want an answer (the handshake's), and the
+                // plaintext rustls buffered during the handshake may now go out.
+                #[cfg(feature = "tls")]
+                if self.nodes[i].conn.tls_wants_write() {
+                    self.flush_node(i);
+                }
             }
         }
         self.events = events;
@@ -770,20 +935,14 @@ impl Engine {
         let Conn::Connecting(stream) = &mut node.conn else {
             return Ok(true);
         };
-        if let Ok(Some(e)) | Err(e) = stream.take_error() {
-            return Err(Fault::Connect(e.kind()));
+        if !stream.connected()? {
+            return Ok(false);
         }
-        match stream.peer_addr() {
-            Ok(_) => {
-                let Conn::Connecting(s) = std::mem::replace(&mut node.conn, Conn::Down) else {
-                    unreachable!()
-                };
-                node.conn = Conn::Up(s);
-                Ok(true)
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(false),
-            Err(e) => Err(Fault::Connect(e.kind())),
-        }
+        let Conn::Connecting(s) = std::mem::replace(&mut node.conn, Conn::Down) else {
+            unreachable!()
+        };
+        node.conn = Conn::Up(s);
+        Ok(true)
     }
 
     /// Read until the socket is drained. `closed`: the peer's FIN (or an error) came with
@@ -812,12 +971,9 @@ impl Engine {
                 return;
             };
             let space = node.inbuf.len() - node.in_end;
-            node.stats.reads += 1;
-            match stream.read(&mut node.inbuf[node.in_end..]) {
-                Ok(0) => {
-                    self.fail_node(i, Fault::Closed(io::ErrorKind::UnexpectedEof), now);
-                    return;
-                }
+            let drains = stream.short_read_drains();
+            match read_some(stream, &mut node.inbuf[node.in_end..], &mut node.stats) {
+                Ok(0) => return,
                 Ok(n) => {
                     node.in_end += n;
                     node.last_progress = now;
@@ -825,14 +981,12 @@ impl Engine {
                         return;
                     }
                     // A short read drained the socket: the next edge will tell us more.
-                    if n < space && !closed {
+                    if n < space && !closed && drains {
                         return;
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    self.fail_node(i, Fault::Closed(e.kind()), now);
+                Err(f) => {
+                    self.fail_node(i, f, now);
                     return;
                 }
             }
@@ -1053,5 +1207,70 @@ impl Engine {
             .iter()
             .map(|n| MasterStats::new(n.name.clone(), n.stats.clone()))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A resolve that outlives the connect timeout: the master is down with
+    /// `Fault::Resolve("timed out")` at once, and the late answer is dropped when it comes.
+    #[test]
+    fn a_resolve_past_the_connect_timeout_is_dropped() {
+        let now = Instant::now();
+        let target = Target::Host {
+            host: Arc::from("localhost"),
+            port: 1,
+        };
+        let limits = NetConfig::default().limits;
+        let node = Node::new(Arc::from("localhost:1"), target, None, None, 0, limits, now);
+        let mut e = Engine::new(vec![node], NetConfig::default()).unwrap();
+        let token = crate::token::TokenSource::new().unwrap().next().unwrap();
+        let keys: [&[u8]; 1] = [b"k"];
+        let start = |e: &mut Engine, now| {
+            e.start(
+                Request::Acquire,
+                |a| a.set(keys, token, 1000),
+                Duration::from_secs(5),
+                now,
+                |_| true,
+                None,
+            )
+        };
+        let op = start(&mut e, now);
+        assert!(matches!(e.nodes[0].conn, Conn::Resolving));
+        assert_eq!(e.resolving, 1);
+        // The connect timeout passes before anyone looks at the answer.
+        let late = now + e.cfg.connect_timeout;
+        e.tick(late);
+        let timed_out = Fault::Resolve(ErrorText::new(b"timed out"));
+        assert!(matches!(e.nodes[0].conn, Conn::Down));
+        assert_eq!(e.nodes[0].stats.last_fault, Some(timed_out));
+        assert_eq!(
+            e.op(op).tally.outcomes()[0],
+            Outcome::Failed(timed_out),
+            "the op owed by the master failed with it"
+        );
+        // The thread's answer arrives (a wake), and is dropped: the master stays down.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while e.resolving > 0 && Instant::now() < deadline {
+            let now = e.wait(
+                Instant::now(),
+                Some(Instant::now() + Duration::from_millis(10)),
+            );
+            now.unwrap();
+        }
+        assert_eq!(e.resolving, 0);
+        assert!(!e.nodes[0].resolving);
+        assert!(matches!(e.nodes[0].conn, Conn::Down));
+        // After the backoff, a new resolve starts (the old thread is done).
+        let after_backoff = late + e.cfg.backoff_max;
+        let op = start(&mut e, after_backoff);
+        assert!(
+            matches!(e.nodes[0].conn, Conn::Resolving),
+            "{:?}",
+            e.op(op).tally.outcomes()
+        );
     }
 }

@@ -386,7 +386,10 @@ fn bench(
     interrupted: &AtomicBool,
 ) -> u8 {
     let builder = || {
-        let mut b = Redlock::builder().masters(urls).busy_poll(args.busy_poll);
+        let mut b = args
+            .masters
+            .with_tls(Redlock::builder().masters(urls))
+            .busy_poll(args.busy_poll);
         if let Some(t) = args.round_timeout {
             b = b.node_timeout(t);
         }

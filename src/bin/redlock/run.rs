@@ -307,8 +307,9 @@ pub fn main(args: RunArgs) -> u8 {
             );
         }
     }
-    let mut client = match Redlock::builder()
-        .masters(&urls)
+    let mut client = match args
+        .masters
+        .builder()
         .node_timeout(round_timeout)
         .fencing(args.fencing)
         .build()

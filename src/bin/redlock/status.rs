@@ -2,11 +2,12 @@
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use clap::Args;
 use redlock_mux::resp::{self, Arg, Frame, Limits, Status};
-use redlock_mux::MasterSpec;
+use redlock_mux::{Endpoint, MasterSpec};
 
 use crate::common::{exit, human_duration, say, short_token};
 use crate::{duration, MasterArgs};
@@ -75,11 +76,19 @@ pub fn main(args: StatusArgs) -> u8 {
             }
         }
     }
+    let tls = match tls_setup(&args.masters, &specs) {
+        Ok(t) => t,
+        Err(e) => {
+            say!("bad configuration: {e}");
+            return exit::USAGE;
+        }
+    };
+    let tls = &tls;
     let key = args.resource.as_bytes();
     let states: Vec<State> = std::thread::scope(|s| {
         let probes: Vec<_> = specs
             .iter()
-            .map(|spec| s.spawn(move || probe(spec, key, args.timeout)))
+            .map(|spec| s.spawn(move || probe(spec, key, args.timeout, tls)))
             .collect();
         probes
             .into_iter()
@@ -262,8 +271,8 @@ fn print_json(
 }
 
 /// Connect, authenticate, select the database, then `GET key` and `PTTL key`, pipelined.
-fn probe(spec: &MasterSpec, key: &[u8], timeout: Duration) -> State {
-    match probe_io(spec, key, timeout) {
+fn probe(spec: &MasterSpec, key: &[u8], timeout: Duration, tls: &Tls) -> State {
+    match probe_io(spec, key, timeout, tls) {
         Ok(s) => s,
         Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut => {
             State::Unreachable(format!("no answer within {}", human_duration(timeout)))
@@ -272,13 +281,107 @@ fn probe(spec: &MasterSpec, key: &[u8], timeout: Duration) -> State {
     }
 }
 
-fn probe_io(spec: &MasterSpec, key: &[u8], timeout: Duration) -> io::Result<State> {
+/// The rustls configuration for `rediss://` masters (the library's own code).
+#[cfg(feature = "tls")]
+#[path = "../../engine/tls_config.rs"]
+mod tls_config;
+
+/// TLS for the probes: the client configuration, made once.
+#[cfg(feature = "tls")]
+pub type Tls = Option<std::sync::Arc<rustls::ClientConfig>>;
+#[cfg(not(feature = "tls"))]
+pub type Tls = Option<()>;
+
+/// A blocking connection to a master: TCP, TLS over TCP, or a Unix socket.
+enum Conn {
+    Tcp(TcpStream),
+    #[cfg(feature = "tls")]
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+    Unix(UnixStream),
+}
+
+impl Conn {
+    fn open(spec: &MasterSpec, timeout: Duration, tls: &Tls) -> io::Result<Conn> {
+        match &spec.endpoint {
+            Endpoint::Tcp { host, .. } => {
+                let addr = spec
+                    .resolve()
+                    .map_err(|e| io::Error::new(io::ErrorKind::NotFound, e))?;
+                let stream = TcpStream::connect_timeout(&addr, timeout)?;
+                stream.set_nodelay(true)?;
+                if !spec.tls {
+                    return Ok(Conn::Tcp(stream));
+                }
+                #[cfg(feature = "tls")]
+                if let Some(config) = tls {
+                    let name = rustls::pki_types::ServerName::try_from(host.clone())
+                        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+                    let conn = rustls::ClientConnection::new(config.clone(), name)
+                        .map_err(io::Error::other)?;
+                    return Ok(Conn::Tls(Box::new(rustls::StreamOwned::new(conn, stream))));
+                }
+                let _ = (host, tls);
+                Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "rediss:// (TLS) needs redlock built with the `tls` feature",
+                ))
+            }
+            Endpoint::Unix(path) => UnixStream::connect(path)
+                .map(Conn::Unix)
+                .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
+        }
+    }
+
+    fn set_timeouts(&self, t: Duration) -> io::Result<()> {
+        match self {
+            Conn::Tcp(s) => s
+                .set_read_timeout(Some(t))
+                .and(s.set_write_timeout(Some(t))),
+            #[cfg(feature = "tls")]
+            Conn::Tls(s) => {
+                let s = &s.sock;
+                s.set_read_timeout(Some(t))
+                    .and(s.set_write_timeout(Some(t)))
+            }
+            Conn::Unix(s) => s
+                .set_read_timeout(Some(t))
+                .and(s.set_write_timeout(Some(t))),
+        }
+    }
+}
+
+impl Read for Conn {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Conn::Tcp(s) => s.read(buf),
+            #[cfg(feature = "tls")]
+            Conn::Tls(s) => s.read(buf),
+            Conn::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Conn {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Conn::Tcp(s) => s.write(buf),
+            #[cfg(feature = "tls")]
+            Conn::Tls(s) => s.write(buf),
+            Conn::Unix(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            #[cfg(feature = "tls")]
+            Conn::Tls(s) => s.flush(),
+            _ => Ok(()),
+        }
+    }
+}
+
+fn probe_io(spec: &MasterSpec, key: &[u8], timeout: Duration, tls: &Tls) -> io::Result<State> {
     let deadline = Instant::now() + timeout;
-    let addr = spec
-        .resolve()
-        .map_err(|e| io::Error::new(io::ErrorKind::NotFound, e))?;
-    let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
-    stream.set_nodelay(true)?;
+    let mut stream = Conn::open(spec, timeout, tls)?;
     let mut out = Vec::with_capacity(128);
     let mut setup = 0usize;
     match (&spec.user, &spec.password) {
@@ -301,8 +404,9 @@ fn probe_io(spec: &MasterSpec, key: &[u8], timeout: Duration) -> io::Result<Stat
     }
     resp::encode_command(&mut out, &[Arg::from("GET"), Arg::Bytes(key)]);
     resp::encode_command(&mut out, &[Arg::from("PTTL"), Arg::Bytes(key)]);
-    stream.set_write_timeout(Some(remaining(deadline)?))?;
+    stream.set_timeouts(remaining(deadline)?)?;
     stream.write_all(&out)?;
+    stream.flush()?;
 
     let limits = Limits::default();
     let mut buf: Vec<u8> = Vec::with_capacity(512);
@@ -322,7 +426,7 @@ fn probe_io(spec: &MasterSpec, key: &[u8], timeout: Duration) -> io::Result<Stat
                     ))
                 }
             }
-            stream.set_read_timeout(Some(remaining(deadline)?))?;
+            stream.set_timeouts(remaining(deadline)?)?;
             let mut chunk = [0u8; 512];
             let n = stream.read(&mut chunk)?;
             if n == 0 {
@@ -358,4 +462,19 @@ fn remaining(deadline: Instant) -> io::Result<Duration> {
     } else {
         Ok(left)
     }
+}
+
+/// The TLS configuration, when a master is `rediss://` (and redlock was built with TLS).
+#[cfg(feature = "tls")]
+fn tls_setup(args: &MasterArgs, specs: &[MasterSpec]) -> Result<Tls, String> {
+    if !specs.iter().any(|s| s.tls) {
+        return Ok(None);
+    }
+    let (ca, cert) = args.tls_files();
+    tls_config::client_config(ca, cert).map(Some)
+}
+
+#[cfg(not(feature = "tls"))]
+fn tls_setup(_: &MasterArgs, _: &[MasterSpec]) -> Result<Tls, String> {
+    Ok(None)
 }
