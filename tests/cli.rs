@@ -1777,3 +1777,66 @@ fn run_and_status_over_tls() {
     let st = json(&output(after, Duration::from_secs(10)));
     assert_eq!(st["locked"], false, "{st}");
 }
+
+/// `bench` does not measure a degraded cluster without saying so: with a master down it
+/// refuses (exit 69, naming the master), and measures only with `--allow-degraded`.
+#[test]
+fn bench_refuses_to_measure_with_a_master_down() {
+    let mut m = masters(3);
+    m[2].kill().unwrap();
+    let urls = m.urls().join(",");
+    let args = |extra: &[&str]| {
+        let mut all = vec![
+            "bench",
+            "--masters",
+            urls.as_str(),
+            "--duration",
+            "300ms",
+            "--round-timeout",
+            "2s",
+        ];
+        all.extend_from_slice(extra);
+        output(redlock(None, &all), Duration::from_secs(60))
+    };
+    let out = args(&[]);
+    let err = stderr(&out);
+    assert_eq!(code(&out), 69, "{err}");
+    assert!(
+        err.contains("master down") && err.contains(&m[2].addr().to_string()),
+        "{err}"
+    );
+    let out = args(&["--allow-degraded"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+}
+
+/// `bench`'s report to a closed pipe (`redlock bench | head -1`) does not panic: the run
+/// ends with its own exit status.
+#[test]
+fn bench_survives_a_closed_stdout() {
+    let mut cmd = redlock(
+        None,
+        &[
+            "bench",
+            "--local",
+            "1",
+            "--duration",
+            "200ms",
+            "--round-timeout",
+            "2s",
+        ],
+    );
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn redlock bench");
+    drop(child.stdout.take()); // the reader is gone before anything is written
+    let status = wait_exit(&mut child, Duration::from_secs(60));
+    let mut err = String::new();
+    use std::io::Read as _;
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}

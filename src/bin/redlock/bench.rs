@@ -18,7 +18,7 @@ use redlock_mux::local::{
 use redlock_mux::{Error, Redlock, SharedRedlock};
 use signal_hook::consts::{SIGINT, SIGTERM};
 
-use crate::common::{exit, human_micros, say, thousands};
+use crate::common::{exit, human_micros, out, out_part, say, thousands};
 use crate::{duration, MasterArgs};
 
 pub const AFTER_HELP: &str = "\
@@ -112,6 +112,10 @@ pub struct BenchArgs {
     /// Poll without sleeping in the kernel: lower latency, one busy core per client.
     #[arg(long)]
     busy_poll: bool,
+    /// Measure even when a master does not answer at the start (by default `bench`
+    /// refuses: figures with a master down are not comparable).
+    #[arg(long)]
+    allow_degraded: bool,
     /// Pin each client thread to a CPU of its own and start the local masters on the
     /// other CPUs (Linux; only with local masters; needs clients + 1 CPUs).
     #[arg(long)]
@@ -397,7 +401,7 @@ fn bench(
     };
     let build = || builder().build();
     // One client up front checks the configuration and names the masters.
-    let probe = match build() {
+    let mut probe = match build() {
         Ok(c) => c,
         Err(e) => {
             say!("{e}");
@@ -407,6 +411,11 @@ fn bench(
     let master_names: Vec<String> = probe.masters().map(str::to_string).collect();
     let quorum = probe.quorum();
     let round_timeout = probe.round_timeout(args.ttl);
+    if !args.allow_degraded {
+        if let Some(code) = check_every_master(&mut probe, args.ttl) {
+            return code;
+        }
+    }
     drop(probe);
 
     let run_id = format!(
@@ -584,7 +593,7 @@ fn bench(
         check: &check,
     };
     if args.json {
-        println!("{}", report.json());
+        out!("{}", report.json());
     } else {
         report.print();
     }
@@ -1242,7 +1251,7 @@ impl Report<'_> {
                 if TOKIO_WORKERS == 1 { "" } else { "s" }
             ),
         };
-        println!(
+        out!(
             "redlock bench: {} {}masters (quorum {}), {who}, {} resource{}, ttl {}, {:.2} s{}",
             self.masters.len(),
             if self.local { "local " } else { "" },
@@ -1254,42 +1263,42 @@ impl Report<'_> {
             if a.busy_poll { ", busy-poll" } else { "" },
         );
         if let Some(p) = self.pinning {
-            println!(
+            out!(
                 "pinned: client thread{} on CPU {}, masters on CPU {}",
                 if a.clients == 1 { "" } else { "s" },
                 cpu_list(&p.clients),
                 cpu_list(&p.masters)
             );
         } else if self.local && a.mode() == Mode::Clients {
-            println!("unpinned: clients and masters on any CPU (--pin to pin)");
+            out!("unpinned: clients and masters on any CPU (--pin to pin)");
         } else if self.local {
-            println!("unpinned: callers, the shared client's loop thread and masters on any CPU");
+            out!("unpinned: callers, the shared client's loop thread and masters on any CPU");
         }
-        println!();
-        print!("{:<10}", "latency");
+        out!();
+        out_part!("{:<10}", "latency");
         for (name, _) in QUANTILES {
-            print!("{name:>10}");
+            out_part!("{name:>10}");
         }
-        println!("{:>10}", "max");
+        out!("{:>10}", "max");
         for (name, h) in [
             ("acquire", &t.acquire),
             ("release", &t.release),
             ("cycle", &t.cycle),
         ] {
-            print!("{name:<10}");
+            out_part!("{name:<10}");
             for (_, q) in QUANTILES {
-                print!("{:>10}", human_micros(h.value_at_quantile(q) as f64));
+                out_part!("{:>10}", human_micros(h.value_at_quantile(q) as f64));
             }
-            println!("{:>10}", human_micros(h.max() as f64));
+            out!("{:>10}", human_micros(h.max() as f64));
         }
-        println!();
-        println!(
+        out!();
+        out!(
             "throughput    {} cycles/s ({} cycles in {:.2} s)",
             thousands(self.throughput().round() as u64),
             thousands(t.cycles),
             self.elapsed.as_secs_f64()
         );
-        println!(
+        out!(
             "counts        acquired {}, refused (taken) {}, retried {}, errors {}",
             thousands(t.acquired),
             thousands(t.refused),
@@ -1297,10 +1306,10 @@ impl Report<'_> {
             thousands(t.errors)
         );
         if let Some(e) = &t.first_error {
-            println!("first error   {e}");
+            out!("first error   {e}");
         }
         if let Some((u, s)) = self.cpu {
-            println!(
+            out!(
                 "client CPU    {:.1} µs per cycle ({:.1} µs user + {:.1} µs system)",
                 self.per_cycle(u + s),
                 self.per_cycle(u),
@@ -1308,25 +1317,66 @@ impl Report<'_> {
             );
         }
         if self.check.ok() {
-            println!(
+            out!(
                 "mutual excl.  ok: {} holds on {} resource{} checked, no overlap, counters match grants",
                 thousands(t.holds.len() as u64),
                 self.resources,
                 if self.resources == 1 { "" } else { "s" }
             );
         } else {
-            println!(
+            out!(
                 "mutual excl.  VIOLATED: {} overlapping holds, {} lost counter updates",
-                self.check.overlaps, self.check.lost_updates
+                self.check.overlaps,
+                self.check.lost_updates
             );
         }
         if t.overran > 0 {
-            println!(
+            out!(
                 "warning       {} holds were released after their validity ended",
                 t.overran
             );
         }
     }
+}
+
+/// Before measuring: every master must answer a lock round (connect, handshake, a yes).
+/// With one down, the figures would measure a degraded cluster without saying so: refuse
+/// (exit 69), naming the masters, unless `--allow-degraded`.
+fn check_every_master(probe: &mut Redlock, ttl: Duration) -> Option<u8> {
+    let key = format!("redlock-bench:probe:{}", std::process::id());
+    // Rounds until every master answered, for a second at most: the client runs its
+    // loop only inside its calls, and a round is decided at a quorum, so a master still
+    // connecting answers a later round.
+    let until = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < until {
+        match probe.try_lock(&key, ttl) {
+            Ok(lock) => {
+                let _ = probe.release(lock);
+            }
+            Err(e) => {
+                say!("cannot lock on the masters: {e}");
+                return Some(crate::run::error_code(&e));
+            }
+        }
+        if probe.stats().iter().all(|s| s.ok() > 0) {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let down: Vec<String> = probe
+        .stats()
+        .iter()
+        .filter(|s| s.ok() == 0)
+        .map(|s| match s.last_fault() {
+            Some(f) => format!("{} ({f})", s.name()),
+            None => format!("{} (no answer)", s.name()),
+        })
+        .collect();
+    say!(
+        "not measuring with a master down: {}; pass --allow-degraded to measure anyway",
+        down.join(", ")
+    );
+    Some(exit::UNAVAILABLE)
 }
 
 #[cfg(test)]

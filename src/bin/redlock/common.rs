@@ -42,6 +42,25 @@ macro_rules! say {
 }
 pub(crate) use say;
 
+/// Print a line to stdout. Never panics (`println!` does when stdout is a closed pipe:
+/// `redlock bench | head`); a reader that went away gets nothing more.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+pub(crate) use out;
+
+/// [`out!`] without the newline.
+macro_rules! out_part {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout(), $($arg)*);
+    }};
+}
+pub(crate) use out_part;
+
 /// A short form of a lock token (first 8 characters and an ellipsis); never print a whole
 /// token: it is the capability to release someone else's lock.
 pub fn short_token(token: &[u8]) -> String {
