@@ -141,6 +141,21 @@ impl Core {
                 return;
             }
         };
+        if lp.has_work() {
+            // Others' operations are in flight: the loop's thread serves everyone (one
+            // driver for many callers; a caller that drove would hand over after its own
+            // result anyway).
+            drop(lp);
+            let mut q = lock(&self.queue);
+            if !q.driving {
+                q.wanted = true;
+                drop(q);
+                self.cv.notify_one();
+            } else {
+                self.wake_driver(q);
+            }
+            return;
+        }
         lock(&self.queue).driving = true;
         let result = self.run_until(&mut lp, || slot.is_ready());
         if let Err(e) = result {
