@@ -8,13 +8,13 @@ use std::time::{Duration, Instant};
 
 use crate::engine::{Engine, NetConfig, Node, Target};
 use crate::error::Error;
+use crate::lock::MAX_TTL;
 use crate::machine::{Machine, Settings};
-use crate::single::Redlock;
 use crate::token::TokenSource;
 use crate::url::{Endpoint, MasterSpec};
-use crate::MAX_TTL;
 
-/// Configures and builds a [`Redlock`].
+/// Configures and builds a [`Redlock`](crate::Redlock) ([`Builder::build`]) or a
+/// [`SharedRedlock`](crate::SharedRedlock) ([`Builder::build_shared`]).
 #[derive(Clone)]
 pub struct Builder {
     masters: Vec<String>,
@@ -105,7 +105,7 @@ impl Builder {
             .extend(urls.into_iter().map(|u| u.as_ref().to_string()));
         self
     }
-    /// Retries after the first attempt in [`Redlock::lock`] (default 10).
+    /// Retries after the first attempt in [`Redlock::lock`](crate::Redlock::lock) (default 10).
     pub fn retry_count(mut self, n: u32) -> Self {
         self.retry_count = n;
         self
@@ -213,12 +213,6 @@ impl Builder {
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
         self
-    }
-
-    /// Check the configuration and build the single-owner client. Connections are opened
-    /// lazily, by the first operation.
-    pub fn build(self) -> Result<Redlock, Error> {
-        Ok(Redlock::from_machine(self.machine()?))
     }
 
     /// Check the configuration and make the engine and the lock logic.

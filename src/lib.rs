@@ -226,10 +226,8 @@ pub use token::Token;
 #[doc(hidden)]
 pub use url::{Endpoint, MasterSpec};
 
-/// Longest resource name accepted, in bytes.
-pub const MAX_RESOURCE_LEN: usize = 4096;
-/// Longest TTL accepted: 2^31 - 1 ms (about 24.8 days), like most timer APIs.
-pub const MAX_TTL: std::time::Duration = std::time::Duration::from_millis((1 << 31) - 1);
+#[cfg(feature = "client")]
+pub use lock::{MAX_RESOURCE_LEN, MAX_TTL};
 
 /// The README's Rust snippets, compiled as doc tests (`cargo test --doc`).
 #[cfg(all(doctest, feature = "client"))]

@@ -10,6 +10,11 @@ use smallvec::SmallVec;
 use crate::engine::KeyList;
 use crate::token::Token;
 
+/// Longest resource name accepted, in bytes.
+pub const MAX_RESOURCE_LEN: usize = 4096;
+/// Longest TTL accepted: 2^31 - 1 ms (about 24.8 days), like most timer APIs.
+pub const MAX_TTL: Duration = Duration::from_millis((1 << 31) - 1);
+
 /// A lock held through the single-owner [`Redlock`](crate::Redlock). Release it with
 /// [`Redlock::release`](crate::Redlock::release), which says how that went. A `Lock`
 /// dropped without a release is not leaked for its whole TTL: its client releases it at

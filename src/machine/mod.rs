@@ -55,10 +55,10 @@ impl Settings {
                 "ttl {ttl:?} is below the 1 ms resolution of PX"
             )));
         }
-        if ttl > crate::MAX_TTL {
+        if ttl > crate::lock::MAX_TTL {
             return Err(Error::InvalidArgument(format!(
                 "ttl {ttl:?} is above the maximum {:?}",
-                crate::MAX_TTL
+                crate::lock::MAX_TTL
             )));
         }
         if let Some(max) = self.amnesia_guard {

@@ -159,7 +159,7 @@ impl Core {
         lock(&self.queue).driving = true;
         let result = self.run_until(&mut lp, || slot.is_ready());
         if let Err(e) = result {
-            lp.shut(e, self);
+            lp.shut(e, |into| self.kill(into));
             return;
         }
         self.stop_driving(&lp);
@@ -180,7 +180,7 @@ impl Core {
     fn run_until(&self, lp: &mut Loop, mut done: impl FnMut() -> bool) -> io::Result<()> {
         let mut now = lp.enter()?;
         loop {
-            let wake = lp.iterate(self, now);
+            let wake = lp.iterate(|into| self.take_commands(into), now);
             if done() {
                 return Ok(());
             }
@@ -206,14 +206,12 @@ impl Core {
             match result {
                 Ok(true) => {}
                 Ok(false) => {
-                    lp.shut(
-                        io::Error::other("the shared client's loop has stopped"),
-                        &self,
-                    );
+                    let why = io::Error::other("the shared client's loop has stopped");
+                    lp.shut(why, |into| self.kill(into));
                     return;
                 }
                 Err(e) => {
-                    lp.shut(e, &self);
+                    lp.shut(e, |into| self.kill(into));
                     return;
                 }
             }
@@ -228,7 +226,7 @@ impl Core {
             if closing.is_none() && self.closed.load(Ordering::Acquire) {
                 *closing = Some(now + DRAIN);
             }
-            let mut wake = lp.iterate(self, now);
+            let mut wake = lp.iterate(|into| self.take_commands(into), now);
             if let Some(end) = *closing {
                 if (!lp.has_work() && lp.engine_idle()) || now >= end {
                     return Ok(false);

@@ -7,9 +7,8 @@ use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::driver::Core;
-use super::guard::LockState;
 use super::pending::{Out, Slot};
+use super::state::LockState;
 use super::Command;
 use crate::error::Error;
 use crate::keep::{AfterExtend, KeepAlive};
@@ -73,8 +72,14 @@ impl Loop {
 
     /// One turn at `now`: commands, tasks, results, keepers, watchers, writes. Returns
     /// when the loop must look again at the latest.
-    pub(crate) fn iterate(&mut self, core: &Core, now: Instant) -> Option<Instant> {
-        self.drain(core, now);
+    /// `take` moves the queued commands into the vector it is given.
+    pub(crate) fn iterate(
+        &mut self,
+        take: impl FnOnce(&mut Vec<Command>),
+        now: Instant,
+    ) -> Option<Instant> {
+        take(&mut self.inbox);
+        self.drain(now);
         self.m.step(now);
         self.deliver(now);
         self.keep_alive(now);
@@ -103,8 +108,7 @@ impl Loop {
     }
 
     /// Take every command queued since the last time round.
-    fn drain(&mut self, core: &Core, now: Instant) {
-        core.take_commands(&mut self.inbox);
+    fn drain(&mut self, now: Instant) {
         let mut inbox = std::mem::take(&mut self.inbox);
         for cmd in inbox.drain(..) {
             self.command(cmd, now);
@@ -295,9 +299,10 @@ impl Loop {
 
     /// The loop is ending: every operation still waiting, and every command still queued
     /// or queued later, fails with `why`.
-    pub(crate) fn shut(&mut self, why: io::Error, core: &Core) {
+    /// `kill` stops the queue for good and moves what it held into the vector it is given.
+    pub(crate) fn shut(&mut self, why: io::Error, kill: impl FnOnce(&mut Vec<Command>)) {
         let err = || Error::Io(io::Error::new(why.kind(), why.to_string()));
-        core.kill(&mut self.inbox);
+        kill(&mut self.inbox);
         for cmd in self.inbox.drain(..) {
             match cmd {
                 Command::Lock { slot, .. }

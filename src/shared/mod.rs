@@ -9,6 +9,7 @@ mod driver;
 mod event_loop;
 mod guard;
 mod pending;
+mod state;
 
 pub use guard::{LockGuard, Lost};
 pub use pending::Pending;
@@ -24,8 +25,8 @@ use crate::keep::HoldOptions;
 use crate::machine::{Machine, Settings};
 use crate::single::{check_distinct, check_resources};
 use driver::Core;
-use guard::LockState;
 use pending::{Out, Slot};
+use state::LockState;
 
 /// What a handle asks of the loop.
 pub(crate) enum Command {
@@ -171,8 +172,8 @@ impl SharedRedlock {
     }
 
     /// What each master did so far, by name: connections, outcomes, answer latency (see
-    /// [`MasterStats`](crate::MasterStats)).
-    pub fn stats(&self) -> Pending<Vec<crate::MasterStats>> {
+    /// [`MasterStats`](crate::stats::MasterStats)).
+    pub fn stats(&self) -> Pending<Vec<crate::stats::MasterStats>> {
         let slot = Slot::new();
         self.inner.queue(Command::Stats(slot.clone()));
         Pending::new(self.inner.clone(), slot)

@@ -10,14 +10,14 @@ use std::task::{Context, Poll, Waker};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
-use super::guard::{LockGuard, LockState};
+use super::state::LockState;
 use super::{Command, Inner};
 use crate::error::Error;
 use crate::stats::MasterStats;
 
 /// What the loop hands back.
 pub(crate) enum Out {
-    /// A lock: its state, to become a [`LockGuard`] in the caller's hands.
+    /// A lock: its state, to become a [`LockGuard`](crate::LockGuard) in the caller's hands.
     Lock(Arc<LockState>),
     /// A release or an extend went through.
     Unit,
@@ -94,7 +94,7 @@ impl Slot {
 /// lock is ever granted to nobody. A release or an extend that was already sent goes on.
 #[must_use = "an operation does nothing useful unless awaited or waited for; dropping it cancels it"]
 pub struct Pending<T> {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
     slot: Arc<Slot>,
     taken: bool,
     /// Polled at least once: the loop was told to run.
@@ -134,7 +134,7 @@ impl<T> Pending<T> {
 
     /// Block the calling thread until the result is in: drive the loop on this thread if
     /// nobody else does (no hand-off), otherwise park until the driver has it.
-    fn wait_out(&mut self) -> Result<Out, Error> {
+    pub(crate) fn wait_out(&mut self) -> Result<Out, Error> {
         if !self.slot.is_ready() {
             self.inner.core().drive_for(&self.slot);
         }
@@ -158,7 +158,7 @@ impl<T> Pending<T> {
         }
     }
 
-    fn poll_out(&mut self, cx: &mut Context<'_>) -> Poll<Result<Out, Error>> {
+    pub(crate) fn poll_out(&mut self, cx: &mut Context<'_>) -> Poll<Result<Out, Error>> {
         if !self.kicked {
             self.kicked = true;
             self.inner.core().kick();
@@ -173,21 +173,6 @@ impl<T> Pending<T> {
             _ => st.waker = Some(cx.waker().clone()),
         }
         Poll::Pending
-    }
-}
-
-impl Pending<LockGuard> {
-    /// Block the calling thread until the lock is granted or the attempt failed.
-    pub fn wait(mut self) -> Result<LockGuard, Error> {
-        let out = self.wait_out();
-        self.guard(out)
-    }
-
-    fn guard(&self, out: Result<Out, Error>) -> Result<LockGuard, Error> {
-        match out? {
-            Out::Lock(state) => Ok(LockGuard::new(self.inner.clone(), state)),
-            _ => unreachable!("a lock operation completes with a lock"),
-        }
     }
 }
 
@@ -219,17 +204,6 @@ impl Future for Pending<Vec<MasterStats>> {
     }
 }
 
-impl Future for Pending<LockGuard> {
-    type Output = Result<LockGuard, Error>;
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.get_mut();
-        match this.poll_out(cx) {
-            Poll::Ready(out) => Poll::Ready(this.guard(out)),
-            Poll::Pending => Poll::Pending,
-        }
-    }
-}
-
 impl Future for Pending<()> {
     type Output = Result<(), Error>;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -244,11 +218,11 @@ impl<T> Drop for Pending<T> {
         }
         let mut st = lock(&self.slot.state);
         match st.result.take() {
-            // Completed but never taken: a lock becomes a guard and is released as it
-            // drops (queued to the loop; nothing blocks).
+            // Completed but never taken: the lock is released (queued to the loop; nothing
+            // blocks), as a guard's drop would.
             Some(Ok(Out::Lock(state))) => {
                 drop(st);
-                drop(LockGuard::new(self.inner.clone(), state));
+                self.inner.submit(Command::Release { state, slot: None });
             }
             Some(_) => {}
             None => {

@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 use crate::builder::Builder;
 use crate::engine::KeyList;
 use crate::error::Error;
+use crate::lock::MAX_RESOURCE_LEN;
 use crate::lock::{Dropped, Lock};
 use crate::machine::{Done, Machine, TaskId};
-use crate::MAX_RESOURCE_LEN;
 
 /// Cancels the lock attempt running on the client it came from, from any thread.
 ///
@@ -373,8 +373,16 @@ impl Redlock {
     }
 
     /// What each master did so far, by name: connections, outcomes, answer latency.
-    pub fn stats(&self) -> Vec<crate::MasterStats> {
+    pub fn stats(&self) -> Vec<crate::stats::MasterStats> {
         self.m.engine.stats()
+    }
+}
+
+impl Builder {
+    /// Check the configuration and build the single-owner client. Connections are opened
+    /// lazily, by the first operation.
+    pub fn build(self) -> Result<Redlock, Error> {
+        Ok(Redlock::from_machine(self.machine()?))
     }
 }
 

@@ -1,0 +1,141 @@
+//! A lock's state, shared by its guard and the loop: deadline, TTL, lost flag, and who
+//! waits for a loss.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::task::Waker;
+use std::time::{Duration, Instant};
+
+use crate::engine::KeyList;
+use crate::error::Error;
+use crate::lock::Lock;
+use crate::token::Token;
+
+/// A lock's state, shared by its guard and the loop.
+pub(crate) struct LockState {
+    pub keys: KeyList,
+    pub token: Token,
+    pub fence: Option<u64>,
+    pub acquired_at: Instant,
+    /// The clock's origin for the atomics below.
+    base: Instant,
+    valid_until_ns: AtomicU64,
+    ttl_ms: AtomicU64,
+    /// Past this instant (ns after `base`) the lock counts as lost: its deadline minus the
+    /// lost margin (no margin unless auto-extended).
+    stop_at_ns: AtomicU64,
+    lost: AtomicBool,
+    watch: Mutex<Watch>,
+    pub(crate) cv: Condvar,
+}
+
+#[derive(Default)]
+pub(crate) struct Watch {
+    pub lost: bool,
+    /// Why, when the loop knows.
+    pub why: Option<String>,
+    pub wakers: Vec<Waker>,
+    /// The loop was asked to wake `wakers` when the lost instant passes.
+    pub timer: bool,
+}
+
+fn ns(base: Instant, t: Instant) -> u64 {
+    u64::try_from(t.saturating_duration_since(base).as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl LockState {
+    pub(crate) fn new(mut lock: Lock, base: Instant) -> LockState {
+        let until = ns(base, lock.valid_until);
+        LockState {
+            keys: std::mem::take(&mut lock.keys),
+            token: lock.token,
+            fence: lock.fence,
+            acquired_at: lock.acquired_at,
+            base,
+            valid_until_ns: AtomicU64::new(until),
+            ttl_ms: AtomicU64::new(lock.ttl.as_millis() as u64),
+            stop_at_ns: AtomicU64::new(until),
+            lost: AtomicBool::new(false),
+            watch: Mutex::new(Watch::default()),
+            cv: Condvar::new(),
+        }
+    }
+
+    fn at(&self, ns: u64) -> Instant {
+        self.base + Duration::from_nanos(ns)
+    }
+
+    pub(crate) fn valid_until(&self) -> Instant {
+        self.at(self.valid_until_ns.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn ttl(&self) -> Duration {
+        Duration::from_millis(self.ttl_ms.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn stop_at(&self) -> Instant {
+        self.at(self.stop_at_ns.load(Ordering::Acquire))
+    }
+
+    /// The lock as a value, for the loop's release and extend tasks.
+    pub(crate) fn to_lock(&self) -> Lock {
+        let mut keys = KeyList::default();
+        keys.assign(&self.keys);
+        Lock {
+            keys,
+            token: self.token,
+            ttl: self.ttl(),
+            acquired_at: self.acquired_at,
+            valid_until: self.valid_until(),
+            fence: self.fence,
+            dropped: None,
+        }
+    }
+
+    /// An extension went through: the new deadline and TTL, and the lost instant
+    /// `margin` before the deadline.
+    pub(crate) fn extended(&self, valid_until: Instant, ttl: Duration, margin: Duration) {
+        let stop = valid_until.checked_sub(margin).unwrap_or(valid_until);
+        self.ttl_ms.store(ttl.as_millis() as u64, Ordering::Release);
+        self.valid_until_ns
+            .store(ns(self.base, valid_until), Ordering::Release);
+        self.stop_at_ns
+            .store(ns(self.base, stop), Ordering::Release);
+    }
+
+    /// Move the lost instant (auto-extension sets its margin).
+    pub(crate) fn set_stop_at(&self, at: Instant) {
+        self.stop_at_ns.store(ns(self.base, at), Ordering::Release);
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        if self.lost.load(Ordering::Acquire) {
+            return true;
+        }
+        if Instant::now() >= self.stop_at() {
+            self.mark_lost(None);
+            return true;
+        }
+        false
+    }
+
+    /// The lock is lost (`why`, when known): wake everyone who waits for it.
+    pub(crate) fn mark_lost(&self, why: Option<&Error>) {
+        let mut w = self.watch();
+        if !w.lost {
+            w.lost = true;
+            w.why = why.map(|e| e.to_string());
+        }
+        self.lost.store(true, Ordering::Release);
+        let wakers = std::mem::take(&mut w.wakers);
+        drop(w);
+        self.cv.notify_all();
+        for waker in wakers {
+            waker.wake();
+        }
+    }
+
+    pub(crate) fn watch(&self) -> MutexGuard<'_, Watch> {
+        self.watch.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
