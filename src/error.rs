@@ -37,7 +37,8 @@ pub struct Report {
     pub(crate) quorum: usize,
     pub(crate) elapsed: Duration,
     pub(crate) attempts: u32,
-    /// From the first attempt's start to this round's end.
+    /// From the first attempt's start to the last attempt's end (also when the report
+    /// shows an earlier round, the last having been cut short by a deadline).
     pub(crate) total: Duration,
 }
 

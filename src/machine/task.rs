@@ -144,7 +144,13 @@ impl Machine {
     pub(super) fn start_attempt(&mut self, id: TaskId, now: Instant) {
         let t = &mut self.tasks[id.slot as usize];
         if t.deadline.is_some_and(|d| now >= d) {
-            let last = t.last.take();
+            // Woken late, past the deadline (a loaded machine): no attempt starts; the
+            // report's total still covers the whole wait.
+            let began = t.began;
+            let last = t.last.take().map(|mut r| {
+                r.total = now.saturating_duration_since(began);
+                r
+            });
             self.finish(id, Err(Error::DeadlineExceeded(last)));
             return;
         }
@@ -363,8 +369,16 @@ impl Machine {
                 // A round whose timeout the deadline clipped reports masters as timed out
                 // that may simply not have had time to answer: the previous attempt's
                 // report says more (e.g. "taken", not "timed out").
+                // Its attempt count and total time still cover every attempt.
                 let clipped = d.saturating_duration_since(t1) < self.cfg.round_timeout(ttl);
-                let r = if clipped { t.last.take() } else { Some(report) };
+                let r = match t.last.take() {
+                    Some(mut last) if clipped => {
+                        last.attempts = report.attempts;
+                        last.total = report.total;
+                        Some(last)
+                    }
+                    _ => Some(report),
+                };
                 self.finish(id, Err(Error::DeadlineExceeded(r)));
                 return;
             }

@@ -45,7 +45,12 @@ pub(crate) struct Loop {
     finished: Vec<TaskId>,
     /// The origin of the guards' clocks.
     base: Instant,
+    /// Lock states nobody else holds any more, reused for the next grants.
+    spare_states: Vec<Arc<LockState>>,
 }
+
+/// Spare lock states kept at most.
+const MAX_SPARE_STATES: usize = 1024;
 
 impl Loop {
     pub(crate) fn new(mut m: Machine) -> Loop {
@@ -59,6 +64,27 @@ impl Loop {
             inbox: Vec::with_capacity(64),
             finished: Vec::with_capacity(64),
             base: Instant::now(),
+            spare_states: Vec::new(),
+        }
+    }
+
+    /// The shared state of a lock just granted: a spare one refilled, or a new one.
+    fn new_state(&mut self, lock: crate::lock::Lock) -> Arc<LockState> {
+        let fresh = LockState::new(lock, self.base);
+        if let Some(mut spare) = self.spare_states.pop() {
+            if let Some(s) = Arc::get_mut(&mut spare) {
+                *s = fresh;
+                return spare;
+            }
+        }
+        Arc::new(fresh)
+    }
+
+    /// The loop is done with `state`: kept for reuse when nobody else holds it (a guard
+    /// hands its reference over with the release; an extension in flight still holds one).
+    fn recycle(&mut self, state: Arc<LockState>) {
+        if Arc::strong_count(&state) == 1 && self.spare_states.len() < MAX_SPARE_STATES {
+            self.spare_states.push(state);
         }
     }
 
@@ -142,6 +168,7 @@ impl Loop {
                 self.watched.retain(|s| !Arc::ptr_eq(s, &state));
                 let id = self.m.submit_release(&state.to_lock(), now);
                 self.wait_for(id, Waiter::Release(slot));
+                self.recycle(state);
             }
             Command::Extend { state, ttl, slot } => {
                 let id = self.m.submit_extend(&state.to_lock(), ttl, now);
@@ -171,7 +198,8 @@ impl Loop {
                 }
             }
             Command::Stats(slot) => {
-                slot.complete(Ok(Out::Stats(self.m.engine.stats())));
+                let stats = Ok(Out::Stats(self.m.engine.stats()));
+                slot.complete(stats);
             }
             Command::Cancel(slot) => {
                 let found = self.waiters.iter().flatten().find_map(|(id, w)| match w {
@@ -205,13 +233,14 @@ impl Loop {
         match waiter {
             Waiter::Lock(slot) => {
                 let out = result.map(|d| match d {
-                    Done::Locked(lock) => Out::Lock(Arc::new(LockState::new(lock, self.base))),
+                    Done::Locked(lock) => Out::Lock(self.new_state(lock)),
                     other => unreachable!("a lock task ended with {other:?}"),
                 });
                 // Nobody wants it any more (the `Pending` was dropped): release it.
                 if let Some(Ok(Out::Lock(state))) = slot.complete(out) {
                     let id = self.m.submit_release(&state.to_lock(), now);
                     self.wait_for(id, Waiter::Release(None));
+                    self.recycle(state);
                 }
             }
             Waiter::Release(slot) => {

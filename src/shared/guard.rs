@@ -8,7 +8,7 @@ use std::sync::{Arc, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use super::pending::{Out, Pending, Slot};
+use super::pending::{Out, Pending};
 use super::state::LockState;
 use super::{Command, Inner};
 use crate::error::Error;
@@ -27,23 +27,24 @@ use crate::token::Token;
 /// auto-extended), or when an extension finds it no longer held.
 pub struct LockGuard {
     inner: Arc<Inner>,
-    state: Arc<LockState>,
-    released: bool,
+    /// `None` only once handed to the loop (release, drop): the loop then holds the only
+    /// reference and reuses the state for another lock.
+    state: Option<Arc<LockState>>,
 }
 
 impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let names: Vec<String> = self
-            .state
+            .st()
             .keys
             .iter()
             .map(|k| String::from_utf8_lossy(k).into_owned())
             .collect();
         f.debug_struct("LockGuard")
             .field("resources", &names)
-            .field("token", &self.state.token)
+            .field("token", &self.st().token)
             .field("remaining", &self.remaining())
-            .field("fence", &self.state.fence)
+            .field("fence", &self.st().fence)
             .finish()
     }
 }
@@ -52,36 +53,42 @@ impl LockGuard {
     pub(crate) fn new(inner: Arc<Inner>, state: Arc<LockState>) -> LockGuard {
         LockGuard {
             inner,
-            state,
-            released: false,
+            state: Some(state),
+        }
+    }
+
+    fn st(&self) -> &Arc<LockState> {
+        match &self.state {
+            Some(s) => s,
+            None => unreachable!("a guard's state is only taken by release or drop"),
         }
     }
 
     /// The (first) resource name.
     pub fn resource(&self) -> &[u8] {
-        self.state.keys.iter().next().unwrap_or(&[])
+        self.st().keys.iter().next().unwrap_or(&[])
     }
     /// Every resource of a multi-resource lock (one for a plain lock).
     pub fn resources(&self) -> impl Iterator<Item = &[u8]> + '_ {
-        self.state.keys.iter()
+        self.st().keys.iter()
     }
     /// The random token stored as the keys' value.
     pub fn token(&self) -> &Token {
-        &self.state.token
+        &self.st().token
     }
     /// The fencing token, when the client was built with
     /// [`Builder::fencing`](crate::Builder::fencing) (see
     /// [`Lock::fencing_token`](crate::Lock::fencing_token)).
     pub fn fencing_token(&self) -> Option<u64> {
-        self.state.fence
+        self.st().fence
     }
     /// The TTL the lock was last set (or extended) with.
     pub fn ttl(&self) -> Duration {
-        self.state.ttl()
+        self.st().ttl()
     }
     /// Until when the lock can be trusted, on the monotonic clock (moved by extensions).
     pub fn valid_until(&self) -> Instant {
-        self.state.valid_until()
+        self.st().valid_until()
     }
     /// Validity left now (zero once it ran out).
     pub fn remaining(&self) -> Duration {
@@ -95,7 +102,7 @@ impl LockGuard {
     /// `true` once the lock is lost: its validity ran out (less than the margin left when
     /// auto-extended), or an extension found it no longer held. Stays true.
     pub fn is_lost(&self) -> bool {
-        self.state.is_lost()
+        self.st().is_lost()
     }
 
     /// Block up to `timeout` for the lock to be lost; returns [`LockGuard::is_lost`]. An
@@ -103,16 +110,16 @@ impl LockGuard {
     /// (`Duration::MAX` waits until the loss).
     pub fn wait_lost(&self, timeout: Duration) -> bool {
         let deadline = Instant::now().checked_add(timeout);
-        let mut w = self.state.watch();
+        let mut w = self.st().watch();
         loop {
             if w.lost {
                 return true;
             }
             let now = Instant::now();
-            let stop = self.state.stop_at();
+            let stop = self.st().stop_at();
             if now >= stop {
                 drop(w);
-                self.state.mark_lost(None);
+                self.st().mark_lost(None);
                 return true;
             }
             let until = deadline.map_or(stop, |d| d.min(stop));
@@ -120,7 +127,7 @@ impl LockGuard {
                 return false;
             }
             w = self
-                .state
+                .st()
                 .cv
                 .wait_timeout(w, until - now)
                 .unwrap_or_else(PoisonError::into_inner)
@@ -137,7 +144,7 @@ impl LockGuard {
     /// Why the lock was lost, when an extension said (e.g. "not held"); `None` while it
     /// is not lost or when it simply ran out.
     pub fn lost_reason(&self) -> Option<String> {
-        self.state.watch().why.clone()
+        self.st().watch().why.clone()
     }
 
     /// Extend the lock to live at least `ttl` from now (as
@@ -148,9 +155,9 @@ impl LockGuard {
             Ok(t) => t,
             Err(e) => return Pending::ready(self.inner.clone(), Err(e)),
         };
-        let slot = Slot::new();
+        let slot = self.inner.slots.take();
         self.inner.queue(Command::Extend {
-            state: self.state.clone(),
+            state: self.st().clone(),
             ttl,
             slot: slot.clone(),
         });
@@ -163,7 +170,7 @@ impl LockGuard {
     /// finds it no longer held. Extensions ask for the lock's current TTL.
     pub fn auto_extend(&self, opts: HoldOptions) {
         self.inner.submit(Command::KeepAlive {
-            state: self.state.clone(),
+            state: self.st().clone(),
             opts,
         });
     }
@@ -171,23 +178,21 @@ impl LockGuard {
     /// Release the lock on every master and say how it went: `Ok` when a quorum
     /// confirmed, [`Error::NotHeld`] when the lock had already expired or been lost.
     pub fn release(mut self) -> Pending<()> {
-        self.released = true;
-        let slot = Slot::new();
-        self.inner.queue(Command::Release {
-            state: self.state.clone(),
-            slot: Some(slot.clone()),
-        });
+        let slot = self.inner.slots.take();
+        if let Some(state) = self.state.take() {
+            self.inner.queue(Command::Release {
+                state,
+                slot: Some(slot.clone()),
+            });
+        }
         Pending::new(self.inner.clone(), slot)
     }
 }
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if !self.released {
-            self.inner.submit(Command::Release {
-                state: self.state.clone(),
-                slot: None,
-            });
+        if let Some(state) = self.state.take() {
+            self.inner.submit(Command::Release { state, slot: None });
         }
     }
 }
@@ -202,7 +207,7 @@ pub struct Lost<'g> {
 impl Future for Lost<'_> {
     type Output = ();
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let state = &self.guard.state;
+        let state = self.guard.st();
         if state.is_lost() {
             return Poll::Ready(());
         }

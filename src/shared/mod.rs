@@ -25,7 +25,7 @@ use crate::keep::HoldOptions;
 use crate::machine::{Machine, Settings};
 use crate::single::{check_distinct, check_resources};
 use driver::Core;
-use pending::{Out, Slot};
+use pending::{Out, Slot, SlotPool};
 use state::LockState;
 
 /// What a handle asks of the loop.
@@ -62,6 +62,8 @@ pub(crate) enum Command {
 /// What the handles share; dropped with the last handle, guard and pending operation.
 pub(crate) struct Inner {
     core: Arc<Core>,
+    /// Completion slots, reused (shared with the loop).
+    pub(crate) slots: Arc<SlotPool>,
     settings: Settings,
     masters: Vec<Arc<str>>,
     quorum: usize,
@@ -140,10 +142,12 @@ impl SharedRedlock {
         let settings = m.cfg.clone();
         let masters = m.engine.nodes.iter().map(|n| n.name.clone()).collect();
         let quorum = m.engine.quorum();
+        let slots = Arc::new(SlotPool::new());
         let core = Core::start(m)?;
         Ok(SharedRedlock {
             inner: Arc::new(Inner {
                 core,
+                slots,
                 settings,
                 masters,
                 quorum,
@@ -174,7 +178,7 @@ impl SharedRedlock {
     /// What each master did so far, by name: connections, outcomes, answer latency (see
     /// [`MasterStats`](crate::stats::MasterStats)).
     pub fn stats(&self) -> Pending<Vec<crate::stats::MasterStats>> {
-        let slot = Slot::new();
+        let slot = self.inner.slots.take();
         self.inner.queue(Command::Stats(slot.clone()));
         Pending::new(self.inner.clone(), slot)
     }
@@ -235,7 +239,7 @@ impl SharedRedlock {
             Ok(t) => t,
             Err(e) => return Pending::ready(self.inner.clone(), Err(e)),
         };
-        let slot = Slot::new();
+        let slot = self.inner.slots.take();
         self.inner.queue(Command::Lock {
             keys,
             ttl,

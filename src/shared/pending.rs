@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 use std::thread::Thread;
@@ -26,9 +26,14 @@ pub(crate) enum Out {
 }
 
 /// Where the loop puts an operation's result and whom it wakes.
+///
+/// Slots are pooled ([`SlotPool`]): an operation's slot is reused once both of its
+/// holders, the [`Pending`] and the loop, are done with it (no allocation per operation).
 pub(crate) struct Slot {
     /// Set (after the result is stored) when the result is in: a cheap check to spin on.
     ready: AtomicBool,
+    /// Holders that have not let go yet (see [`SlotPool::let_go`]).
+    holders: AtomicU32,
     state: Mutex<SlotState>,
 }
 
@@ -51,20 +56,36 @@ impl Slot {
         self.ready.load(Ordering::Acquire)
     }
 
-    pub(crate) fn new() -> Arc<Slot> {
+    fn new(holders: u32) -> Arc<Slot> {
         Arc::new(Slot {
             ready: AtomicBool::new(false),
+            holders: AtomicU32::new(holders),
             state: Mutex::new(SlotState::default()),
         })
     }
 
+    /// Ready for another operation with `holders` holders.
+    fn reset(&self, holders: u32) {
+        let mut st = lock(&self.state);
+        *st = SlotState::default();
+        self.ready.store(false, Ordering::Relaxed);
+        self.holders.store(holders, Ordering::Relaxed);
+    }
+
     /// Store the result and wake whoever waits. Returns it back when the `Pending` is
     /// gone (then the loop deals with it: a lock is released).
+    ///
+    /// Completing is the loop's last touch of the slot: it lets go here, under the lock,
+    /// before the `Pending` can see the result, so the `Pending` is always the last holder
+    /// and puts the slot back itself (its next operation finds it in the pool). A slot
+    /// whose `Pending` was dropped first is never let go (a queued cancel may still name
+    /// it).
     pub(crate) fn complete(&self, result: Result<Out, Error>) -> Option<Result<Out, Error>> {
         let mut st = lock(&self.state);
         if st.dropped {
             return Some(result);
         }
+        self.holders.fetch_sub(1, Ordering::AcqRel);
         st.result = Some(result);
         self.ready.store(true, Ordering::Release);
         let waker = st.waker.take();
@@ -77,6 +98,57 @@ impl Slot {
             t.unpark();
         }
         None
+    }
+}
+
+/// Spare completion slots, shared by the handles and the loop.
+///
+/// A slot has two holders while its operation is queued or in flight: the [`Pending`] and
+/// whoever completes it (the loop). The completer lets go in [`Slot::complete`], the
+/// `Pending` in [`SlotPool::let_go`] when dropped; the last one puts it back. A holder
+/// that does not let go (a `Pending` dropped before its result, whose slot a queued cancel
+/// still names) only costs the slot its reuse: it is freed like any `Arc`.
+pub(crate) struct SlotPool {
+    spare: Mutex<Vec<Arc<Slot>>>,
+}
+
+/// Spare slots kept at most (more are freed).
+const MAX_SPARE_SLOTS: usize = 1024;
+
+impl SlotPool {
+    pub(crate) fn new() -> SlotPool {
+        SlotPool {
+            spare: Mutex::new(Vec::with_capacity(64)),
+        }
+    }
+
+    /// A slot for an operation (held by its `Pending` and by whoever completes it).
+    pub(crate) fn take(&self) -> Arc<Slot> {
+        let holders = 2;
+        let spare = self
+            .spare
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        match spare {
+            Some(slot) => {
+                slot.reset(holders);
+                slot
+            }
+            None => Slot::new(holders),
+        }
+    }
+
+    /// The `Pending` is done with `slot` (it will not touch it again); the last holder
+    /// puts it back.
+    pub(crate) fn let_go(&self, slot: &Arc<Slot>) {
+        if slot.holders.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        let mut spare = self.spare.lock().unwrap_or_else(PoisonError::into_inner);
+        if spare.len() < MAX_SPARE_SLOTS {
+            spare.push(slot.clone());
+        }
     }
 }
 
@@ -127,7 +199,7 @@ impl<T> Pending<T> {
     /// A `Pending` that is complete already (an argument error, found before anything was
     /// sent).
     pub(crate) fn ready(inner: Arc<Inner>, result: Result<Out, Error>) -> Self {
-        let slot = Slot::new();
+        let slot = inner.slots.take();
         slot.complete(result);
         Pending::new(inner, slot)
     }
@@ -214,6 +286,7 @@ impl Future for Pending<()> {
 impl<T> Drop for Pending<T> {
     fn drop(&mut self) {
         if self.taken {
+            self.inner.slots.let_go(&self.slot);
             return;
         }
         let mut st = lock(&self.slot.state);
@@ -223,8 +296,12 @@ impl<T> Drop for Pending<T> {
             Some(Ok(Out::Lock(state))) => {
                 drop(st);
                 self.inner.submit(Command::Release { state, slot: None });
+                self.inner.slots.let_go(&self.slot);
             }
-            Some(_) => {}
+            Some(_) => {
+                drop(st);
+                self.inner.slots.let_go(&self.slot);
+            }
             None => {
                 st.dropped = true;
                 drop(st);
