@@ -7,13 +7,14 @@
 
 mod support;
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use support::proxy::{Mode, Proxy};
-use support::{get, masters, wait_until, LocalMasters};
+use support::{get, masters, masters_with, wait_until, LocalMasters};
 
 use redlock_mux::{Error, HoldOptions, Redlock, SharedRedlock};
 
@@ -353,4 +354,275 @@ fn fenced_and_multi_resource_locks() {
         last = t;
         g.release().wait().unwrap();
     }
+}
+
+/// A `Pending` dropped before its request was ever written (never polled, never waited
+/// for): once another operation has run the loop, no key is left.
+#[test]
+fn a_future_dropped_before_it_is_written_leaves_no_key() {
+    let m = masters(3);
+    let c = shared(&m);
+    for i in 0..20 {
+        let key = format!("unwritten:{i}");
+        drop(c.try_lock(&key, Duration::from_secs(30)));
+        // Runs the loop: the abandoned attempt is taken with it, and cancelled.
+        c.try_lock(format!("driver:{i}"), Duration::from_secs(30))
+            .wait()
+            .unwrap()
+            .release()
+            .wait()
+            .unwrap();
+        wait_until(
+            "the abandoned attempt to settle",
+            Duration::from_secs(5),
+            || gone(&m, &key),
+        );
+    }
+}
+
+/// Futures dropped at every stage of an attempt: never polled (before it is written),
+/// polled once and dropped while the round is in flight, or dropped with the grant already
+/// in (never taken). 300 attempts, the drop moved across the round trip; every key is gone
+/// once the loop settles, and each stage was hit.
+#[test]
+fn futures_dropped_at_every_stage_leave_no_key() {
+    let m = masters(3);
+    let c = Redlock::builder()
+        .masters(m.urls())
+        .node_timeout(Duration::from_millis(500))
+        .retry_count(0)
+        .build_shared()
+        .unwrap();
+    c.try_lock("warm", Duration::from_secs(5)).wait().unwrap();
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    let (mut unpolled, mut in_flight, mut granted) = (0, 0, 0);
+    for i in 0..300u32 {
+        let key = format!("stage:{i}");
+        let mut p = c.try_lock(&key, Duration::from_secs(30));
+        if i % 3 != 0 {
+            // Polled once: the loop is told to run it (its thread does).
+            // (The loop's thread may have run it already, busy with earlier drops: then
+            // the guard comes out here, and dropping it releases the lock.)
+            if let std::task::Poll::Ready(r) = std::pin::Pin::new(&mut p).poll(&mut cx) {
+                drop(r.unwrap());
+                granted += 1;
+                continue;
+            }
+            // Drop somewhere across the round trip: 0 to ~600 µs later.
+            let until = Instant::now() + Duration::from_micros(u64::from(i % 13) * 50);
+            while Instant::now() < until {
+                std::hint::spin_loop();
+            }
+            if format!("{p:?}").contains("ready: true") {
+                granted += 1;
+            } else {
+                in_flight += 1;
+            }
+        } else {
+            unpolled += 1;
+        }
+        drop(p);
+    }
+    // Runs the loop for the attempts nobody polled.
+    c.try_lock("settle", Duration::from_secs(5)).wait().unwrap();
+    wait_until(
+        "every abandoned attempt to settle",
+        Duration::from_secs(10),
+        || (0..300).all(|i| gone(&m, &format!("stage:{i}"))),
+    );
+    assert!(
+        unpolled > 0 && in_flight > 0 && granted > 0,
+        "stages hit: {unpolled} unpolled, {in_flight} in flight, {granted} granted"
+    );
+}
+
+/// A dropped guard is released within one round trip: its release goes out before the
+/// next operation on every connection, so taking the same resource again at once, with no
+/// retry, succeeds.
+#[test]
+fn a_dropped_guard_is_released_before_the_next_operation() {
+    let m = masters(3);
+    let c = Redlock::builder()
+        .masters(m.urls())
+        .node_timeout(Duration::from_millis(500))
+        .retry_count(0)
+        .build_shared()
+        .unwrap();
+    for i in 0..50 {
+        let g = c.try_lock("again", Duration::from_secs(30)).wait().unwrap();
+        let t = Instant::now();
+        drop(g);
+        let again = c.try_lock("again", Duration::from_secs(30)).wait();
+        let took = t.elapsed();
+        let again =
+            again.unwrap_or_else(|e| panic!("cycle {i}: the dropped lock was still held: {e}"));
+        assert!(took < Duration::from_secs(1), "cycle {i}: {took:?}");
+        drop(again);
+    }
+    // The same from an async task (the loop's thread drives).
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        for i in 0..50 {
+            let g = c.try_lock("again", Duration::from_secs(30)).await.unwrap();
+            drop(g);
+            if let Err(e) = c.try_lock("again", Duration::from_secs(30)).await {
+                panic!("async cycle {i}: the dropped lock was still held: {e}");
+            }
+        }
+    });
+    wait_until("the last release", Duration::from_secs(5), || {
+        gone(&m, "again")
+    });
+}
+
+/// 1,000 tokio tasks contend for 10 resources through one handle, three grants each, while
+/// one of three (durable) masters is killed and later restarted: every hold of a resource
+/// is alone (and ends while its lock is valid), all 3,000 grants happen, the restarted
+/// master serves again, and no key is left.
+#[test]
+fn a_thousand_tasks_on_ten_resources_survive_a_master_restart() {
+    const TASKS: usize = 1000;
+    const RESOURCES: usize = 10;
+    const EACH: u64 = 3;
+    const TTL: Duration = Duration::from_secs(3);
+    let mut m = masters_with(3, &["--appendonly", "yes", "--appendfsync", "always"]);
+    let c = Redlock::builder()
+        .masters(m.urls())
+        .node_timeout(Duration::from_millis(200))
+        .retry_delay(Duration::from_millis(2))
+        .retry_jitter(Duration::from_millis(8))
+        .build_shared()
+        .unwrap();
+    let inside: Arc<Vec<AtomicBool>> =
+        Arc::new((0..RESOURCES).map(|_| AtomicBool::new(false)).collect());
+    let grants = Arc::new(AtomicU64::new(0));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap();
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let (c, inside, grants) = (c.clone(), inside.clone(), grants.clone());
+            rt.spawn(async move {
+                let r = t % RESOURCES;
+                let key = format!("contended:{r}");
+                for _ in 0..EACH {
+                    let deadline = Instant::now() + Duration::from_secs(120);
+                    let g = c
+                        .lock_with_deadline(&key, TTL, deadline)
+                        .await
+                        .unwrap_or_else(|e| panic!("task {t}: {e}"));
+                    assert!(
+                        !inside[r].swap(true, Ordering::SeqCst),
+                        "two holders of {key} at once"
+                    );
+                    grants.fetch_add(1, Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    assert!(g.is_valid(), "a hold of {key} outlived its validity");
+                    inside[r].store(false, Ordering::SeqCst);
+                    g.release()
+                        .await
+                        .unwrap_or_else(|e| panic!("task {t}: {e}"));
+                }
+            })
+        })
+        .collect();
+    let total = TASKS as u64 * EACH;
+    let limit = Duration::from_secs(180);
+    wait_until("a third of the grants", limit, || {
+        grants.load(Ordering::SeqCst) >= total / 3
+    });
+    m[1].kill().unwrap();
+    let at_kill = grants.load(Ordering::SeqCst);
+    wait_until("grants with a master down", limit, || {
+        grants.load(Ordering::SeqCst) >= at_kill + 300
+    });
+    m[1].restart().unwrap();
+    let ok_before = c.stats().wait().unwrap()[1].ok();
+    for t in tasks {
+        rt.block_on(t).unwrap();
+    }
+    assert_eq!(grants.load(Ordering::SeqCst), total);
+    // The restarted master serves again (after its reconnect backoff, up to 1 s: the run
+    // may have ended first, so probes keep traffic going).
+    wait_until(
+        "the restarted master to serve again",
+        Duration::from_secs(10),
+        || {
+            if let Ok(g) = c.try_lock("probe", Duration::from_secs(5)).wait() {
+                drop(g);
+            }
+            let s = c.stats().wait().unwrap();
+            s[1].ok() > ok_before && s[1].connects() >= 2
+        },
+    );
+    // Released everywhere; except that a key the restarted master persisted before it
+    // was killed, and whose release it missed while down, lives out its TTL there.
+    let up = |r: usize| {
+        [0, 2]
+            .iter()
+            .all(|&i| get(&m, i, &format!("contended:{r}")).is_none())
+    };
+    wait_until("every key released", Duration::from_secs(5), || {
+        (0..RESOURCES).all(up)
+    });
+    wait_until("the restarted master's keys to expire", TTL * 3, || {
+        (0..RESOURCES).all(|r| get(&m, 1, &format!("contended:{r}")).is_none())
+    });
+}
+
+/// A caller that panics while holding a guard (its guard released as the panic unwinds),
+/// and an executor whose waker panics when the loop wakes it: the loop goes on serving
+/// everyone.
+#[test]
+fn panicking_callers_do_not_take_the_loop_down() {
+    use std::task::{Context, Wake, Waker};
+    let m = masters(3);
+    let c = shared(&m);
+    let c2 = c.clone();
+    let crashed = thread::spawn(move || {
+        let _g = c2.lock("panicky", Duration::from_secs(30)).wait().unwrap();
+        panic!("a caller's bug while holding the lock");
+    })
+    .join();
+    assert!(crashed.is_err());
+    wait_until(
+        "the unwound guard's release",
+        Duration::from_secs(5),
+        || gone(&m, "panicky"),
+    );
+
+    struct Bomb;
+    impl Wake for Bomb {
+        fn wake(self: Arc<Self>) {
+            panic!("an executor's bug in its waker");
+        }
+    }
+    let bomb = Waker::from(Arc::new(Bomb));
+    let mut p = c.try_lock("bombed", Duration::from_secs(30));
+    let _ = std::pin::Pin::new(&mut p).poll(&mut Context::from_waker(&bomb));
+    // The loop's thread completes it and calls the panicking waker; it survives that.
+    wait_until("the grant", Duration::from_secs(5), || {
+        format!("{p:?}").contains("ready: true")
+    });
+    drop(p);
+    wait_until(
+        "the unclaimed grant's release",
+        Duration::from_secs(5),
+        || gone(&m, "bombed"),
+    );
+    // Still serving, threads and tasks.
+    let g = c.lock("after", Duration::from_secs(5)).wait().unwrap();
+    g.release().wait().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let g = c.lock("after", Duration::from_secs(5)).await.unwrap();
+        g.release().await.unwrap();
+    });
 }

@@ -14,6 +14,7 @@
 //! never left with nobody to run it. Lock order: loop, then queue; never the other way.
 
 use std::io;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
@@ -157,7 +158,10 @@ impl Core {
             return;
         }
         lock(&self.queue).driving = true;
-        let result = self.run_until(&mut lp, || slot.is_ready());
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            self.run_until(&mut lp, || slot.is_ready())
+        }))
+        .unwrap_or_else(|_| Err(panicked()));
         if let Err(e) = result {
             lp.shut(e, |into| self.kill(into));
             return;
@@ -202,7 +206,10 @@ impl Core {
             }
             let mut lp = lock(&self.lp);
             lock(&self.queue).driving = true;
-            let result = self.drive_while_wanted(&mut lp, &mut closing);
+            let result = catch_unwind(AssertUnwindSafe(|| {
+                self.drive_while_wanted(&mut lp, &mut closing)
+            }))
+            .unwrap_or_else(|_| Err(panicked()));
             match result {
                 Ok(true) => {}
                 Ok(false) => {
@@ -257,6 +264,12 @@ impl Core {
         q.driving = false;
         into.append(&mut q.commands);
     }
+}
+
+/// The loop's code panicked (a bug): the loop stops, and every operation in flight or
+/// queued fails with this instead of waiting forever.
+fn panicked() -> io::Error {
+    io::Error::other("the shared client's loop stopped on an internal error (a panic)")
 }
 
 /// A command that will never run: its waiter learns why.

@@ -89,6 +89,12 @@ impl Inner {
     }
 }
 
+/// Wake `w`, catching a panic of its executor's wake-up code: whoever wakes (the loop's
+/// thread, a caller driving the loop) must not be taken down by someone else's waker.
+pub(crate) fn wake(w: std::task::Waker) {
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.wake()));
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
         self.core.close();
@@ -122,6 +128,14 @@ impl Drop for Inner {
 ///
 /// The single-owner [`crate::Redlock`] is faster for one thread (no hand-off between
 /// threads); this client is for sharing: thread pools, async services, many callers.
+///
+/// **Lifetime.** Guards and pending operations keep the client alive. Once the last
+/// handle, guard and `Pending` are gone, the loop finishes what is in flight (the guards'
+/// releases; at most 2 s), closes its connections and its thread exits. A caller that
+/// panics holding a guard releases it as it unwinds; a waker that panics when the loop
+/// wakes it is caught; neither stops the loop (`tests/shared.rs`,
+/// `tests/shared_shutdown.rs`). Warm operations allocate nothing
+/// (`tests/alloc_shared.rs`).
 #[derive(Clone)]
 pub struct SharedRedlock {
     inner: Arc<Inner>,

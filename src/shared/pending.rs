@@ -92,7 +92,7 @@ impl Slot {
         let thread = st.thread.take();
         drop(st);
         if let Some(w) = waker {
-            w.wake();
+            super::wake(w);
         }
         if let Some(t) = thread {
             t.unpark();

@@ -131,7 +131,7 @@ impl LockState {
         drop(w);
         self.cv.notify_all();
         for waker in wakers {
-            waker.wake();
+            super::wake(waker);
         }
     }
 
