@@ -2,7 +2,8 @@
 //!
 //! All scripts take the lock's keys as `KEYS` and the token as `ARGV[1]`; they are atomic
 //! on a master, which is what makes compare-and-delete and compare-and-pexpire safe. With
-//! one key, `RELEASE` is the Redis page's `if get == token then del` script.
+//! one key, `RELEASE` is the Redis page's `if get == token then del` script, plus a
+//! `PUBLISH` that wakes the waiters of the key ([`RELEASED_PREFIX`]).
 //!
 //! The fencing scripts take the lock's keys followed by as many counter keys (one per
 //! resource, [`FENCE_PREFIX`] + resource), and act only while every lock key still holds
@@ -22,16 +23,35 @@ pub struct Script {
 /// counter never share a name.
 pub const FENCE_PREFIX: &[u8] = b"redlock-mux:fence:";
 
-/// Compare-and-delete every key; returns 1 when all held the token, else 0.
+/// The channel a release announces itself on: releasing resource `r` publishes on
+/// `redlock-mux:released:<r>` on every master where it deleted the key, so that waiting
+/// clients try again at once instead of after their retry delay. (Channels are a namespace
+/// of their own, shared by every database of a server: a waiter on database 1 may be woken
+/// by a release on database 0, which only costs it an early attempt.)
+pub const RELEASED_PREFIX: &[u8] = b"redlock-mux:released:";
+
+/// Bytes of the token a release publishes: its first 16 hex digits. They name the release
+/// (a waiter ignores the copies the other masters send of one it already acted on) and are
+/// no capability: releasing or extending takes the whole token.
+pub const NOTICE_LEN: usize = 16;
+
+/// Compare-and-delete every key; returns 1 when all held the token, else 0. Every key it
+/// deletes is announced on [`RELEASED_PREFIX`]`<key>` with the token's first
+/// [`NOTICE_LEN`] bytes (with `pcall`: a user without the right to publish still releases).
 pub const RELEASE: Script = Script {
     src: concat!(
-    "local held = 1\n",
-    "for i = 1, #KEYS do\n",
-    "  if redis.call('get', KEYS[i]) == ARGV[1] then redis.call('del', KEYS[i]) else held = 0 end\n",
-    "end\n",
-    "return held"
-),
-    sha: "75d99ece287ed6605a39866a9d57152153f2da2f",
+        "local held = 1\n",
+        "for i = 1, #KEYS do\n",
+        "  if redis.call('get', KEYS[i]) == ARGV[1] then\n",
+        "    redis.call('del', KEYS[i])\n",
+        "    redis.pcall('publish', 'redlock-mux:released:' .. KEYS[i], string.sub(ARGV[1], 1, 16))\n",
+        "  else\n",
+        "    held = 0\n",
+        "  end\n",
+        "end\n",
+        "return held"
+    ),
+    sha: "3a02ab0a3dae9fe94e588af984716a5c370f9bbd",
 };
 
 /// Compare-and-extend: when every key holds the token, make each key live at least
@@ -61,6 +81,32 @@ pub const ACQUIRE_MANY: Script = Script {
         "return 1"
     ),
     sha: "9354dcfccee51ca201cd5006613aa659e4837198",
+};
+
+/// The acquire of a lock that waits (`lock`, `lock_with_deadline`, `lock_many`): set every
+/// key (`PX ARGV[2]`) only when none exists, and answer 0; else answer how long the holder
+/// still has: the largest `PTTL` of the keys that exist (at least 1, or -1 when one of them
+/// never expires), and with one key, who holds it: `{pttl, the first 16 bytes of its
+/// value}` (the fingerprint its release will publish). The waiter never sleeps past the
+/// holder's expiry, and knows which announcement frees this master.
+pub const ACQUIRE_WAIT: Script = Script {
+    src: concat!(
+        "local left = 0\n",
+        "for i = 1, #KEYS do\n",
+        "  local t = redis.call('pttl', KEYS[i])\n",
+        "  if t == -1 then left = -1\n",
+        "  elseif t >= 0 and left >= 0 then left = math.max(left, t, 1) end\n",
+        "end\n",
+        "if left == 0 then\n",
+        "  for i = 1, #KEYS do redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2]) end\n",
+        "  return 0\n",
+        "end\n",
+        "if #KEYS > 1 then return left end\n",
+        "local v = redis.pcall('get', KEYS[1])\n",
+        "if type(v) ~= 'string' then v = '' end\n",
+        "return {left, string.sub(v, 1, 16)}"
+    ),
+    sha: "4d2f51ec63f0d48a5ae9fb0b057c33abade1d7d1",
 };
 
 /// Fencing draw (read-only): `KEYS` = the lock's n keys, then their n counters. When every
@@ -99,7 +145,14 @@ pub const FENCE_RAISE: Script = Script {
 };
 
 /// Every script, in handshake order.
-pub const ALL: [Script; 5] = [RELEASE, EXTEND, ACQUIRE_MANY, FENCE_DRAW, FENCE_RAISE];
+pub const ALL: [Script; 6] = [
+    RELEASE,
+    EXTEND,
+    ACQUIRE_MANY,
+    FENCE_DRAW,
+    FENCE_RAISE,
+    ACQUIRE_WAIT,
+];
 
 #[cfg(test)]
 mod tests {

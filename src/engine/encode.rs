@@ -126,6 +126,7 @@ fn encode_request_general(
             return;
         }
         Request::Acquire | Request::AcquireMany => scripts::ACQUIRE_MANY,
+        Request::AcquireWait => scripts::ACQUIRE_WAIT,
         Request::Release => scripts::RELEASE,
         Request::Extend => scripts::EXTEND,
         Request::FenceDraw => scripts::FENCE_DRAW,
