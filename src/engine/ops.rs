@@ -62,6 +62,12 @@ pub(crate) struct Op {
     pub args: OpArgs,
     /// The largest integer among the yes answers (the fencing counter).
     pub max_value: i64,
+    /// `AcquireWait` rounds: the holder's remaining TTL (ms; -1: none) each master that
+    /// said "taken" reported, by master (0: no such answer).
+    pub left_ms: SmallVec<[i64; 8]>,
+    /// `AcquireWait` rounds with one key: who holds it, by master (the fingerprint its
+    /// release will publish), where a master said "taken".
+    pub holders: SmallVec<[Option<super::Fingerprint>; 8]>,
     /// Replies still owed to this op.
     pub(super) outstanding: u32,
     /// Told when the op is decided; `None`: nobody collects the result (cleanup releases).
