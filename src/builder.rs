@@ -14,6 +14,21 @@ use crate::token::TokenSource;
 use crate::url::{Endpoint, MasterSpec};
 use crate::MAX_TTL;
 
+/// How a lock call (`lock`, `lock_with_deadline`, `lock_many`) waits between attempts while
+/// the lock is held elsewhere (see [`Builder::wait_mode`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum WaitMode {
+    /// Try again as soon as a release of the resource is announced (the release script
+    /// publishes on every master; the client listens while some call waits), and at the
+    /// latest after the retry delay or when the holder's keys expire. The default.
+    #[default]
+    Notify,
+    /// Try again after the retry delay only (or when the holder's keys expire): the
+    /// classic Redlock client. No subscription connections.
+    Poll,
+}
+
 /// Configures and builds a [`Redlock`].
 #[derive(Clone)]
 pub struct Builder {
@@ -31,6 +46,8 @@ pub struct Builder {
     fencing: bool,
     assume_durable: bool,
     amnesia_guard: Option<Duration>,
+    wait_mode: WaitMode,
+    fairness: bool,
     #[cfg(feature = "tls")]
     tls_ca_file: Option<PathBuf>,
     #[cfg(feature = "tls")]
@@ -54,6 +71,8 @@ impl Default for Builder {
             fencing: false,
             assume_durable: false,
             amnesia_guard: None,
+            wait_mode: WaitMode::Notify,
+            fairness: false,
             #[cfg(feature = "tls")]
             tls_ca_file: None,
             #[cfg(feature = "tls")]
@@ -79,7 +98,9 @@ impl fmt::Debug for Builder {
             .field("min_validity", &self.min_validity)
             .field("busy_poll", &self.busy_poll)
             .field("fencing", &self.fencing)
-            .field("amnesia_guard", &self.amnesia_guard);
+            .field("amnesia_guard", &self.amnesia_guard)
+            .field("wait_mode", &self.wait_mode)
+            .field("fairness", &self.fairness);
         #[cfg(feature = "tls")]
         f.field("tls_ca_file", &self.tls_ca_file)
             .field("tls_client_cert", &self.tls_client_cert);
@@ -193,6 +214,54 @@ impl Builder {
         self.amnesia_guard = Some(max_ttl);
         self
     }
+    /// How lock calls wait while the lock is held elsewhere (default
+    /// [`WaitMode::Notify`]).
+    ///
+    /// Every wait is sized by the holder: a waiting lock call's acquire is a script that
+    /// answers, when the key is taken, how long the holder's key still lives (`PTTL`), and
+    /// the call never sleeps past the moment a quorum of those keys expires (plus 1 ms and
+    /// up to a tenth of [`Builder::retry_jitter`] of jitter), whatever the retry delay. A
+    /// holder that crashed is followed within its TTL, not at the next multiple of the
+    /// delay.
+    ///
+    /// With [`WaitMode::Notify`], on top: the release script publishes on
+    /// `redlock-mux:released:<resource>` on each master where it deleted the key (failed
+    /// attempts' cleanups too), and a client with a waiting call listens on one more
+    /// connection per master (opened when a call first waits, closed two seconds after
+    /// the last wait ended, in the same event loop). A waiting call tries again as soon as
+    /// the first master announces a release (its copies from the other masters are
+    /// recognised and ignored), and at the latest at its timed retry. A waiter of this
+    /// same client is started right behind the release, in the same write to each master,
+    /// so the hand-off costs one round trip. Safety does not depend on any of it: a notice
+    /// only makes a waiter try earlier, and every grant comes from a quorum round judged as
+    /// always. A lost notice (a connection cut, a master restarted, a key that expired)
+    /// costs the waiter its timed retry; a refusal that came before its subscription was
+    /// confirmed is followed by one more attempt at the confirmation.
+    ///
+    /// The retry budget means the same in both modes: `retry_count` counts the timed
+    /// attempts (one per retry delay), so a call waits about as long as it would while
+    /// polling; attempts made on a notice come on top of them.
+    pub fn wait_mode(mut self, mode: WaitMode) -> Self {
+        self.wait_mode = mode;
+        self
+    }
+    /// First come, first served among this client's waiters (default off; needs
+    /// [`WaitMode::Notify`]).
+    ///
+    /// The waiting lock calls of one client (one [`Redlock`], or one
+    /// [`SharedRedlock`](crate::SharedRedlock): a whole process) queue per resource in the
+    /// order they were made. Only the longest waiter tries when a release is announced (a
+    /// release wakes one waiter, not all: no herd), a call that finds others of this
+    /// client waiting joins the queue without trying, and the others skip their timed
+    /// attempts except the last one of their budget. Waiters of other clients are not
+    /// ordered: fairness across independent clients would need a queue kept on the
+    /// masters, consistent across them, and this client does not attempt that. Cost: none
+    /// in round trips; the queue is this client's own, so another client's waiter can
+    /// still come first.
+    pub fn fairness(mut self, on: bool) -> Self {
+        self.fairness = on;
+        self
+    }
     /// TLS (`rediss://` masters): trust only the CA certificates in this PEM file, instead
     /// of the system's trust roots (default). Read at [`Builder::build`]; an unreadable or
     /// empty file is a `Config` error.
@@ -231,6 +300,13 @@ impl Builder {
                 "drift factor {} must be in [0, 0.5)",
                 self.drift_factor
             )));
+        }
+        if self.fairness && self.wait_mode != WaitMode::Notify {
+            return Err(Error::Config(
+                "fairness needs wait_mode(WaitMode::Notify): a queue of waiters is served \
+                 when a release is announced"
+                    .into(),
+            ));
         }
         let hour = Duration::from_secs(3600);
         if self.retry_delay > hour || self.retry_jitter > hour {
@@ -340,6 +416,8 @@ impl Builder {
             min_validity: self.min_validity,
             fencing: self.fencing,
             amnesia_guard: self.amnesia_guard,
+            wait_mode: self.wait_mode,
+            fairness: self.fairness,
         };
         Ok(Machine::new(
             engine,

@@ -10,9 +10,12 @@
 //! the engine's decisions and timers.
 
 mod task;
+mod wait;
 
 use std::io;
 use std::time::{Duration, Instant};
+
+use smallvec::SmallVec;
 
 use crate::engine::{Engine, KeyList, OpId, Owner};
 use crate::error::{Error, Operation, Report};
@@ -34,6 +37,8 @@ pub(crate) struct Settings {
     pub min_validity: Duration,
     pub fencing: bool,
     pub amnesia_guard: Option<Duration>,
+    pub wait_mode: crate::builder::WaitMode,
+    pub fairness: bool,
 }
 
 impl Settings {
@@ -124,6 +129,10 @@ pub(crate) struct Machine {
     rng: fastrand::Rng,
     /// Scratch for the fencing rounds' key list (lock keys, then their counters).
     fence_keys: KeyList,
+    /// Notify mode: per channel (by slot), the tasks waiting on it in arrival order.
+    waitlists: Vec<SmallVec<[TaskId; 4]>>,
+    /// The next lock task's arrival number.
+    next_seq: u64,
 }
 
 impl Machine {
@@ -149,6 +158,8 @@ impl Machine {
             tokens,
             rng: fastrand::Rng::with_seed(seed),
             fence_keys: KeyList::default(),
+            waitlists: Vec::new(),
+            next_seq: 0,
         };
         for _ in 0..4 {
             m.new_slot();
@@ -233,8 +244,43 @@ impl Machine {
         }
         t.deadline = deadline;
         t.retries = retries;
+        t.seq = self.next_seq;
+        self.next_seq += 1;
+        if self.cfg.fairness && t.waits() && self.others_wait(id) {
+            // First come, first served: behind this client's earlier waiters, without
+            // trying (the head is woken by the next release, this one after it).
+            self.join_queue(id, now);
+            return id;
+        }
         self.start_attempt(id, now);
         id
+    }
+
+    /// Some other task of this client waits on one of task `id`'s keys.
+    fn others_wait(&self, id: TaskId) -> bool {
+        let t = &self.tasks[id.slot as usize];
+        t.keys.iter().any(|k| {
+            self.engine
+                .channel(k)
+                .is_some_and(|c| self.waitlists.get(c.slot()).is_some_and(|l| !l.is_empty()))
+        })
+    }
+
+    /// Fairness: task `id` queues behind the others without a first attempt; its first
+    /// timed retry is one retry delay away (its last one is always made).
+    fn join_queue(&mut self, id: TaskId, now: Instant) {
+        let delay = rules::retry_delay(self.cfg.retry_delay, self.cfg.retry_jitter, &mut self.rng);
+        let t = &mut self.tasks[id.slot as usize];
+        t.attempt = 0;
+        t.t1 = now;
+        t.next_poll = now + delay;
+        let mut wake = t.next_poll;
+        if let Some(d) = t.deadline {
+            wake = wake.min(d.checked_sub(Duration::from_millis(1)).unwrap_or(d));
+        }
+        t.phase = task::Phase::Sleep;
+        self.watch(id, now);
+        self.sleep(id, wake);
     }
 
     /// Release `lock` on every master.
@@ -254,6 +300,7 @@ impl Machine {
             |_| true,
             None,
         );
+        self.released_here(&lock.keys, token.as_bytes(), None, now);
     }
 
     /// Extend `lock` to live at least `ttl` (whole ms, checked) from now.
@@ -328,29 +375,70 @@ impl Machine {
         if self.next_wake.is_some_and(|w| now >= w) {
             self.wake_sleepers(now);
         }
-        while let Some((owner, op)) = self.engine.take_decided() {
-            self.on_decided(TaskId::from_owner(owner), op, now);
+        loop {
+            while let Some((owner, op)) = self.engine.take_decided() {
+                self.on_decided(TaskId::from_owner(owner), op, now);
+            }
+            // Releases announced, subscriptions confirmed: waiters try (an attempt can be
+            // decided at once, e.g. every master down: round again).
+            self.take_notices(now);
+            if !self.engine.has_decided() {
+                break;
+            }
         }
         self.engine.flush();
     }
 
+    /// Start the timed retries that are due. With fairness, a waiter behind the head
+    /// skips its timed retry (it stays queued) unless it is the last one of its budget.
     fn wake_sleepers(&mut self, now: Instant) {
-        let mut next: Option<Instant> = None;
-        let mut k = self.sleeping.len();
-        while k > 0 {
-            k -= 1;
+        let mut due: SmallVec<[TaskId; 8]> = SmallVec::new();
+        let mut k = 0;
+        while k < self.sleeping.len() {
             let slot = self.sleeping[k];
             let t = &self.tasks[slot as usize];
             if now >= t.wake {
+                due.push(TaskId { slot, gen: t.gen });
                 self.sleeping.swap_remove(k);
-                let id = TaskId { slot, gen: t.gen };
-                self.tasks[slot as usize].attempt += 1;
-                self.start_attempt(id, now);
             } else {
-                next = Some(next.map_or(t.wake, |n| n.min(t.wake)));
+                k += 1;
             }
         }
-        self.next_wake = next;
+        for id in due {
+            // Woken meanwhile by another's step (a notice, a head that left).
+            let t = &self.tasks[id.slot as usize];
+            if t.gen != id.gen || !t.live || t.phase != task::Phase::Sleep {
+                continue;
+            }
+            let last = t
+                .deadline
+                .is_some_and(|d| now >= d.checked_sub(Duration::from_millis(1)).unwrap_or(d));
+            let polls = t.polls + 1;
+            let final_poll = last || (t.deadline.is_none() && polls >= t.retries);
+            if self.cfg.fairness && !final_poll && !self.is_head(id) {
+                let delay =
+                    rules::retry_delay(self.cfg.retry_delay, self.cfg.retry_jitter, &mut self.rng);
+                let t = &mut self.tasks[id.slot as usize];
+                t.polls = polls;
+                t.next_poll = now + delay;
+                let mut wake = t.next_poll;
+                if let Some(d) = t.deadline {
+                    wake = wake.min(d.checked_sub(Duration::from_millis(1)).unwrap_or(d));
+                }
+                self.sleep(id, wake);
+                continue;
+            }
+            let t = &mut self.tasks[id.slot as usize];
+            t.polls = polls;
+            t.timed = true;
+            t.attempt += 1;
+            self.start_attempt(id, now);
+        }
+        self.next_wake = self
+            .sleeping
+            .iter()
+            .map(|&s| self.tasks[s as usize].wake)
+            .min();
     }
 
     fn sleep(&mut self, id: TaskId, wake: Instant) {
@@ -361,6 +449,10 @@ impl Machine {
 
     /// Record a task's result.
     fn finish(&mut self, id: TaskId, result: Result<Done, Error>) {
+        if !self.tasks[id.slot as usize].chans.is_empty() {
+            let granted = matches!(result, Ok(Done::Locked(_)));
+            self.unwatch(id, granted, Instant::now());
+        }
         let t = &mut self.tasks[id.slot as usize];
         #[cfg(feature = "tracing")]
         match &result {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use smallvec::SmallVec;
 
 use super::{Machine, TaskId};
-use crate::engine::{KeyList, OpId};
+use crate::engine::{fingerprint, ChanId, Fingerprint, KeyList, OpId};
 use crate::error::{Error, Operation, Report};
 use crate::lock::Lock;
 use crate::rules::{self, AcquireVerdict, Decision, Outcome, Request};
@@ -65,7 +65,7 @@ pub(super) struct Task {
     /// The attempt running (from 1).
     pub attempt: u32,
     /// When the current attempt's acquire round (or the task's one round) started.
-    t1: Instant,
+    pub(super) t1: Instant,
     /// When the task was submitted (its first attempt).
     began: Instant,
     /// Extend: the lock's deadline before this extend.
@@ -82,6 +82,29 @@ pub(super) struct Task {
     /// The operation's span (`tracing` feature).
     #[cfg(feature = "tracing")]
     pub span: tracing::Span,
+    /// Arrival order among the client's lock tasks (fairness).
+    pub seq: u64,
+    /// While it waits (notify mode): the channels of its keys.
+    pub chans: SmallVec<[ChanId; 2]>,
+    /// The announced release that started the running attempt (its copies from the other
+    /// masters are no news).
+    pub woken_by: Option<Fingerprint>,
+    /// The release our own last cleanup announced (no news to us either).
+    pub own: Option<Fingerprint>,
+    /// Releases announced while the attempt ran (master, or `u32::MAX` for this client's
+    /// own, and fingerprint): if it is refused and one was news, try again at once.
+    pub heard: SmallVec<[(u32, Fingerprint); 4]>,
+    /// Who held the key on each master in the last attempt (one-key locks), where known:
+    /// that holder's announcement from that master is news.
+    pub holders: SmallVec<[Option<Fingerprint>; 8]>,
+    /// Masters (bit i) that said "taken" in the last attempt.
+    pub taken: u64,
+    /// Timed retries used (`retries` bounds them; attempts on a notice come on top).
+    pub polls: u32,
+    /// When the next timed retry is due.
+    pub next_poll: Instant,
+    /// The running attempt is a timed one (or the first).
+    pub timed: bool,
 }
 
 impl Task {
@@ -109,6 +132,16 @@ impl Task {
             result: None,
             #[cfg(feature = "tracing")]
             span: tracing::Span::none(),
+            seq: 0,
+            chans: SmallVec::new(),
+            woken_by: None,
+            own: None,
+            heard: SmallVec::new(),
+            holders: SmallVec::new(),
+            taken: 0,
+            polls: 0,
+            next_poll: now,
+            timed: true,
         }
     }
 
@@ -127,6 +160,21 @@ impl Task {
         self.cancelled = false;
         self.last = None;
         self.result = None;
+        self.chans.clear();
+        self.woken_by = None;
+        self.own = None;
+        self.heard.clear();
+        self.holders.clear();
+        self.taken = 0;
+        self.polls = 0;
+        self.next_poll = now;
+        self.timed = true;
+    }
+
+    /// A lock task that may wait (retries or a deadline): its acquire learns the holder's
+    /// remaining TTL, and it takes part in the wait lists.
+    pub(super) fn waits(&self) -> bool {
+        self.kind == Kind::Lock && (self.retries > 0 || self.deadline.is_some())
     }
 }
 
@@ -157,7 +205,9 @@ impl Machine {
         };
         let t = &self.tasks[id.slot as usize];
         let timeout = self.timeout(t.ttl, t.deadline, now);
-        let req = if t.keys.len() == 1 {
+        let req = if t.waits() {
+            Request::AcquireWait
+        } else if t.keys.len() == 1 {
             Request::Acquire
         } else {
             Request::AcquireMany
@@ -178,6 +228,7 @@ impl Machine {
         t.acquire_op = Some(op);
         t.op = Some(op);
         t.fence = None;
+        t.heard.clear();
         t.phase = Phase::Acquire;
     }
 
@@ -208,6 +259,12 @@ impl Machine {
         t.t1 = now;
         t.op = Some(op);
         t.phase = Phase::OnLock;
+        if req == Request::Release {
+            let keys = std::mem::take(&mut t.keys);
+            let token = t.token;
+            self.released_here(&keys, token.as_bytes(), None, now);
+            self.tasks[id.slot as usize].keys = keys;
+        }
     }
 
     /// Round `op` of task `id` was decided.
@@ -341,6 +398,7 @@ impl Machine {
                 acquired_at: t.t1,
                 valid_until: decided_at + v,
                 fence: if self.cfg.fencing { t.fence } else { None },
+                attempts: t.attempt,
                 dropped: None,
             };
             self.engine.finish(acquire);
@@ -352,6 +410,9 @@ impl Machine {
         if failed != acquire {
             self.engine.finish(failed);
         }
+        // What the round says about waiting (who said taken, when the holder's keys
+        // expire), read before the cleanup finishes the round.
+        let hint = self.wait_hint(acquire);
         self.cleanup(id, acquire, now);
         let t = &mut self.tasks[id.slot as usize];
         if t.cancelled {
@@ -389,14 +450,26 @@ impl Machine {
             self.finish(id, Err(Error::Refused(report)));
             return;
         }
-        // With a deadline, the deadline bounds the retries, not the count.
-        if attempt > t.retries && t.deadline.is_none() {
-            self.finish(id, Err(err));
-            return;
+        let t = &self.tasks[id.slot as usize];
+        if t.timed {
+            // With a deadline, the deadline bounds the retries, not the count. The count
+            // is of timed attempts: those made on a notice come on top.
+            if t.polls >= t.retries && t.deadline.is_none() {
+                self.finish(id, Err(err));
+                return;
+            }
+            let delay =
+                rules::retry_delay(self.cfg.retry_delay, self.cfg.retry_jitter, &mut self.rng);
+            self.tasks[id.slot as usize].next_poll = now + delay;
         }
-        let delay = rules::retry_delay(self.cfg.retry_delay, self.cfg.retry_jitter, &mut self.rng);
-        let mut wake = now + delay;
+        // Never sleep past the holder's expiry (plus jitter): nobody announces an expiry.
+        if let Some(left) = hint.free_in {
+            let at = now + left + self.expiry_jitter();
+            let t = &mut self.tasks[id.slot as usize];
+            t.next_poll = t.next_poll.min(at);
+        }
         let t = &mut self.tasks[id.slot as usize];
+        let mut wake = t.next_poll;
         if let Some(d) = t.deadline {
             // Never sleep past the deadline: the last attempt starts just before it (its
             // round is cut short at the deadline), as `flock -w` waits its whole time.
@@ -409,7 +482,29 @@ impl Machine {
             wake = wake.min(last);
         }
         t.last = err.report().cloned().map(Box::new);
-        t.phase = Phase::Sleep;
+        t.taken = hint.taken;
+        t.holders = hint.holders;
+        if self.notify() {
+            self.watch(id, now);
+            if self.eligible(id) {
+                // A release announced while the attempt ran that frees a master where it
+                // was refused, or a subscription confirmed since it was sent (a release
+                // before that may have gone unheard): try again now.
+                let heard = std::mem::take(&mut self.tasks[id.slot as usize].heard);
+                let news = heard
+                    .iter()
+                    .find(|(m, fp)| self.is_news(id, (*m != u32::MAX).then_some(*m as usize), fp))
+                    .map(|(_, fp)| *fp);
+                let recheck = !self.covered(id, t1) && self.confirmed_after(id, t1);
+                self.tasks[id.slot as usize].heard = heard;
+                if news.is_some() || recheck {
+                    self.tasks[id.slot as usize].phase = Phase::Sleep;
+                    self.wake_now(id, news, now);
+                    return;
+                }
+            }
+        }
+        self.tasks[id.slot as usize].phase = Phase::Sleep;
         self.sleep(id, wake);
     }
 
@@ -418,6 +513,9 @@ impl Machine {
     fn cleanup(&mut self, id: TaskId, acquire: OpId, now: Instant) {
         let o = self.engine.op(acquire);
         let req = o.req;
+        // Our keys stood in anyone's way only where a master said yes; a cleanup that may
+        // only reach masters that had not answered yet frees nothing worth a wake-up.
+        let blocked_others = o.tally.yes() > 0;
         let may_hold: SmallVec<[bool; 8]> = o
             .tally
             .outcomes()
@@ -440,6 +538,17 @@ impl Machine {
             |i| may_hold[i],
             None,
         );
+        if self.notify() {
+            // The cleanup announces itself where it deletes a key: no news to this task;
+            // this client's other waiters try behind it if our keys were in their way.
+            let t = &mut self.tasks[id.slot as usize];
+            t.own = Some(fingerprint(token.as_bytes()));
+            if blocked_others {
+                let keys = std::mem::take(&mut t.keys);
+                self.released_here(&keys, token.as_bytes(), Some(id), now);
+                self.tasks[id.slot as usize].keys = keys;
+            }
+        }
     }
 
     /// The release or extend round `op` of task `id` is decided.

@@ -23,6 +23,7 @@ pub(crate) struct LockState {
     pub token: Token,
     pub fence: Option<u64>,
     pub acquired_at: Instant,
+    pub attempts: u32,
     /// The clock's origin for the atomics below.
     base: Instant,
     valid_until_ns: AtomicU64,
@@ -57,6 +58,7 @@ impl LockState {
             token: lock.token,
             fence: lock.fence,
             acquired_at: lock.acquired_at,
+            attempts: lock.attempts,
             base,
             valid_until_ns: AtomicU64::new(until),
             ttl_ms: AtomicU64::new(lock.ttl.as_millis() as u64),
@@ -94,6 +96,7 @@ impl LockState {
             acquired_at: self.acquired_at,
             valid_until: self.valid_until(),
             fence: self.fence,
+            attempts: self.attempts,
             dropped: None,
         }
     }
@@ -205,6 +208,11 @@ impl LockGuard {
     /// [`Lock::fencing_token`](crate::Lock::fencing_token)).
     pub fn fencing_token(&self) -> Option<u64> {
         self.state.fence
+    }
+    /// How many acquire attempts the lock call made to get this lock (see
+    /// [`Lock::attempts`](crate::Lock::attempts)).
+    pub fn attempts(&self) -> u32 {
+        self.state.attempts
     }
     /// The TTL the lock was last set (or extended) with.
     pub fn ttl(&self) -> Duration {

@@ -1,0 +1,329 @@
+//! How lock tasks wait while the lock is held elsewhere (hot resources).
+//!
+//! * **Sized by the holder**: a waiting task's acquire answers the holder's remaining TTL
+//!   where the key is taken (`Request::AcquireWait`), and the task never sleeps past the
+//!   moment a quorum of the holder's keys expires ([`rules::free_in`]) plus jitter.
+//! * **Woken on release** ([`WaitMode::Notify`]): a refused task holds the channels of its
+//!   keys (the engine subscribes on every master) and is listed, in arrival order, in a
+//!   wait list per channel. An announced release (`Notice::Released`) starts an attempt at
+//!   once; a release made by this very client (a guard dropped, another task's release or
+//!   cleanup) starts its waiters' attempts right behind it, in the same write. Which
+//!   announcements are news ([`Machine::is_news`]): where the last attempt found the key
+//!   held, the acquire's answer named the holder, and only that holder's release frees
+//!   that master (the copies of an older release are ignored, and the copies of the
+//!   release that woke the task still count from the masters it had not reached yet);
+//!   elsewhere, any release but the one that woke the task and its own cleanup's. An
+//!   announcement that arrives while an attempt runs is kept, and a refused attempt tries
+//!   again at once if it was news.
+//! * **Never unheard for long**: a task is *covered* when some master that said "taken" in
+//!   its last attempt had confirmed the subscription before that attempt was sent (a
+//!   release there is announced to us). An uncovered task tries once more when the next
+//!   confirmation arrives (its first subscription, or a subscription connection that came
+//!   back); everything else falls to the timed retry.
+//! * **Fairness** (opt-in): only the head of a wait list (the oldest waiter) is woken, a
+//!   newcomer joins the list without trying, and waiters behind the head skip their timed
+//!   attempts but the last one of their budget. A head that leaves without the lock wakes
+//!   the next.
+//!
+//! Nothing here grants anything: every attempt is an ordinary quorum round.
+
+use std::time::{Duration, Instant};
+
+use smallvec::SmallVec;
+
+use super::{Machine, TaskId};
+use crate::builder::WaitMode;
+use crate::engine::{fingerprint, ChanId, Fingerprint, KeyList, Notice, OpId};
+use crate::rules::{self, Outcome, Request};
+
+use super::task::Phase;
+
+/// What a refused acquire round tells its task about waiting.
+pub(super) struct Hint {
+    /// When a quorum of the holder's keys expires, at the earliest (from `AcquireWait`).
+    pub free_in: Option<Duration>,
+    /// Masters (bit i) that said "taken".
+    pub taken: u64,
+    /// Who held the key on each master that said so (one-key locks).
+    pub holders: SmallVec<[Option<Fingerprint>; 8]>,
+}
+
+impl Machine {
+    /// Whether waiting tasks listen for releases.
+    #[inline]
+    pub(super) fn notify(&self) -> bool {
+        self.cfg.wait_mode == WaitMode::Notify
+    }
+
+    /// What acquire round `op` tells a waiter (read before the round is finished).
+    pub(super) fn wait_hint(&self, op: OpId) -> Hint {
+        let o = self.engine.op(op);
+        let mut taken = 0u64;
+        for (i, x) in o.tally.outcomes().iter().enumerate().take(64) {
+            if *x == Outcome::Taken {
+                taken |= 1 << i;
+            }
+        }
+        let free_in =
+            if o.req == Request::AcquireWait && taken != 0 && o.tally.yes() < o.tally.need() {
+                let left = o
+                    .tally
+                    .outcomes()
+                    .iter()
+                    .zip(o.left_ms.iter())
+                    .filter(|(x, _)| **x == Outcome::Taken)
+                    .map(|(_, v)| *v);
+                rules::free_in(left, o.tally.yes(), o.tally.need())
+            } else {
+                None
+            };
+        let holders = if o.req == Request::AcquireWait {
+            o.holders.iter().copied().collect()
+        } else {
+            SmallVec::new()
+        };
+        Hint {
+            free_in,
+            taken,
+            holders,
+        }
+    }
+
+    /// Whether master `master`'s announcement of release `fp` (`None`: a release made by
+    /// this client) can free a master for task `id`. Where the task's last attempt found
+    /// the key held, only that holder's release frees it (a release of an earlier holder
+    /// is older than the attempt). Elsewhere (the master said yes, or did not answer),
+    /// anything but the release that started the attempt, or our own cleanup's, is news.
+    pub(super) fn is_news(&self, id: TaskId, master: Option<usize>, fp: &Fingerprint) -> bool {
+        let t = &self.tasks[id.slot as usize];
+        if let Some(Some(holder)) = master.and_then(|m| t.holders.get(m)) {
+            return holder == fp;
+        }
+        t.woken_by.as_ref() != Some(fp) && t.own.as_ref() != Some(fp)
+    }
+
+    /// The jitter added to a wake-up at the holder's expiry: 1 ms (Redis expires to the
+    /// millisecond) plus up to a tenth of the retry jitter, so that waiters who learnt
+    /// the same expiry do not all come at once.
+    pub(super) fn expiry_jitter(&mut self) -> Duration {
+        let spread = self.cfg.retry_jitter / 10;
+        Duration::from_millis(1) + rules::retry_delay(spread / 2, spread / 2, &mut self.rng)
+    }
+
+    /// Task `id` waits on its keys: hold their channels and join their wait lists (in
+    /// arrival order), once per task.
+    pub(super) fn watch(&mut self, id: TaskId, now: Instant) {
+        let t = &self.tasks[id.slot as usize];
+        if !t.chans.is_empty() {
+            return;
+        }
+        let mut chans: SmallVec<[ChanId; 2]> =
+            std::mem::take(&mut self.tasks[id.slot as usize].chans);
+        let keys = std::mem::take(&mut self.tasks[id.slot as usize].keys);
+        for key in keys.iter() {
+            chans.push(self.engine.subscribe(key, now));
+        }
+        self.tasks[id.slot as usize].keys = keys;
+        let seq = self.tasks[id.slot as usize].seq;
+        for chan in chans.iter() {
+            let k = chan.slot();
+            if self.waitlists.len() <= k {
+                self.waitlists.resize_with(k + 1, SmallVec::new);
+            }
+            let list = &self.waitlists[k];
+            let at = list
+                .iter()
+                .position(|w| self.tasks[w.slot as usize].seq > seq)
+                .unwrap_or(list.len());
+            self.waitlists[k].insert(at, id);
+        }
+        self.tasks[id.slot as usize].chans = chans;
+    }
+
+    /// Task `id` stops waiting (granted, failed, cancelled): leave the wait lists and let
+    /// the channels go. With fairness, a head that leaves without the lock wakes the next
+    /// waiter (the release it may have been told of is the next one's now).
+    pub(super) fn unwatch(&mut self, id: TaskId, granted: bool, now: Instant) {
+        let mut chans = std::mem::take(&mut self.tasks[id.slot as usize].chans);
+        let mut next: SmallVec<[TaskId; 2]> = SmallVec::new();
+        for chan in chans.drain(..) {
+            let list = &mut self.waitlists[chan.slot()];
+            if let Some(at) = list.iter().position(|w| *w == id) {
+                list.remove(at);
+                if at == 0 && !granted {
+                    if let Some(&head) = list.first() {
+                        next.push(head);
+                    }
+                }
+            }
+            self.engine.unsubscribe(chan, now);
+        }
+        self.tasks[id.slot as usize].chans = chans;
+        if self.cfg.fairness {
+            for head in next {
+                if self.sleeping_task(head) {
+                    self.wake_now(head, None, now);
+                }
+            }
+        }
+    }
+
+    fn sleeping_task(&self, id: TaskId) -> bool {
+        let t = &self.tasks[id.slot as usize];
+        t.gen == id.gen && t.live && t.phase == Phase::Sleep
+    }
+
+    /// The head of one of the task's wait lists (the oldest waiter of this client there).
+    pub(super) fn is_head(&self, id: TaskId) -> bool {
+        self.tasks[id.slot as usize]
+            .chans
+            .iter()
+            .any(|c| self.waitlists[c.slot()].first() == Some(&id))
+    }
+
+    /// May task `id` try on a notice now: always, or with fairness only at the head.
+    pub(super) fn eligible(&self, id: TaskId) -> bool {
+        !self.cfg.fairness || self.is_head(id)
+    }
+
+    /// Some master that said "taken" in the task's last attempt (started at `t1`) had
+    /// confirmed the subscription before it: a release there will be announced to us.
+    pub(super) fn covered(&self, id: TaskId, t1: Instant) -> bool {
+        let t = &self.tasks[id.slot as usize];
+        t.chans.iter().any(|&c| {
+            (0..self.engine.nodes.len().min(64)).any(|i| {
+                t.taken & (1 << i) != 0
+                    && self
+                        .engine
+                        .subscribed_since(c, i)
+                        .is_some_and(|since| since <= t1)
+            })
+        })
+    }
+
+    /// Some master confirmed the subscription after `t1`: a release before that could have
+    /// gone unheard.
+    pub(super) fn confirmed_after(&self, id: TaskId, t1: Instant) -> bool {
+        let t = &self.tasks[id.slot as usize];
+        t.chans.iter().any(|&c| {
+            (0..self.engine.nodes.len())
+                .any(|i| self.engine.subscribed_since(c, i).is_some_and(|s| s > t1))
+        })
+    }
+
+    /// Start a sleeping task's next attempt now (not a timed one: its retry budget is
+    /// untouched), told of release `fp` if a notice woke it.
+    pub(super) fn wake_now(&mut self, id: TaskId, fp: Option<Fingerprint>, now: Instant) {
+        if let Some(k) = self.sleeping.iter().position(|s| *s == id.slot) {
+            self.sleeping.swap_remove(k);
+        }
+        let t = &mut self.tasks[id.slot as usize];
+        if fp.is_some() {
+            t.woken_by = fp;
+        }
+        t.timed = false;
+        t.attempt += 1;
+        self.start_attempt(id, now);
+    }
+
+    /// Hand what the subscription connections heard to the waiters.
+    pub(super) fn take_notices(&mut self, now: Instant) {
+        while let Some(n) = self.engine.take_notice() {
+            match n {
+                Notice::Released { chan, master, fp } => {
+                    self.on_released(chan, Some(master), fp, None, now)
+                }
+                Notice::Subscribed { chan } => self.on_subscribed(chan, now),
+            }
+        }
+    }
+
+    /// A release of channel `chan` (token fingerprint `fp`) was announced by `master`, or
+    /// made by this client (`master` `None`; `except`: the task whose cleanup it is).
+    /// Sleeping waiters to whom it is news try now (with fairness the head only); a waiter
+    /// whose attempt runs notes it, and tries again if it is refused and this was news.
+    pub(super) fn on_released(
+        &mut self,
+        chan: ChanId,
+        master: Option<usize>,
+        fp: Fingerprint,
+        except: Option<TaskId>,
+        now: Instant,
+    ) {
+        let Some(list) = self.waitlists.get(chan.slot()) else {
+            return;
+        };
+        if list.is_empty() {
+            return;
+        }
+        let list: SmallVec<[TaskId; 8]> = list.iter().copied().collect();
+        for id in list {
+            if Some(id) == except {
+                continue;
+            }
+            let t = &self.tasks[id.slot as usize];
+            if t.gen != id.gen || !t.live {
+                continue;
+            }
+            match t.phase {
+                Phase::Sleep => {
+                    if self.is_news(id, master, &fp) && self.eligible(id) {
+                        self.wake_now(id, Some(fp), now);
+                    }
+                }
+                Phase::Acquire | Phase::Draw | Phase::WriteBack => {
+                    let m = master.map_or(u32::MAX, |m| m as u32);
+                    let heard = &mut self.tasks[id.slot as usize].heard;
+                    if heard.len() < 16 && !heard.contains(&(m, fp)) {
+                        heard.push((m, fp));
+                    }
+                }
+                Phase::OnLock | Phase::Done => {}
+            }
+            if self.cfg.fairness {
+                // The head alone acts on a release.
+                break;
+            }
+        }
+    }
+
+    /// A master confirmed channel `chan`: waiters that are not covered (refused before
+    /// any confirmation, or every master that covered them lost its connection) try once
+    /// more now.
+    fn on_subscribed(&mut self, chan: ChanId, now: Instant) {
+        let Some(list) = self.waitlists.get(chan.slot()) else {
+            return;
+        };
+        let list: SmallVec<[TaskId; 8]> = list.iter().copied().collect();
+        for id in list {
+            if !self.sleeping_task(id) || !self.eligible(id) {
+                continue;
+            }
+            let t1 = self.tasks[id.slot as usize].t1;
+            if !self.covered(id, t1) {
+                self.wake_now(id, None, now);
+            }
+        }
+    }
+
+    /// This client releases `keys` (token `token`), e.g. a guard dropped or a failed
+    /// attempt's cleanup: its own waiters on them try now, their requests written right
+    /// behind the release on every connection (Redis runs one connection's commands in
+    /// order, so each finds the key deleted where the release deleted it).
+    pub(super) fn released_here(
+        &mut self,
+        keys: &KeyList,
+        token: &[u8],
+        except: Option<TaskId>,
+        now: Instant,
+    ) {
+        if !self.notify() {
+            return;
+        }
+        for key in keys.iter() {
+            if let Some(chan) = self.engine.channel(key) {
+                self.on_released(chan, None, fingerprint(token), except, now);
+            }
+        }
+    }
+}
