@@ -31,6 +31,9 @@ pub struct Lock {
     pub(crate) fence: Option<u64>,
     /// Acquire attempts this lock took (1: the first one).
     pub(crate) attempts: u32,
+    /// Its id in its key's line of waiters on the masters, if it waited there: the release
+    /// takes it out of line.
+    pub(crate) line: Option<crate::engine::Fingerprint>,
     /// Where this lock goes if it is dropped unreleased (`None`: not handed to a user).
     pub(crate) dropped: Option<Arc<Dropped>>,
 }
@@ -72,6 +75,7 @@ impl Drop for Lock {
                 valid_until: self.valid_until,
                 fence: self.fence,
                 attempts: self.attempts,
+                line: self.line,
                 dropped: None,
             };
             d.push(lock);

@@ -266,11 +266,14 @@ fn free_by_hand(m: &LocalMasters, key: &str) {
     }
 }
 
-/// Announce a release of `key` by `payload`'s holder, as the release script does.
+/// Announce a release of `key` by `payload`'s holder on every master, as the release
+/// script does when nobody is in line.
 fn announce_by_hand(m: &LocalMasters, key: &str, payload: &str) {
     let ch = channel(key);
-    m[0].cmd(&[b"PUBLISH", ch.as_bytes(), payload.as_bytes()])
-        .unwrap();
+    for i in 0..m.len() {
+        m[i].cmd(&[b"PUBLISH", ch.as_bytes(), payload.as_bytes()])
+            .unwrap();
+    }
 }
 
 fn refused(c: &SharedRedlock) -> u64 {
@@ -397,4 +400,131 @@ fn subscriptions_end_after_the_last_wait() {
     wait_until("the subscription to end", Duration::from_secs(6), || {
         (0..3).all(|i| subscribers(&m, i, "linger") == 0)
     });
+}
+
+/// Waiters in line on a key, by hand-counted entries of its line on master `i`.
+fn in_line(m: &LocalMasters, i: usize, key: &str) -> i64 {
+    let q = format!("redlock-mux:queue:{key}");
+    match m[i].cmd(&[b"ZCARD", q.as_bytes()]) {
+        Ok(AdminReply::Int(n)) => n,
+        other => panic!("ZCARD: {other:?}"),
+    }
+}
+
+/// Fair clients that share nothing but the masters are served in the order they came: the
+/// line on the masters orders them, and each release names the first of them. (With
+/// fairness in one client only, independent clients would race.)
+#[test]
+fn independent_fair_clients_are_served_in_arrival_order() {
+    let m = masters(3);
+    let mut holder = builder(m.urls()).build().unwrap();
+    let held = holder.try_lock("line", TTL).unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut threads = Vec::new();
+    for who in 0..4 {
+        let mut c = builder(m.urls()).fairness(true).build().unwrap();
+        let order = order.clone();
+        threads.push(thread::spawn(move || {
+            let lock = c.lock("line", TTL).unwrap();
+            order.lock().unwrap().push(who);
+            c.release(lock).unwrap();
+        }));
+        // The next one comes once this one stands in line on every master.
+        wait_until("the waiter in line", PROMPT, || {
+            (0..3).all(|i| in_line(&m, i, "line") == who as i64 + 1)
+        });
+    }
+    let t = Instant::now();
+    holder.release(held).unwrap();
+    for th in threads {
+        th.join().unwrap();
+    }
+    assert!(t.elapsed() < PROMPT, "{:?}", t.elapsed());
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3]);
+    // Each left the line with its release.
+    assert!((0..3).all(|i| in_line(&m, i, "line") == 0));
+}
+
+/// A release wakes the first waiter in line only, whatever its client: the others' clients
+/// hear nothing (their retry delay is 10 s), and each release hands over to the next.
+#[test]
+fn a_release_names_one_client_not_all() {
+    let m = masters(3);
+    let mut holder = builder(m.urls()).build().unwrap();
+    let held = holder.try_lock("named", TTL).unwrap();
+    let mut rxs = Vec::new();
+    for who in 0..3 {
+        let c = builder(m.urls()).build().unwrap();
+        rxs.push(in_thread(c, "named"));
+        wait_until("the waiter in line", PROMPT, || {
+            (0..3).all(|i| in_line(&m, i, "named") == who + 1)
+        });
+    }
+    holder.release(held).unwrap();
+    // The first in line is granted; the two others are still waiting (their retry delay is
+    // 10 s), having made no attempt on the release.
+    let (first, _, mut c0) = rxs[0]
+        .recv_timeout(FALLBACK / 2)
+        .expect("the first in line");
+    let first = first.unwrap();
+    for rx in &rxs[1..] {
+        assert!(
+            rx.try_recv().is_err(),
+            "a waiter not first in line was granted"
+        );
+    }
+    // The next release names the second, and so on.
+    c0.release(first).unwrap();
+    let (second, _, mut c1) = rxs[1]
+        .recv_timeout(FALLBACK / 2)
+        .expect("the second in line");
+    let second = second.unwrap();
+    assert!(rxs[2].try_recv().is_err());
+    c1.release(second).unwrap();
+    let (third, _, mut c2) = rxs[2]
+        .recv_timeout(FALLBACK / 2)
+        .expect("the third in line");
+    c2.release(third.unwrap()).unwrap();
+}
+
+/// The first in line died (a client that stopped asking): it drops out of line when its
+/// waiter key expires, and the next waiter, fair or not, takes the lock within its
+/// fallback. (Without the expiry a fair waiter would stand behind it for ever.)
+#[test]
+fn a_dead_first_in_line_drops_out() {
+    let m = masters(3);
+    for fair in [true, false] {
+        let key = if fair { "dead-fair" } else { "dead" };
+        let mut holder = builder(m.urls()).build().unwrap();
+        let held = holder.try_lock(key, TTL).unwrap();
+        // A waiter in line at score 0 (first), alive for 600 ms, that never asks again.
+        let q = format!("redlock-mux:queue:{key}");
+        for i in 0..3 {
+            m[i].cmd(&[b"ZADD", q.as_bytes(), b"0", b"deadbeefdeadbeef"])
+                .unwrap();
+            m[i].cmd(&[
+                b"SET",
+                b"redlock-mux:waiter:deadbeefdeadbeef",
+                b"1",
+                b"PX",
+                b"600",
+            ])
+            .unwrap();
+        }
+        let waiter = builder(m.urls())
+            .fairness(fair)
+            .retry_delay(Duration::from_millis(400))
+            .build()
+            .unwrap();
+        let rx = in_thread(waiter, key);
+        wait_until("the waiter in line", PROMPT, || {
+            (0..3).all(|i| in_line(&m, i, key) == 2)
+        });
+        let released = Instant::now();
+        holder.release(held).unwrap();
+        let (r, _, mut c) = rx.recv_timeout(FALLBACK / 2).expect("acquired");
+        let took = released.elapsed();
+        c.release(r.unwrap()).unwrap();
+        assert!(took < Duration::from_secs(2), "fair {fair}: {took:?}");
+    }
 }

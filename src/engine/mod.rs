@@ -45,7 +45,7 @@ use conn::{
 pub(crate) use conn::{Node, Target};
 use encode::encode_request;
 use ops::OpState;
-pub(crate) use ops::{KeyList, Op, OpArgs, OpId};
+pub(crate) use ops::{KeyList, Line, Op, OpArgs, OpId};
 pub(crate) use sub::{fingerprint, ChanId, Fingerprint, Notice};
 #[cfg(feature = "tls")]
 pub(crate) use tls::{client_config, TlsTarget};

@@ -32,7 +32,7 @@ use super::conn::{connect_unix, read_some, write_some, Conn, Stream, Target};
 use super::Engine;
 use crate::resp::{self, Frame};
 use crate::rules::{ErrorText, Fault, TlsFault};
-use crate::scripts::{NOTICE_LEN, RELEASED_PREFIX};
+use crate::scripts::{NEXT_PREFIX, NOTICE_LEN, RELEASED_PREFIX, WAITER_ID_LEN};
 
 /// How long a channel stays subscribed after its last waiter left.
 pub(crate) const LINGER: Duration = Duration::from_secs(2);
@@ -69,11 +69,20 @@ impl ChanId {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Notice {
     /// Master `master` announced a release of the channel's key, with the first bytes of
-    /// the token released.
+    /// the token released, and the first live waiter in the key's line there, if any.
     Released {
         chan: ChanId,
         master: usize,
         fp: Fingerprint,
+        next: Option<Fingerprint>,
+    },
+    /// Master `master` announced a release that makes it the turn of this client's waiter
+    /// `id` (the first live waiter in the key's line there), with the released token's
+    /// fingerprint.
+    Turn {
+        master: usize,
+        fp: Fingerprint,
+        id: Fingerprint,
     },
     /// A master confirmed the subscription: releases there are heard from now on.
     Subscribed { chan: ChanId },
@@ -94,6 +103,8 @@ enum On {
 struct Channel {
     gen: u32,
     live: bool,
+    /// The client's own channel ([`NEXT_PREFIX`]`<client id>`), not a resource's.
+    direct: bool,
     key: Vec<u8>,
     /// Waiters holding it.
     refs: u32,
@@ -108,6 +119,8 @@ pub(super) struct Channels {
     chans: Vec<Channel>,
     free: Vec<u32>,
     by_key: HashMap<Vec<u8>, u32>,
+    /// The client's own channel, while held or lingering.
+    direct: Option<u32>,
     /// Channels in the table (waited on, or lingering).
     pub(super) live: usize,
     /// Lingering channels (no waiter).
@@ -141,6 +154,16 @@ pub(super) struct SubConn {
     retry_at: Option<Instant>,
     connect_deadline: Instant,
     last_progress: Instant,
+}
+
+impl Channel {
+    fn prefix(&self) -> &'static [u8] {
+        if self.direct {
+            NEXT_PREFIX
+        } else {
+            RELEASED_PREFIX
+        }
+    }
 }
 
 impl SubConn {
@@ -188,17 +211,17 @@ impl SubConn {
 }
 
 /// `*2 $9 SUBSCRIBE $n <prefix><key>` (or `UNSUBSCRIBE`).
-fn encode_channel_command(out: &mut Vec<u8>, command: &[u8], key: &[u8]) {
+fn encode_channel_command(out: &mut Vec<u8>, command: &[u8], prefix: &[u8], key: &[u8]) {
     let mut digits = itoa_buf(command.len());
     out.extend_from_slice(b"*2\r\n$");
     out.extend_from_slice(digits.as_slice());
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(command);
     out.extend_from_slice(b"\r\n$");
-    digits = itoa_buf(RELEASED_PREFIX.len() + key.len());
+    digits = itoa_buf(prefix.len() + key.len());
     out.extend_from_slice(digits.as_slice());
     out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(RELEASED_PREFIX);
+    out.extend_from_slice(prefix);
     out.extend_from_slice(key);
     out.extend_from_slice(b"\r\n");
 }
@@ -221,38 +244,65 @@ impl Engine {
     /// A lock task waits for `key` to be released: hold its channel (subscribing on every
     /// master if it is new). Pair with [`Engine::unsubscribe`].
     pub(crate) fn subscribe(&mut self, key: &[u8], now: Instant) -> ChanId {
-        let n = self.nodes.len();
-        let (slot, new) = match self.chans.by_key.get(key) {
-            Some(&s) => (s, false),
+        let found = self.chans.by_key.get(key).copied();
+        let (slot, new) = match found {
+            Some(s) => (s, false),
             None => {
-                let slot = match self.chans.free.pop() {
-                    Some(s) => s,
-                    None => {
-                        self.chans.chans.push(Channel {
-                            gen: 0,
-                            live: false,
-                            key: Vec::new(),
-                            refs: 0,
-                            idle_since: None,
-                            on: SmallVec::new(),
-                        });
-                        (self.chans.chans.len() - 1) as u32
-                    }
-                };
-                let c = &mut self.chans.chans[slot as usize];
-                c.gen = c.gen.wrapping_add(1);
-                c.live = true;
-                c.key.clear();
-                c.key.extend_from_slice(key);
-                c.refs = 0;
-                c.idle_since = None;
-                c.on.clear();
-                c.on.resize(n, On::Off);
+                let slot = self.new_channel(key, false);
                 self.chans.by_key.insert(key.to_vec(), slot);
-                self.chans.live += 1;
                 (slot, true)
             }
         };
+        self.hold_channel(slot, new, now)
+    }
+
+    /// A lock task of this client waits in some key's line: hold the client's own channel
+    /// ([`NEXT_PREFIX`]`<client_id>`), where releases name the waiter whose turn it is.
+    pub(crate) fn subscribe_direct(&mut self, client_id: &[u8], now: Instant) -> ChanId {
+        let (slot, new) = match self.chans.direct {
+            Some(s) => (s, false),
+            None => {
+                let slot = self.new_channel(client_id, true);
+                self.chans.direct = Some(slot);
+                (slot, true)
+            }
+        };
+        self.hold_channel(slot, new, now)
+    }
+
+    fn new_channel(&mut self, key: &[u8], direct: bool) -> u32 {
+        let n = self.nodes.len();
+        let slot = match self.chans.free.pop() {
+            Some(s) => s,
+            None => {
+                self.chans.chans.push(Channel {
+                    gen: 0,
+                    live: false,
+                    direct: false,
+                    key: Vec::new(),
+                    refs: 0,
+                    idle_since: None,
+                    on: SmallVec::new(),
+                });
+                (self.chans.chans.len() - 1) as u32
+            }
+        };
+        let c = &mut self.chans.chans[slot as usize];
+        c.gen = c.gen.wrapping_add(1);
+        c.live = true;
+        c.direct = direct;
+        c.key.clear();
+        c.key.extend_from_slice(key);
+        c.refs = 0;
+        c.idle_since = None;
+        c.on.clear();
+        c.on.resize(n, On::Off);
+        self.chans.live += 1;
+        slot
+    }
+
+    fn hold_channel(&mut self, slot: u32, new: bool, now: Instant) -> ChanId {
+        let n = self.nodes.len();
         let c = &mut self.chans.chans[slot as usize];
         if c.idle_since.take().is_some() {
             self.chans.idle -= 1;
@@ -346,7 +396,7 @@ impl Engine {
     fn sub_write_subscribe(&mut self, i: usize, id: ChanId) {
         let c = &mut self.chans.chans[id.slot as usize];
         let sub = &mut self.nodes[i].sub;
-        encode_channel_command(&mut sub.out, b"SUBSCRIBE", &c.key);
+        encode_channel_command(&mut sub.out, b"SUBSCRIBE", c.prefix(), &c.key);
         if sub.pending.is_empty() {
             sub.last_progress = Instant::now();
         }
@@ -632,13 +682,26 @@ impl Engine {
             let sub = &mut self.nodes[i].sub;
             sub.in_start += used;
             let ok = match what {
-                SubFrame::Message { key, fp } => {
+                SubFrame::Message { key, fp, next } => {
                     self.nodes[i].stats.notices += 1;
                     if let Some(chan) = self.channel(&key) {
                         let master = i;
+                        self.chans.notices.push_back(Notice::Released {
+                            chan,
+                            master,
+                            fp,
+                            next,
+                        });
+                    }
+                    true
+                }
+                SubFrame::Turn { fp, id } => {
+                    self.nodes[i].stats.notices += 1;
+                    if self.chans.direct.is_some() {
+                        let master = i;
                         self.chans
                             .notices
-                            .push_back(Notice::Released { chan, master, fp });
+                            .push_back(Notice::Turn { master, fp, id });
                     }
                     true
                 }
@@ -762,7 +825,8 @@ impl Engine {
                 let asked = matches!(self.chans.chans[slot].on[i], On::Asked | On::Since(_));
                 let sub = &mut self.nodes[i].sub;
                 if asked && matches!(sub.conn, Conn::Up(_) | Conn::Connecting(_)) {
-                    encode_channel_command(&mut sub.out, b"UNSUBSCRIBE", &key);
+                    let prefix = self.chans.chans[slot].prefix();
+                    encode_channel_command(&mut sub.out, b"UNSUBSCRIBE", prefix, &key);
                     if sub.pending.is_empty() {
                         sub.last_progress = now;
                     }
@@ -770,7 +834,11 @@ impl Engine {
                     self.chans.dirty = true;
                 }
             }
-            self.chans.by_key.remove(&key);
+            if self.chans.chans[slot].direct {
+                self.chans.direct = None;
+            } else {
+                self.chans.by_key.remove(&key);
+            }
             let c = &mut self.chans.chans[slot];
             c.key = key;
             c.live = false;
@@ -790,10 +858,17 @@ impl Engine {
 
 /// What a frame on a subscription connection is (copied out of the input buffer).
 enum SubFrame {
-    /// A release of `key` announced, with the released token's fingerprint.
+    /// A release of `key` announced, with the released token's fingerprint and the next
+    /// waiter in line.
     Message {
         key: SmallVec<[u8; 64]>,
         fp: Fingerprint,
+        next: Option<Fingerprint>,
+    },
+    /// A release announced on this client's own channel: waiter `id`'s turn.
+    Turn {
+        fp: Fingerprint,
+        id: Fingerprint,
     },
     Subscribed,
     Unsubscribed,
@@ -815,12 +890,25 @@ fn classify_sub(frame: &Frame<'_>) -> SubFrame {
             };
             match (kind, second, third) {
                 (b"message", Frame::Bulk(ch), Frame::Bulk(payload)) => {
-                    match ch.strip_prefix(RELEASED_PREFIX) {
-                        Some(key) => SubFrame::Message {
+                    let next = payload
+                        .get(NOTICE_LEN..NOTICE_LEN + WAITER_ID_LEN)
+                        .map(fingerprint);
+                    if let Some(key) = ch.strip_prefix(RELEASED_PREFIX) {
+                        SubFrame::Message {
                             key: SmallVec::from_slice(key),
                             fp: fingerprint(payload),
-                        },
-                        None => SubFrame::Other,
+                            next,
+                        }
+                    } else if ch.starts_with(NEXT_PREFIX) {
+                        match next {
+                            Some(id) => SubFrame::Turn {
+                                fp: fingerprint(payload),
+                                id,
+                            },
+                            None => SubFrame::Other,
+                        }
+                    } else {
+                        SubFrame::Other
                     }
                 }
                 (b"subscribe", Frame::Bulk(_), Frame::Integer(_)) => SubFrame::Subscribed,
@@ -839,7 +927,7 @@ mod tests {
     #[test]
     fn channel_commands_encode_as_resp() {
         let mut out = Vec::new();
-        encode_channel_command(&mut out, b"SUBSCRIBE", b"sku:1");
+        encode_channel_command(&mut out, b"SUBSCRIBE", RELEASED_PREFIX, b"sku:1");
         assert_eq!(
             out,
             b"*2\r\n$9\r\nSUBSCRIBE\r\n$26\r\nredlock-mux:released:sku:1\r\n".to_vec()
@@ -861,11 +949,21 @@ mod tests {
             other => panic!("{other:?}"),
         };
         let f = parse(b"*3\r\n$7\r\nmessage\r\n$23\r\nredlock-mux:released:ab\r\n$3\r\nxyz\r\n");
-        let SubFrame::Message { key, fp } = classify_sub(&f) else {
+        let SubFrame::Message { key, fp, next } = classify_sub(&f) else {
             panic!("not a message")
         };
         assert_eq!(&key[..], b"ab");
         assert_eq!(&fp[..4], b"xyz\0");
+        assert_eq!(next, None);
+        let f = parse(b"*3\r\n$7\r\nmessage\r\n$23\r\nredlock-mux:released:ab\r\n$32\r\n0123456789abcdefwaiter0123456789\r\n");
+        let SubFrame::Message { fp, next, .. } = classify_sub(&f) else {
+            panic!("not a message")
+        };
+        assert_eq!(&fp, b"0123456789abcdef");
+        assert_eq!(
+            next.as_ref().map(|n| &n[..]),
+            Some(&b"waiter0123456789"[..])
+        );
         let f = parse(b"*3\r\n$9\r\nsubscribe\r\n$23\r\nredlock-mux:released:ab\r\n:1\r\n");
         assert!(matches!(classify_sub(&f), SubFrame::Subscribed));
         let f = parse(b"*3\r\n$11\r\nunsubscribe\r\n$23\r\nredlock-mux:released:ab\r\n:0\r\n");

@@ -133,6 +133,9 @@ pub(crate) struct Machine {
     waitlists: Vec<SmallVec<[TaskId; 4]>>,
     /// The next lock task's arrival number.
     next_seq: u64,
+    /// This client's id (hex): the start of its waiters' ids in the lines on the masters,
+    /// and the name of its own channel there (see `scripts::NEXT_PREFIX`).
+    client_id: [u8; crate::scripts::CLIENT_ID_LEN],
 }
 
 impl Machine {
@@ -160,7 +163,11 @@ impl Machine {
             fence_keys: KeyList::default(),
             waitlists: Vec::new(),
             next_seq: 0,
+            client_id: [0; crate::scripts::CLIENT_ID_LEN],
         };
+        let id = m.tokens.next()?;
+        m.client_id
+            .copy_from_slice(&id.as_bytes()[..crate::scripts::CLIENT_ID_LEN]);
         for _ in 0..4 {
             m.new_slot();
         }
@@ -246,41 +253,12 @@ impl Machine {
         t.retries = retries;
         t.seq = self.next_seq;
         self.next_seq += 1;
-        if self.cfg.fairness && t.waits() && self.others_wait(id) {
-            // First come, first served: behind this client's earlier waiters, without
-            // trying (the head is woken by the next release, this one after it).
-            self.join_queue(id, now);
-            return id;
-        }
+        // Arrival on the client's clock: every master orders a key's line by it alike.
+        t.score = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
         self.start_attempt(id, now);
         id
-    }
-
-    /// Some other task of this client waits on one of task `id`'s keys.
-    fn others_wait(&self, id: TaskId) -> bool {
-        let t = &self.tasks[id.slot as usize];
-        t.keys.iter().any(|k| {
-            self.engine
-                .channel(k)
-                .is_some_and(|c| self.waitlists.get(c.slot()).is_some_and(|l| !l.is_empty()))
-        })
-    }
-
-    /// Fairness: task `id` queues behind the others without a first attempt; its first
-    /// timed retry is one retry delay away (its last one is always made).
-    fn join_queue(&mut self, id: TaskId, now: Instant) {
-        let delay = rules::retry_delay(self.cfg.retry_delay, self.cfg.retry_jitter, &mut self.rng);
-        let t = &mut self.tasks[id.slot as usize];
-        t.attempt = 0;
-        t.t1 = now;
-        t.next_poll = now + delay;
-        let mut wake = t.next_poll;
-        if let Some(d) = t.deadline {
-            wake = wake.min(d.checked_sub(Duration::from_millis(1)).unwrap_or(d));
-        }
-        t.phase = task::Phase::Sleep;
-        self.watch(id, now);
-        self.sleep(id, wake);
     }
 
     /// Release `lock` on every master.
@@ -292,9 +270,13 @@ impl Machine {
     pub(crate) fn release_detached(&mut self, lock: &Lock, now: Instant) {
         let timeout = self.cfg.round_timeout(lock.ttl);
         let (token, ttl_ms) = (lock.token, lock.ttl.as_millis() as u64);
+        let leave = lock.line;
         self.engine.start(
             crate::rules::Request::Release,
-            |a| a.set(lock.keys.iter(), token, ttl_ms),
+            |a| {
+                a.set(lock.keys.iter(), token, ttl_ms);
+                a.leave = leave;
+            },
             timeout,
             now,
             |_| true,
@@ -330,6 +312,7 @@ impl Machine {
         }
         t.token = lock.token;
         t.valid_until = lock.valid_until;
+        t.wait_id = lock.line;
         self.start_round_on_lock(id, now);
         id
     }
@@ -389,8 +372,8 @@ impl Machine {
         self.engine.flush();
     }
 
-    /// Start the timed retries that are due. With fairness, a waiter behind the head
-    /// skips its timed retry (it stays queued) unless it is the last one of its budget.
+    /// Start the timed retries that are due (with fairness, polite ones: see
+    /// `Builder::fairness`).
     fn wake_sleepers(&mut self, now: Instant) {
         let mut due: SmallVec<[TaskId; 8]> = SmallVec::new();
         let mut k = 0;
@@ -410,24 +393,7 @@ impl Machine {
             if t.gen != id.gen || !t.live || t.phase != task::Phase::Sleep {
                 continue;
             }
-            let last = t
-                .deadline
-                .is_some_and(|d| now >= d.checked_sub(Duration::from_millis(1)).unwrap_or(d));
             let polls = t.polls + 1;
-            let final_poll = last || (t.deadline.is_none() && polls >= t.retries);
-            if self.cfg.fairness && !final_poll && !self.is_head(id) {
-                let delay =
-                    rules::retry_delay(self.cfg.retry_delay, self.cfg.retry_jitter, &mut self.rng);
-                let t = &mut self.tasks[id.slot as usize];
-                t.polls = polls;
-                t.next_poll = now + delay;
-                let mut wake = t.next_poll;
-                if let Some(d) = t.deadline {
-                    wake = wake.min(d.checked_sub(Duration::from_millis(1)).unwrap_or(d));
-                }
-                self.sleep(id, wake);
-                continue;
-            }
             let t = &mut self.tasks[id.slot as usize];
             t.polls = polls;
             t.timed = true;

@@ -10,15 +10,17 @@ use std::time::{Duration, Instant};
 use smallvec::SmallVec;
 
 use super::{Machine, TaskId};
-use crate::engine::{fingerprint, ChanId, Fingerprint, KeyList, OpId};
+use crate::engine::{fingerprint, ChanId, Fingerprint, KeyList, Line, OpId};
 use crate::error::{Error, Operation, Report};
 use crate::lock::Lock;
 use crate::rules::{self, AcquireVerdict, Decision, Outcome, Request};
-use crate::scripts;
+use crate::scripts::{self, CLIENT_ID_LEN, WAITER_ID_LEN};
 use crate::token::Token;
 
-/// What a finished task produced.
+/// What a finished task produced. (Moved out at once; boxing the lock would cost an
+/// allocation per lock.)
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Done {
     /// A lock task: the lock.
     Locked(Lock),
@@ -84,6 +86,14 @@ pub(super) struct Task {
     pub span: tracing::Span,
     /// Arrival order among the client's lock tasks (fairness).
     pub seq: u64,
+    /// Arrival on the client's clock (µs since the epoch): the task's place in the lines
+    /// of waiters on the masters.
+    pub score: u64,
+    /// The task's id in those lines: the client's id, then its first token's first 8
+    /// bytes.
+    pub wait_id: Option<Fingerprint>,
+    /// While it stands in line: the client's own channel, held.
+    pub direct: Option<ChanId>,
     /// While it waits (notify mode): the channels of its keys.
     pub chans: SmallVec<[ChanId; 2]>,
     /// The announced release that started the running attempt (its copies from the other
@@ -92,13 +102,16 @@ pub(super) struct Task {
     /// The release our own last cleanup announced (no news to us either).
     pub own: Option<Fingerprint>,
     /// Releases announced while the attempt ran (master, or `u32::MAX` for this client's
-    /// own, and fingerprint): if it is refused and one was news, try again at once.
-    pub heard: SmallVec<[(u32, Fingerprint); 4]>,
+    /// own; fingerprint; whether it named this task, or nobody, as next): if the attempt is
+    /// refused and one of them frees enough, try again at once.
+    pub heard: SmallVec<[(u32, Fingerprint, bool, bool); 4]>,
     /// Who held the key on each master in the last attempt (one-key locks), where known:
     /// that holder's announcement from that master is news.
     pub holders: SmallVec<[Option<Fingerprint>; 8]>,
     /// Masters (bit i) that said "taken" in the last attempt.
     pub taken: u64,
+    /// Of those, the masters whose holder has not been announced gone since.
+    pub blocked: u64,
     /// Timed retries used (`retries` bounds them; attempts on a notice come on top).
     pub polls: u32,
     /// When the next timed retry is due.
@@ -133,12 +146,16 @@ impl Task {
             #[cfg(feature = "tracing")]
             span: tracing::Span::none(),
             seq: 0,
+            score: 0,
+            wait_id: None,
+            direct: None,
             chans: SmallVec::new(),
             woken_by: None,
             own: None,
             heard: SmallVec::new(),
             holders: SmallVec::new(),
             taken: 0,
+            blocked: 0,
             polls: 0,
             next_poll: now,
             timed: true,
@@ -161,11 +178,14 @@ impl Task {
         self.last = None;
         self.result = None;
         self.chans.clear();
+        self.wait_id = None;
+        self.direct = None;
         self.woken_by = None;
         self.own = None;
         self.heard.clear();
         self.holders.clear();
         self.taken = 0;
+        self.blocked = 0;
         self.polls = 0;
         self.next_poll = now;
         self.timed = true;
@@ -213,16 +233,42 @@ impl Machine {
             Request::AcquireMany
         };
         let ttl_ms = t.ttl.as_millis() as u64;
+        // A waiting one-key task stands in the key's line on the masters while refused
+        // (notify mode): releases name the first live waiter, which alone tries on them.
+        let line = (req == Request::AcquireWait && t.keys.len() == 1 && self.notify()).then(|| {
+            let alive = self.cfg.retry_delay
+                + self.cfg.retry_jitter
+                + 2 * self.cfg.round_timeout(t.ttl)
+                + Duration::from_millis(100);
+            Line {
+                id: t.wait_id.unwrap_or_else(|| {
+                    let mut id = [0u8; WAITER_ID_LEN];
+                    id[..CLIENT_ID_LEN].copy_from_slice(&self.client_id);
+                    id[CLIENT_ID_LEN..]
+                        .copy_from_slice(&token.as_bytes()[..WAITER_ID_LEN - CLIENT_ID_LEN]);
+                    id
+                }),
+                alive_ms: alive.as_millis() as u64,
+                score: t.score,
+                polite: self.cfg.fairness,
+            }
+        });
         let keys = &self.tasks[id.slot as usize].keys;
         let op = self.engine.start(
             req,
-            |a| a.set(keys.iter(), token, ttl_ms),
+            |a| {
+                a.set(keys.iter(), token, ttl_ms);
+                a.line = line;
+            },
             timeout,
             now,
             |_| true,
             Some(id.owner()),
         );
         let t = &mut self.tasks[id.slot as usize];
+        if let Some(line) = line {
+            t.wait_id = Some(line.id);
+        }
         t.token = token;
         t.t1 = now;
         t.acquire_op = Some(op);
@@ -246,10 +292,18 @@ impl Machine {
         };
         let timeout = self.cfg.round_timeout(t.ttl);
         let (token, ttl_ms) = (t.token, t.ttl.as_millis() as u64);
+        let leave = if req == Request::Release {
+            t.wait_id
+        } else {
+            None
+        };
         let keys = &t.keys;
         let op = self.engine.start(
             req,
-            |a| a.set(keys.iter(), token, ttl_ms),
+            |a| {
+                a.set(keys.iter(), token, ttl_ms);
+                a.leave = leave;
+            },
             timeout,
             now,
             |_| true,
@@ -399,25 +453,75 @@ impl Machine {
                 valid_until: decided_at + v,
                 fence: if self.cfg.fencing { t.fence } else { None },
                 attempts: t.attempt,
+                line: t.wait_id,
                 dropped: None,
             };
             self.engine.finish(acquire);
             self.finish(id, Ok(Done::Locked(lock)));
             return;
         }
-        let (t1, began, attempt, ttl) = (t.t1, t.began, t.attempt, t.ttl);
+        let (t1, began, attempt) = (t.t1, t.began, t.attempt);
         let report = self.report(Operation::Acquire, failed, t1, began, attempt);
         if failed != acquire {
             self.engine.finish(failed);
         }
-        // What the round says about waiting (who said taken, when the holder's keys
-        // expire), read before the cleanup finishes the round.
+        // What the round says about waiting (who said taken and who holds it there, when
+        // the holder's keys expire), read before the cleanup finishes the round.
         let hint = self.wait_hint(acquire);
-        self.cleanup(id, acquire, now);
+        let wake = match self.next_attempt(id, verdict, report, &hint, now) {
+            Ok(wake) => wake,
+            Err(e) => {
+                // The last cleanup: it takes the task out of its key's line.
+                self.cleanup(id, acquire, true, now);
+                self.finish(id, Err(e));
+                return;
+            }
+        };
+        self.cleanup(id, acquire, false, now);
         let t = &mut self.tasks[id.slot as usize];
+        t.taken = hint.taken;
+        t.blocked = hint.taken;
+        t.holders = hint.holders;
+        if self.notify() {
+            self.watch(id, now);
+            if self.eligible(id) {
+                // A release announced while the attempt ran that frees a master where it
+                // was refused, or a subscription confirmed since it was sent (a release
+                // before that may have gone unheard): try again now.
+                let mut heard = std::mem::take(&mut self.tasks[id.slot as usize].heard);
+                let mut news = None;
+                for (m, fp, turn, named) in heard.drain(..) {
+                    if self.hear(id, (m != u32::MAX).then_some(m as usize), &fp, named) && turn {
+                        news = Some(fp);
+                    }
+                }
+                let recheck = !self.covered(id, t1) && self.confirmed_after(id, t1);
+                self.tasks[id.slot as usize].heard = heard;
+                if news.is_some() || recheck {
+                    self.tasks[id.slot as usize].phase = Phase::Sleep;
+                    self.wake_now(id, news, now);
+                    return;
+                }
+            }
+        }
+        self.tasks[id.slot as usize].phase = Phase::Sleep;
+        self.sleep(id, wake);
+    }
+
+    /// After a refused attempt: when the task sleeps until (its next timed attempt, at the
+    /// latest the holder's expiry, never past the deadline), or why it ends.
+    fn next_attempt(
+        &mut self,
+        id: TaskId,
+        verdict: AcquireVerdict,
+        report: Box<Report>,
+        hint: &super::wait::Hint,
+        now: Instant,
+    ) -> Result<Instant, Error> {
+        let t = &mut self.tasks[id.slot as usize];
+        let (t1, ttl) = (t.t1, t.ttl);
         if t.cancelled {
-            self.finish(id, Err(Error::Cancelled));
-            return;
+            return Err(Error::Cancelled);
         }
         if let Some(d) = t.deadline {
             if now >= d {
@@ -426,8 +530,7 @@ impl Machine {
                 // report says more (e.g. "taken", not "timed out").
                 let clipped = d.saturating_duration_since(t1) < self.cfg.round_timeout(ttl);
                 let r = if clipped { t.last.take() } else { Some(report) };
-                self.finish(id, Err(Error::DeadlineExceeded(r)));
-                return;
+                return Err(Error::DeadlineExceeded(r));
             }
         }
         let err = match verdict {
@@ -447,16 +550,14 @@ impl Machine {
         let n = self.engine.nodes.len();
         if refused > n - self.engine.quorum() {
             let report = err.report().cloned().map(Box::new).expect("a report");
-            self.finish(id, Err(Error::Refused(report)));
-            return;
+            return Err(Error::Refused(report));
         }
         let t = &self.tasks[id.slot as usize];
         if t.timed {
             // With a deadline, the deadline bounds the retries, not the count. The count
             // is of timed attempts: those made on a notice come on top.
             if t.polls >= t.retries && t.deadline.is_none() {
-                self.finish(id, Err(err));
-                return;
+                return Err(err);
             }
             let delay =
                 rules::retry_delay(self.cfg.retry_delay, self.cfg.retry_jitter, &mut self.rng);
@@ -476,41 +577,18 @@ impl Machine {
             let last = d.checked_sub(Duration::from_millis(1)).unwrap_or(d);
             if now >= last {
                 let report = err.report().cloned().map(Box::new);
-                self.finish(id, Err(Error::DeadlineExceeded(report)));
-                return;
+                return Err(Error::DeadlineExceeded(report));
             }
             wake = wake.min(last);
         }
         t.last = err.report().cloned().map(Box::new);
-        t.taken = hint.taken;
-        t.holders = hint.holders;
-        if self.notify() {
-            self.watch(id, now);
-            if self.eligible(id) {
-                // A release announced while the attempt ran that frees a master where it
-                // was refused, or a subscription confirmed since it was sent (a release
-                // before that may have gone unheard): try again now.
-                let heard = std::mem::take(&mut self.tasks[id.slot as usize].heard);
-                let news = heard
-                    .iter()
-                    .find(|(m, fp)| self.is_news(id, (*m != u32::MAX).then_some(*m as usize), fp))
-                    .map(|(_, fp)| *fp);
-                let recheck = !self.covered(id, t1) && self.confirmed_after(id, t1);
-                self.tasks[id.slot as usize].heard = heard;
-                if news.is_some() || recheck {
-                    self.tasks[id.slot as usize].phase = Phase::Sleep;
-                    self.wake_now(id, news, now);
-                    return;
-                }
-            }
-        }
-        self.tasks[id.slot as usize].phase = Phase::Sleep;
-        self.sleep(id, wake);
+        Ok(wake)
     }
 
     /// Release wherever the acquire round `acquire` may have set the key
     /// (`rules::may_hold`); the round is finished.
-    fn cleanup(&mut self, id: TaskId, acquire: OpId, now: Instant) {
+    /// `last`: the task ends here; its release takes it out of its key's line.
+    fn cleanup(&mut self, id: TaskId, acquire: OpId, last: bool, now: Instant) {
         let o = self.engine.op(acquire);
         let req = o.req;
         // Our keys stood in anyone's way only where a master said yes; a cleanup that may
@@ -529,10 +607,15 @@ impl Machine {
         let t = &self.tasks[id.slot as usize];
         let timeout = self.cfg.round_timeout(t.ttl);
         let (token, ttl_ms) = (t.token, t.ttl.as_millis() as u64);
+        // The last cleanup of a task that waited in line takes it out of line.
+        let leave = if last { t.wait_id } else { None };
         let keys = &t.keys;
         self.engine.start(
             Request::Release,
-            |a| a.set(keys.iter(), token, ttl_ms),
+            |a| {
+                a.set(keys.iter(), token, ttl_ms);
+                a.leave = leave;
+            },
             timeout,
             now,
             |i| may_hold[i],

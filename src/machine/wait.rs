@@ -7,14 +7,14 @@
 //!   keys (the engine subscribes on every master) and is listed, in arrival order, in a
 //!   wait list per channel. An announced release (`Notice::Released`) starts an attempt at
 //!   once; a release made by this very client (a guard dropped, another task's release or
-//!   cleanup) starts its waiters' attempts right behind it, in the same write. Which
-//!   announcements are news ([`Machine::is_news`]): where the last attempt found the key
-//!   held, the acquire's answer named the holder, and only that holder's release frees
-//!   that master (the copies of an older release are ignored, and the copies of the
-//!   release that woke the task still count from the masters it had not reached yet);
-//!   elsewhere, any release but the one that woke the task and its own cleanup's. An
-//!   announcement that arrives while an attempt runs is kept, and a refused attempt tries
-//!   again at once if it was news.
+//!   cleanup) starts its waiters' attempts right behind it, in the same write. What an
+//!   announcement frees ([`Machine::hear`]): where the last attempt found the key held,
+//!   the acquire's answer named the holder, and that holder's release frees that master
+//!   (the copies of an older release are ignored; those of the release that woke the task
+//!   still count from the masters it had not reached yet); any other release but our own
+//!   cleanup's frees its master too (the holder changed). A task tries once the masters
+//!   still blocked leave room for a quorum. An announcement that arrives while an attempt
+//!   runs is kept, and weighed against that attempt's answers.
 //! * **Never unheard for long**: a task is *covered* when some master that said "taken" in
 //!   its last attempt had confirmed the subscription before that attempt was sent (a
 //!   release there is announced to us). An uncovered task tries once more when the next
@@ -89,17 +89,44 @@ impl Machine {
         }
     }
 
-    /// Whether master `master`'s announcement of release `fp` (`None`: a release made by
-    /// this client) can free a master for task `id`. Where the task's last attempt found
-    /// the key held, only that holder's release frees it (a release of an earlier holder
-    /// is older than the attempt). Elsewhere (the master said yes, or did not answer),
-    /// anything but the release that started the attempt, or our own cleanup's, is news.
-    pub(super) fn is_news(&self, id: TaskId, master: Option<usize>, fp: &Fingerprint) -> bool {
-        let t = &self.tasks[id.slot as usize];
-        if let Some(Some(holder)) = master.and_then(|m| t.holders.get(m)) {
-            return holder == fp;
+    /// Master `master` announced release `fp` (`None`: this client made it): note what it
+    /// frees for task `id`, and say whether the task should try now.
+    ///
+    /// A master is freed by the release of the holder the task's last attempt found there
+    /// (it came after the attempt), or by any release but the one that started the attempt
+    /// and our own cleanup's (the holder changed since). The copies of the release that woke
+    /// the task count from the masters it had not reached yet when the attempt got there:
+    /// the attempt found its holder there. The task tries once the masters still blocked
+    /// leave room for a quorum: an attempt before that would only be refused again.
+    /// This client's own release frees everything it held: its waiters try at once.
+    pub(super) fn hear(
+        &mut self,
+        id: TaskId,
+        master: Option<usize>,
+        fp: &Fingerprint,
+        named: bool,
+    ) -> bool {
+        let n = self.engine.nodes.len();
+        let quorum = self.engine.quorum();
+        let t = &mut self.tasks[id.slot as usize];
+        let fresh = t.woken_by.as_ref() != Some(fp) && t.own.as_ref() != Some(fp);
+        let Some(m) = master else {
+            return fresh;
+        };
+        let holder_gone = matches!(t.holders.get(m), Some(Some(h)) if h == fp);
+        if !holder_gone && !fresh {
+            return false;
         }
-        t.woken_by.as_ref() != Some(fp) && t.own.as_ref() != Some(fp)
+        if m < 64 {
+            t.blocked &= !(1u64 << m);
+        }
+        if named {
+            // Our turn: the release reached this master, and the others had it sent at
+            // the same moment; try now (a master it has not reached yet answers "taken" by
+            // that holder, and its announcement then makes us try again).
+            return true;
+        }
+        n - (t.blocked.count_ones() as usize).min(n) >= quorum
     }
 
     /// The jitter added to a wake-up at the holder's expiry: 1 ms (Redis expires to the
@@ -124,6 +151,13 @@ impl Machine {
             chans.push(self.engine.subscribe(key, now));
         }
         self.tasks[id.slot as usize].keys = keys;
+        if self.tasks[id.slot as usize].wait_id.is_some() {
+            // It stands in a line: the releases that make it its turn come on the client's
+            // own channel.
+            let client_id = self.client_id;
+            let direct = self.engine.subscribe_direct(&client_id, now);
+            self.tasks[id.slot as usize].direct = Some(direct);
+        }
         let seq = self.tasks[id.slot as usize].seq;
         for chan in chans.iter() {
             let k = chan.slot();
@@ -159,6 +193,9 @@ impl Machine {
             self.engine.unsubscribe(chan, now);
         }
         self.tasks[id.slot as usize].chans = chans;
+        if let Some(direct) = self.tasks[id.slot as usize].direct.take() {
+            self.engine.unsubscribe(direct, now);
+        }
         if self.cfg.fairness {
             for head in next {
                 if self.sleeping_task(head) {
@@ -187,16 +224,18 @@ impl Machine {
     }
 
     /// Some master that said "taken" in the task's last attempt (started at `t1`) had
-    /// confirmed the subscription before it: a release there will be announced to us.
+    /// confirmed the subscriptions (the key's channel, and the client's own if the task
+    /// stands in line) before it: a release there will be announced to us.
     pub(super) fn covered(&self, id: TaskId, t1: Instant) -> bool {
         let t = &self.tasks[id.slot as usize];
+        let before = |c: ChanId, i: usize| {
+            self.engine
+                .subscribed_since(c, i)
+                .is_some_and(|since| since <= t1)
+        };
         t.chans.iter().any(|&c| {
             (0..self.engine.nodes.len().min(64)).any(|i| {
-                t.taken & (1 << i) != 0
-                    && self
-                        .engine
-                        .subscribed_since(c, i)
-                        .is_some_and(|since| since <= t1)
+                t.taken & (1 << i) != 0 && before(c, i) && t.direct.is_none_or(|d| before(d, i))
             })
         })
     }
@@ -205,7 +244,7 @@ impl Machine {
     /// gone unheard.
     pub(super) fn confirmed_after(&self, id: TaskId, t1: Instant) -> bool {
         let t = &self.tasks[id.slot as usize];
-        t.chans.iter().any(|&c| {
+        t.chans.iter().chain(t.direct.iter()).any(|&c| {
             (0..self.engine.nodes.len())
                 .any(|i| self.engine.subscribed_since(c, i).is_some_and(|s| s > t1))
         })
@@ -230,23 +269,34 @@ impl Machine {
     pub(super) fn take_notices(&mut self, now: Instant) {
         while let Some(n) = self.engine.take_notice() {
             match n {
-                Notice::Released { chan, master, fp } => {
-                    self.on_released(chan, Some(master), fp, None, now)
+                Notice::Released {
+                    chan,
+                    master,
+                    fp,
+                    next,
+                } => self.on_released(chan, Some(master), fp, next, None, now),
+                Notice::Turn { master, fp, id } => {
+                    if let Some(task) = self.waiter(&id) {
+                        self.notify_task(task, Some(master), fp, true, true, now);
+                    }
                 }
                 Notice::Subscribed { chan } => self.on_subscribed(chan, now),
             }
         }
     }
 
-    /// A release of channel `chan` (token fingerprint `fp`) was announced by `master`, or
-    /// made by this client (`master` `None`; `except`: the task whose cleanup it is).
-    /// Sleeping waiters to whom it is news try now (with fairness the head only); a waiter
-    /// whose attempt runs notes it, and tries again if it is refused and this was news.
+    /// A release of channel `chan` (token fingerprint `fp`) was announced by `master`,
+    /// naming `next` as the first live waiter in the key's line there, or made by this
+    /// client (`master` `None`; `except`: the task whose cleanup it is). The waiter whose
+    /// turn it is (the one named; with nobody named, every waiter, or with fairness this
+    /// client's oldest) tries once what it heard leaves room for a quorum; a waiter whose
+    /// attempt runs notes it, to weigh it against that attempt's answers.
     pub(super) fn on_released(
         &mut self,
         chan: ChanId,
         master: Option<usize>,
         fp: Fingerprint,
+        next: Option<Fingerprint>,
         except: Option<TaskId>,
         now: Instant,
     ) {
@@ -265,25 +315,51 @@ impl Machine {
             if t.gen != id.gen || !t.live {
                 continue;
             }
-            match t.phase {
-                Phase::Sleep => {
-                    if self.is_news(id, master, &fp) && self.eligible(id) {
-                        self.wake_now(id, Some(fp), now);
-                    }
+            let turn = match next {
+                Some(n) => t.wait_id == Some(n),
+                None => self.eligible(id),
+            };
+            let named = next.is_some() && turn;
+            self.notify_task(id, master, fp, turn, named, now);
+        }
+    }
+
+    /// The waiting task of this client whose id in the lines is `id`.
+    fn waiter(&self, id: &Fingerprint) -> Option<TaskId> {
+        self.tasks.iter().enumerate().find_map(|(slot, t)| {
+            (t.live && t.wait_id.as_ref() == Some(id) && !t.chans.is_empty()).then_some(TaskId {
+                slot: slot as u32,
+                gen: t.gen,
+            })
+        })
+    }
+
+    /// Master `master` announced release `fp` (`None`: this client made it) to task `id`;
+    /// `turn`: it is the task's turn (named first in line, or nobody named). A sleeping
+    /// task tries once it may; a task whose attempt runs keeps it for later.
+    fn notify_task(
+        &mut self,
+        id: TaskId,
+        master: Option<usize>,
+        fp: Fingerprint,
+        turn: bool,
+        named: bool,
+        now: Instant,
+    ) {
+        match self.tasks[id.slot as usize].phase {
+            Phase::Sleep => {
+                if self.hear(id, master, &fp, named) && turn {
+                    self.wake_now(id, Some(fp), now);
                 }
-                Phase::Acquire | Phase::Draw | Phase::WriteBack => {
-                    let m = master.map_or(u32::MAX, |m| m as u32);
-                    let heard = &mut self.tasks[id.slot as usize].heard;
-                    if heard.len() < 16 && !heard.contains(&(m, fp)) {
-                        heard.push((m, fp));
-                    }
+            }
+            Phase::Acquire | Phase::Draw | Phase::WriteBack => {
+                let m = master.map_or(u32::MAX, |m| m as u32);
+                let heard = &mut self.tasks[id.slot as usize].heard;
+                if heard.len() < 16 && !heard.contains(&(m, fp, turn, named)) {
+                    heard.push((m, fp, turn, named));
                 }
-                Phase::OnLock | Phase::Done => {}
             }
-            if self.cfg.fairness {
-                // The head alone acts on a release.
-                break;
-            }
+            Phase::OnLock | Phase::Done => {}
         }
     }
 
@@ -291,10 +367,20 @@ impl Machine {
     /// any confirmation, or every master that covered them lost its connection) try once
     /// more now.
     fn on_subscribed(&mut self, chan: ChanId, now: Instant) {
-        let Some(list) = self.waitlists.get(chan.slot()) else {
-            return;
+        let list: SmallVec<[TaskId; 8]> = match self.waitlists.get(chan.slot()) {
+            Some(list) if !list.is_empty() => list.iter().copied().collect(),
+            // The client's own channel: every task that stands in line.
+            _ => self
+                .tasks
+                .iter()
+                .enumerate()
+                .filter(|(_, t)| t.live && t.direct == Some(chan))
+                .map(|(slot, t)| TaskId {
+                    slot: slot as u32,
+                    gen: t.gen,
+                })
+                .collect(),
         };
-        let list: SmallVec<[TaskId; 8]> = list.iter().copied().collect();
         for id in list {
             if !self.sleeping_task(id) || !self.eligible(id) {
                 continue;
@@ -322,7 +408,7 @@ impl Machine {
         }
         for key in keys.iter() {
             if let Some(chan) = self.engine.channel(key) {
-                self.on_released(chan, None, fingerprint(token), except, now);
+                self.on_released(chan, None, fingerprint(token), None, except, now);
             }
         }
     }

@@ -24,6 +24,7 @@ pub(crate) struct LockState {
     pub fence: Option<u64>,
     pub acquired_at: Instant,
     pub attempts: u32,
+    pub line: Option<crate::engine::Fingerprint>,
     /// The clock's origin for the atomics below.
     base: Instant,
     valid_until_ns: AtomicU64,
@@ -59,6 +60,7 @@ impl LockState {
             fence: lock.fence,
             acquired_at: lock.acquired_at,
             attempts: lock.attempts,
+            line: lock.line,
             base,
             valid_until_ns: AtomicU64::new(until),
             ttl_ms: AtomicU64::new(lock.ttl.as_millis() as u64),
@@ -97,6 +99,7 @@ impl LockState {
             valid_until: self.valid_until(),
             fence: self.fence,
             attempts: self.attempts,
+            line: self.line,
             dropped: None,
         }
     }
