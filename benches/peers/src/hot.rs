@@ -40,6 +40,10 @@ struct Hold {
     asked: u64,
     start: u64,
     end: u64,
+    /// The granting attempt's start (`Lock::acquired_at`; redlock-mux only).
+    attempt: u64,
+    /// When the release call returned.
+    released: u64,
 }
 
 #[derive(Default)]
@@ -53,6 +57,8 @@ struct Tally {
     secs: f64,
     /// Acquire latencies (ns) of the uncontended variant: one round each.
     acquire_ns: Vec<u64>,
+    /// When an observer subscribed on master 0 saw an announcement (ns since the epoch).
+    announced: Vec<u64>,
 }
 
 enum Clients {
@@ -88,88 +94,132 @@ fn ns(epoch: Instant, t: Instant) -> u64 {
     t.saturating_duration_since(epoch).as_nanos() as u64
 }
 
-/// Run one slice of `secs` of a variant: every client loops until the slice ends.
-fn slice(v: &mut Variant, key: &str, epoch: Instant, secs: f64) {
+/// Watch master `addr` for announcements (`PSUBSCRIBE redlock-mux:*`) until `end`: when
+/// each was seen, in ns since `epoch`.
+fn observe_announcements(addr: std::net::SocketAddr, epoch: Instant, end: Instant) -> Vec<u64> {
+    use std::io::{BufRead, BufReader, Write};
+    let mut seen = Vec::new();
+    let Ok(mut conn) = std::net::TcpStream::connect(addr) else {
+        return seen;
+    };
+    let _ = conn.set_nodelay(true);
+    let _ = conn.write_all(b"*2\r\n$10\r\nPSUBSCRIBE\r\n$13\r\nredlock-mux:*\r\n");
+    let _ = conn.set_read_timeout(Some(Duration::from_millis(20)));
+    let mut r = BufReader::new(conn);
+    let mut line = Vec::new();
+    while Instant::now() < end {
+        line.clear();
+        match r.read_until(b'\n', &mut line) {
+            Ok(0) => break,
+            Ok(_) if line.starts_with(b"pmessage") => seen.push(ns(epoch, Instant::now())),
+            Ok(_) => {}
+            Err(_) => {}
+        }
+    }
+    seen
+}
+
+/// Run one slice of `secs` of a variant: every client loops until the slice ends. With
+/// `observe`, a raw subscriber on that master records when announcements arrive.
+fn slice(
+    v: &mut Variant,
+    key: &str,
+    epoch: Instant,
+    secs: f64,
+    observe: Option<std::net::SocketAddr>,
+) {
     let out = Mutex::new(Tally::default());
     let spin = matches!(v.clients, Clients::Spin(_));
     let think = v.think;
     let t0 = Instant::now();
     let end = t0 + Duration::from_secs_f64(secs);
-    thread::scope(|s| match &mut v.clients {
-        Clients::Mux(cs) | Clients::Spin(cs) => {
-            for c in cs.iter_mut() {
-                let out = &out;
-                s.spawn(move || {
-                    let mut t = Tally::default();
-                    while Instant::now() < end {
-                        let asked = Instant::now();
-                        let r = if spin {
-                            c.try_lock(key, TTL)
-                        } else {
-                            c.lock(key, TTL)
-                        };
-                        let lock = match r {
-                            Ok(l) => l,
-                            Err(Error::Taken(report)) => {
-                                t.refused += u64::from(report.attempts());
-                                t.gave_up += u64::from(!spin);
-                                continue;
-                            }
-                            Err(e) => panic!("lock: {e}"),
-                        };
-                        let granted = Instant::now();
-                        t.refused += u64::from(lock.attempts() - 1);
-                        std::hint::black_box(&lock);
-                        let release = Instant::now();
-                        t.holds.push(Hold {
-                            asked: ns(epoch, asked),
-                            start: ns(epoch, granted),
-                            end: ns(epoch, release.min(lock.valid_until())),
-                        });
-                        c.release(lock).expect("release");
-                        if !think.is_zero() {
-                            thread::sleep(think);
-                        }
-                    }
-                    let mut o = out.lock().unwrap();
-                    o.holds.extend(t.holds);
-                    o.refused += t.refused;
-                    o.gave_up += t.gave_up;
-                });
-            }
+    let observed = Mutex::new(Vec::new());
+    thread::scope(|s| {
+        if let Some(addr) = observe {
+            let observed = &observed;
+            s.spawn(move || *observed.lock().unwrap() = observe_announcements(addr, epoch, end));
         }
-        Clients::Rslock(cs) => {
-            for (rt, lm) in cs.iter_mut() {
-                let out = &out;
-                s.spawn(move || {
-                    let mut t = Tally::default();
-                    rt.block_on(async {
+        match &mut v.clients {
+            Clients::Mux(cs) | Clients::Spin(cs) => {
+                for c in cs.iter_mut() {
+                    let out = &out;
+                    s.spawn(move || {
+                        let mut t = Tally::default();
                         while Instant::now() < end {
                             let asked = Instant::now();
-                            let lock = match lm.lock(key, TTL).await {
+                            let r = if spin {
+                                c.try_lock(key, TTL)
+                            } else {
+                                c.lock(key, TTL)
+                            };
+                            let lock = match r {
                                 Ok(l) => l,
-                                Err(_) => {
-                                    t.gave_up += 1;
+                                Err(Error::Taken(report)) => {
+                                    t.refused += u64::from(report.attempts());
+                                    t.gave_up += u64::from(!spin);
                                     continue;
                                 }
+                                Err(e) => panic!("lock: {e}"),
                             };
                             let granted = Instant::now();
+                            t.refused += u64::from(lock.attempts() - 1);
+                            let attempt = ns(epoch, lock.acquired_at());
                             let release = Instant::now();
+                            let end = ns(epoch, release.min(lock.valid_until()));
+                            c.release(lock).expect("release");
                             t.holds.push(Hold {
                                 asked: ns(epoch, asked),
                                 start: ns(epoch, granted),
-                                end: ns(epoch, release),
+                                end,
+                                attempt,
+                                released: ns(epoch, Instant::now()),
                             });
-                            lm.unlock(&lock).await;
                             if !think.is_zero() {
                                 thread::sleep(think);
                             }
                         }
+                        let mut o = out.lock().unwrap();
+                        o.holds.extend(t.holds);
+                        o.refused += t.refused;
+                        o.gave_up += t.gave_up;
                     });
-                    let mut o = out.lock().unwrap();
-                    o.holds.extend(t.holds);
-                    o.gave_up += t.gave_up;
-                });
+                }
+            }
+            Clients::Rslock(cs) => {
+                for (rt, lm) in cs.iter_mut() {
+                    let out = &out;
+                    s.spawn(move || {
+                        let mut t = Tally::default();
+                        rt.block_on(async {
+                            while Instant::now() < end {
+                                let asked = Instant::now();
+                                let lock = match lm.lock(key, TTL).await {
+                                    Ok(l) => l,
+                                    Err(_) => {
+                                        t.gave_up += 1;
+                                        continue;
+                                    }
+                                };
+                                let granted = Instant::now();
+                                let release = Instant::now();
+                                lm.unlock(&lock).await;
+                                t.holds.push(Hold {
+                                    asked: ns(epoch, asked),
+                                    start: ns(epoch, granted),
+                                    end: ns(epoch, release),
+                                    attempt: ns(epoch, granted),
+                                    released: ns(epoch, Instant::now()),
+                                });
+                                if !think.is_zero() {
+                                    thread::sleep(think);
+                                }
+                            }
+                        });
+                        let mut o = out.lock().unwrap();
+                        o.holds.extend(t.holds);
+                        o.gave_up += t.gave_up;
+                    });
+                }
             }
         }
     });
@@ -182,6 +232,7 @@ fn slice(v: &mut Variant, key: &str, epoch: Instant, secs: f64) {
     v.tally.refused += o.refused;
     v.tally.gave_up += o.gave_up;
     v.tally.secs += secs;
+    v.tally.announced.extend(observed.into_inner().unwrap());
 }
 
 /// A slice of the uncontended reference: one client, its own resource.
@@ -199,6 +250,8 @@ fn uncontended_slice(c: &mut Redlock, t: &mut Tally, secs: f64) {
         asked: 0,
         start: 0,
         end: 0,
+        attempt: 0,
+        released: 0,
     }));
     t.secs += secs;
 }
@@ -298,7 +351,7 @@ pub fn hot_pass(m: &LocalMasters) {
     }
     // Warm up every client (connections, scripts) outside the measurement.
     for v in variants.iter_mut() {
-        slice(v, "peers:hot:warmup", epoch, 0.2);
+        slice(v, "peers:hot:warmup", epoch, 0.2, None);
         v.tally = Tally::default();
     }
     uncontended_slice(&mut free, &mut Tally::default(), 0.2);
@@ -310,7 +363,8 @@ pub fn hot_pass(m: &LocalMasters) {
         uncontended_slice(&mut free, &mut reference, secs);
         for v in variants.iter_mut() {
             let key = format!("peers:hot:{}:{round}", v.name.replace(", ", "-"));
-            slice(v, &key, epoch, secs);
+            let observe = matches!(v.name, "notify" | "fair").then(|| m[0].addr());
+            slice(v, &key, epoch, secs, observe);
         }
     }
     let ref_rate = reference.holds.len() as f64 / reference.secs;
@@ -365,6 +419,48 @@ pub fn hot_pass(m: &LocalMasters) {
             } else {
                 format!("VIOLATED: {} overlaps", s.overlaps)
             }
+        );
+    }
+    println!(
+        "\nWhere a hand-off's time goes (medians over the hand-offs; an observer subscribed on \
+         master 0 marks when the announcement arrived there; the waiter's granting attempt \
+         starts at Lock::acquired_at):\n"
+    );
+    println!("| variant | holder's release round µs | release start -> announcement seen µs | announcement -> waiter's attempt starts µs | waiter's acquire round µs | hand-off p50 µs |");
+    println!("|---|--:|--:|--:|--:|--:|");
+    for v in variants.iter().filter(|v| !v.tally.announced.is_empty()) {
+        let mut h = v.tally.holds.clone();
+        h.sort_unstable_by_key(|x| x.start);
+        let mut ann = v.tally.announced.clone();
+        ann.sort_unstable();
+        let (mut rel, mut seen, mut wake, mut acq) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for w in h.windows(2) {
+            let (p, x) = (w[0], w[1]);
+            if !(x.asked <= p.end && x.start >= p.end && x.attempt >= p.end) {
+                continue;
+            }
+            let k = ann.partition_point(|&t| t < p.end);
+            let Some(&a) = ann.get(k).filter(|&&a| a <= x.attempt) else {
+                continue;
+            };
+            rel.push((p.released - p.end) / 1000);
+            seen.push((a - p.end) / 1000);
+            wake.push((x.attempt - a) / 1000);
+            acq.push((x.start - x.attempt) / 1000);
+        }
+        for x in [&mut rel, &mut seen, &mut wake, &mut acq] {
+            x.sort_unstable();
+        }
+        let s = summarize(&v.tally);
+        println!(
+            "| {} | {} | {} | {} | {} | {} |",
+            v.name,
+            pct(&rel, 0.5),
+            pct(&seen, 0.5),
+            pct(&wake, 0.5),
+            pct(&acq, 0.5),
+            pct(&s.handoff_us, 0.5)
         );
     }
     let handoffs = |n: &str| rates.iter().find(|(x, _, _)| *x == n).map_or(0.0, |r| r.2);
