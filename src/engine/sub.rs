@@ -1,15 +1,19 @@
 //! Release notifications: a second connection per master, in subscriber mode, opened only
 //! while some lock task waits (and for [`LINGER`] after the last one stopped waiting).
 //!
-//! The release script publishes on `redlock-mux:released:<key>` wherever it deleted a key
-//! ([`scripts::RELEASED_PREFIX`]). A waiting task *subscribes* to its keys
-//! ([`Engine::subscribe`]): each key is a [`Channel`] with a reference count, subscribed
-//! with one `SUBSCRIBE` per master on that master's subscription connection, and dropped
-//! (`UNSUBSCRIBE`) once nobody waited on it for [`LINGER`] (so a hot resource's waiters,
-//! coming and going, keep one subscription). The connection closes when no channel is left.
+//! The release script announces each key it deleted: on `redlock-mux:next:<client>` when a
+//! waiter stands in the key's line (the first live one's client: [`crate::scripts::NEXT_PREFIX`]),
+//! else on `redlock-mux:released:<key>` ([`crate::scripts::RELEASED_PREFIX`]). A waiting task
+//! *subscribes* to its keys ([`Engine::subscribe`]) and, if it stands in line, to its
+//! client's own channel ([`Engine::subscribe_direct`]): each is a [`Channel`] with a
+//! reference count, subscribed with one `SUBSCRIBE` per master on that master's
+//! subscription connection, and dropped (`UNSUBSCRIBE`) once nobody waited on it for
+//! [`LINGER`] (so a hot resource's waiters, coming and going, keep one subscription). The
+//! connection closes when no channel is left.
 //!
 //! What arrives becomes a [`Notice`] for the layer above: a release was announced (with the
-//! first bytes of the released token, which name the release), or a master confirmed a
+//! first bytes of the released token, which name the release, and the waiter whose turn it
+//! is, if one was named), or a master confirmed a
 //! subscription (a waiter that was refused before it could hear of releases then tries
 //! once more: a release in between would have gone unheard). A notice only makes a waiter
 //! try earlier; every grant still comes from a quorum round. A lost notice (a connection cut,

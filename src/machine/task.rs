@@ -104,7 +104,7 @@ pub(super) struct Task {
     /// Releases announced while the attempt ran (master, or `u32::MAX` for this client's
     /// own; fingerprint; whether it named this task, or nobody, as next): if the attempt is
     /// refused and one of them frees enough, try again at once.
-    pub heard: SmallVec<[(u32, Fingerprint, bool, bool); 4]>,
+    pub heard: SmallVec<[(u32, Fingerprint, bool); 4]>,
     /// Who held the key on each master in the last attempt (one-key locks), where known:
     /// that holder's announcement from that master is news.
     pub holders: SmallVec<[Option<Fingerprint>; 8]>,
@@ -490,8 +490,8 @@ impl Machine {
                 // before that may have gone unheard): try again now.
                 let mut heard = std::mem::take(&mut self.tasks[id.slot as usize].heard);
                 let mut news = None;
-                for (m, fp, turn, named) in heard.drain(..) {
-                    if self.hear(id, (m != u32::MAX).then_some(m as usize), &fp, named) && turn {
+                for (m, fp, turn) in heard.drain(..) {
+                    if self.hear(id, (m != u32::MAX).then_some(m as usize), &fp) && turn {
                         news = Some(fp);
                     }
                 }

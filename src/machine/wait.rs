@@ -1,29 +1,33 @@
 //! How lock tasks wait while the lock is held elsewhere (hot resources).
 //!
-//! * **Sized by the holder**: a waiting task's acquire answers the holder's remaining TTL
-//!   where the key is taken (`Request::AcquireWait`), and the task never sleeps past the
-//!   moment a quorum of the holder's keys expires ([`rules::free_in`]) plus jitter.
-//! * **Woken on release** ([`WaitMode::Notify`]): a refused task holds the channels of its
-//!   keys (the engine subscribes on every master) and is listed, in arrival order, in a
-//!   wait list per channel. An announced release (`Notice::Released`) starts an attempt at
-//!   once; a release made by this very client (a guard dropped, another task's release or
-//!   cleanup) starts its waiters' attempts right behind it, in the same write. What an
-//!   announcement frees ([`Machine::hear`]): where the last attempt found the key held,
-//!   the acquire's answer named the holder, and that holder's release frees that master
-//!   (the copies of an older release are ignored; those of the release that woke the task
-//!   still count from the masters it had not reached yet); any other release but our own
-//!   cleanup's frees its master too (the holder changed). A task tries once the masters
-//!   still blocked leave room for a quorum. An announcement that arrives while an attempt
-//!   runs is kept, and weighed against that attempt's answers.
+//! * **Sized by the holder**: a waiting task's acquire (`Request::AcquireWait`) answers,
+//!   where the key is taken, the holder's remaining TTL and (one key) who holds it; the task
+//!   never sleeps past the moment a quorum of the holder's keys expires ([`rules::free_in`])
+//!   plus jitter.
+//! * **In line** ([`WaitMode::Notify`], one key): the acquire also puts a refused task in
+//!   the key's line on each master (`scripts::QUEUE_PREFIX`; its id is the client's id and
+//!   its first token's start, its place its arrival on the client's clock). A release names
+//!   the first live waiter in line and announces itself on that waiter's client's channel
+//!   (`Notice::Turn`): only the named task tries. With nobody in line the release is
+//!   announced on the key's channel to every waiter (`Notice::Released`).
+//! * **What an announcement frees** ([`Machine::hear`]): where the last attempt found the
+//!   key held, that holder's release frees that master (the copies of an older release are
+//!   ignored; those of the release that woke the task still count from the masters it had
+//!   not reached yet); any other release but our own cleanup's frees its master too (the
+//!   holder changed). The task whose turn it is tries once the masters still blocked leave
+//!   room for a quorum. An announcement that arrives while an attempt runs is kept, and weighed
+//!   against that attempt's answers. A release made by this very client (a guard dropped,
+//!   another task's release or cleanup) starts its waiters' attempts right behind it, in
+//!   the same write.
 //! * **Never unheard for long**: a task is *covered* when some master that said "taken" in
-//!   its last attempt had confirmed the subscription before that attempt was sent (a
-//!   release there is announced to us). An uncovered task tries once more when the next
-//!   confirmation arrives (its first subscription, or a subscription connection that came
-//!   back); everything else falls to the timed retry.
-//! * **Fairness** (opt-in): only the head of a wait list (the oldest waiter) is woken, a
-//!   newcomer joins the list without trying, and waiters behind the head skip their timed
-//!   attempts but the last one of their budget. A head that leaves without the lock wakes
-//!   the next.
+//!   its last attempt had confirmed the subscriptions (the key's, and the client's own if it
+//!   stands in line) before that attempt was sent. An uncovered task tries once more when
+//!   the next confirmation arrives (its first subscription, or a subscription connection
+//!   that came back); everything else falls to the timed retry.
+//! * **Fairness** (opt-in): attempts are polite (the script does not give a free key to a
+//!   waiter while a live one stands ahead of it in line), so grants follow arrival across
+//!   clients; within the client, an announcement that names nobody wakes the oldest waiter
+//!   only, and a head that leaves without the lock wakes the next.
 //!
 //! Nothing here grants anything: every attempt is an ordinary quorum round.
 
@@ -97,15 +101,11 @@ impl Machine {
     /// and our own cleanup's (the holder changed since). The copies of the release that woke
     /// the task count from the masters it had not reached yet when the attempt got there:
     /// the attempt found its holder there. The task tries once the masters still blocked
-    /// leave room for a quorum: an attempt before that would only be refused again.
+    /// leave room for a quorum: an attempt before that would only be refused again (even
+    /// when the announcement names it: trying at the first one measured more refusals and
+    /// no shorter hand-off, the release not having reached enough masters yet).
     /// This client's own release frees everything it held: its waiters try at once.
-    pub(super) fn hear(
-        &mut self,
-        id: TaskId,
-        master: Option<usize>,
-        fp: &Fingerprint,
-        named: bool,
-    ) -> bool {
+    pub(super) fn hear(&mut self, id: TaskId, master: Option<usize>, fp: &Fingerprint) -> bool {
         let n = self.engine.nodes.len();
         let quorum = self.engine.quorum();
         let t = &mut self.tasks[id.slot as usize];
@@ -119,12 +119,6 @@ impl Machine {
         }
         if m < 64 {
             t.blocked &= !(1u64 << m);
-        }
-        if named {
-            // Our turn: the release reached this master, and the others had it sent at
-            // the same moment; try now (a master it has not reached yet answers "taken" by
-            // that holder, and its announcement then makes us try again).
-            return true;
         }
         n - (t.blocked.count_ones() as usize).min(n) >= quorum
     }
@@ -277,7 +271,7 @@ impl Machine {
                 } => self.on_released(chan, Some(master), fp, next, None, now),
                 Notice::Turn { master, fp, id } => {
                     if let Some(task) = self.waiter(&id) {
-                        self.notify_task(task, Some(master), fp, true, true, now);
+                        self.notify_task(task, Some(master), fp, true, now);
                     }
                 }
                 Notice::Subscribed { chan } => self.on_subscribed(chan, now),
@@ -319,8 +313,7 @@ impl Machine {
                 Some(n) => t.wait_id == Some(n),
                 None => self.eligible(id),
             };
-            let named = next.is_some() && turn;
-            self.notify_task(id, master, fp, turn, named, now);
+            self.notify_task(id, master, fp, turn, now);
         }
     }
 
@@ -343,20 +336,19 @@ impl Machine {
         master: Option<usize>,
         fp: Fingerprint,
         turn: bool,
-        named: bool,
         now: Instant,
     ) {
         match self.tasks[id.slot as usize].phase {
             Phase::Sleep => {
-                if self.hear(id, master, &fp, named) && turn {
+                if self.hear(id, master, &fp) && turn {
                     self.wake_now(id, Some(fp), now);
                 }
             }
             Phase::Acquire | Phase::Draw | Phase::WriteBack => {
                 let m = master.map_or(u32::MAX, |m| m as u32);
                 let heard = &mut self.tasks[id.slot as usize].heard;
-                if heard.len() < 16 && !heard.contains(&(m, fp, turn, named)) {
-                    heard.push((m, fp, turn, named));
+                if heard.len() < 16 && !heard.contains(&(m, fp, turn)) {
+                    heard.push((m, fp, turn));
                 }
             }
             Phase::OnLock | Phase::Done => {}
