@@ -318,9 +318,13 @@ impl Machine {
     }
 
     /// The waiting task of this client whose id in the lines is `id`.
+    ///
+    /// Any phase: a release may name a task whose first attempt is still in flight (it
+    /// stands in line on the masters that refused it already); the task then weighs the
+    /// announcement against that attempt's answers, instead of missing it.
     fn waiter(&self, id: &Fingerprint) -> Option<TaskId> {
         self.tasks.iter().enumerate().find_map(|(slot, t)| {
-            (t.live && t.wait_id.as_ref() == Some(id) && !t.chans.is_empty()).then_some(TaskId {
+            (t.live && t.result.is_none() && t.wait_id.as_ref() == Some(id)).then_some(TaskId {
                 slot: slot as u32,
                 gen: t.gen,
             })
