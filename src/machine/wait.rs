@@ -294,13 +294,28 @@ impl Machine {
         except: Option<TaskId>,
         now: Instant,
     ) {
-        let Some(list) = self.waitlists.get(chan.slot()) else {
-            return;
-        };
-        if list.is_empty() {
-            return;
+        let mut list: SmallVec<[TaskId; 8]> = self
+            .waitlists
+            .get(chan.slot())
+            .map(|l| l.iter().copied().collect())
+            .unwrap_or_default();
+        // Tasks whose first refusal is in flight are not listed yet (they are once it is
+        // in): a release announced meanwhile is theirs to weigh against that attempt.
+        if master.is_some() {
+            for (slot, t) in self.tasks.iter().enumerate() {
+                if t.live
+                    && t.phase == Phase::Acquire
+                    && t.chans.is_empty()
+                    && t.waits()
+                    && t.keys.iter().any(|k| self.engine.channel(k) == Some(chan))
+                {
+                    list.push(TaskId {
+                        slot: slot as u32,
+                        gen: t.gen,
+                    });
+                }
+            }
         }
-        let list: SmallVec<[TaskId; 8]> = list.iter().copied().collect();
         for id in list {
             if Some(id) == except {
                 continue;
