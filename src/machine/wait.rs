@@ -316,6 +316,9 @@ impl Machine {
                 }
             }
         }
+        // A release made here goes to this client's oldest waiter (it tries right behind
+        // it): waking every local waiter for it is a herd, however cheap the write.
+        let mut local_turn = master.is_none();
         for id in list {
             if Some(id) == except {
                 continue;
@@ -326,6 +329,7 @@ impl Machine {
             }
             let turn = match next {
                 Some(n) => t.wait_id == Some(n),
+                None if master.is_none() => std::mem::take(&mut local_turn),
                 None => self.eligible(id),
             };
             self.notify_task(id, master, fp, turn, now);
