@@ -7,6 +7,8 @@
 //!   cycles/s is the reference rate; its `lock()` p50 is one fan-out round trip ("RTT").
 //! - `notify`: redlock-mux `lock()` with default settings (`WaitMode::Notify`).
 //! - `fair`: the same with `.fairness(true)`.
+//! - `shared`: K threads sharing ONE `SharedRedlock` (one process), `lock()` with default
+//!   settings: a release hands over to the next caller in the same write.
 //! - `poll`: `WaitMode::Poll` (the retry delay only: 200 ms +- 100 ms).
 //! - `spin`: `try_lock` retried at once (no waiting at all; what a hot loop does without a
 //!   wait mode).
@@ -28,7 +30,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redlock_mux::local::LocalMasters;
-use redlock_mux::{Error, Redlock, WaitMode};
+use redlock_mux::{Error, Redlock, SharedRedlock, WaitMode};
 use rslock::LockManager;
 use tokio::runtime::Runtime;
 
@@ -64,6 +66,8 @@ struct Tally {
 enum Clients {
     Mux(Vec<Redlock>),
     Spin(Vec<Redlock>),
+    /// K threads sharing one `SharedRedlock`.
+    Shared(SharedRedlock, usize),
     Rslock(Vec<(Runtime, LockManager)>),
 }
 
@@ -167,6 +171,48 @@ fn slice(
                             let release = Instant::now();
                             let end = ns(epoch, release.min(lock.valid_until()));
                             c.release(lock).expect("release");
+                            t.holds.push(Hold {
+                                asked: ns(epoch, asked),
+                                start: ns(epoch, granted),
+                                end,
+                                attempt,
+                                released: ns(epoch, Instant::now()),
+                            });
+                            if !think.is_zero() {
+                                thread::sleep(think);
+                            }
+                        }
+                        let mut o = out.lock().unwrap();
+                        o.holds.extend(t.holds);
+                        o.refused += t.refused;
+                        o.gave_up += t.gave_up;
+                    });
+                }
+            }
+            Clients::Shared(c, k) => {
+                for _ in 0..*k {
+                    let (out, c) = (&out, c.clone());
+                    s.spawn(move || {
+                        let mut t = Tally::default();
+                        while Instant::now() < end {
+                            let asked = Instant::now();
+                            let g = match c.lock(key, TTL).wait() {
+                                Ok(g) => g,
+                                Err(Error::Taken(report)) => {
+                                    t.refused += u64::from(report.attempts());
+                                    t.gave_up += 1;
+                                    continue;
+                                }
+                                Err(e) => panic!("lock: {e}"),
+                            };
+                            let granted = Instant::now();
+                            t.refused += u64::from(g.attempts() - 1);
+                            // The granting attempt's start: valid_until = t1 + ttl - drift.
+                            let drift = redlock_mux::rules::drift(TTL, 0.01);
+                            let attempt = ns(epoch, g.valid_until() + drift - TTL);
+                            let release = Instant::now();
+                            let end = ns(epoch, release.min(g.valid_until()));
+                            g.release().wait().expect("release");
                             t.holds.push(Hold {
                                 asked: ns(epoch, asked),
                                 start: ns(epoch, granted),
@@ -333,6 +379,17 @@ pub fn hot_pass(m: &LocalMasters) {
         ));
         if !polite {
             variants.push(v(
+                "shared",
+                "8 threads sharing one redlock-mux SharedRedlock, lock(), default settings",
+                Clients::Shared(
+                    Redlock::builder()
+                        .masters(m.urls())
+                        .build_shared()
+                        .expect("shared client"),
+                    k,
+                ),
+            ));
+            variants.push(v(
                 "spin",
                 "redlock-mux try_lock() retried at once",
                 Clients::Spin(mux_clients(m, k, |b| b.retry_count(0))),
@@ -363,7 +420,7 @@ pub fn hot_pass(m: &LocalMasters) {
         uncontended_slice(&mut free, &mut reference, secs);
         for v in variants.iter_mut() {
             let key = format!("peers:hot:{}:{round}", v.name.replace(", ", "-"));
-            let observe = matches!(v.name, "notify" | "fair").then(|| m[0].addr());
+            let observe = matches!(v.name, "notify" | "fair" | "shared").then(|| m[0].addr());
             slice(v, &key, epoch, secs, observe);
         }
     }
