@@ -10,7 +10,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 RUSTDOCFLAGS=-Dwarnings cargo doc --quiet --no-deps --all-features >/dev/null 2>&1 \
     || { echo "public-api: cargo doc failed" >&2; exit 1; }
-cd target/doc/redlock_mux
+cd "${CARGO_TARGET_DIR:-target}/doc/redlock_mux"
 find . -name '*.html' \( -name 'struct.*' -o -name 'enum.*' -o -name 'trait.*' \
     -o -name 'fn.*' -o -name 'constant.*' -o -name 'type.*' -o -name 'macro.*' \) |
     LC_ALL=C sort |

@@ -13,6 +13,21 @@ use crate::machine::{Machine, Settings};
 use crate::token::TokenSource;
 use crate::url::{Endpoint, MasterSpec};
 
+/// How a lock call (`lock`, `lock_with_deadline`, `lock_many`) waits between attempts while
+/// the lock is held elsewhere (see [`Builder::wait_mode`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum WaitMode {
+    /// Try again as soon as a release of the resource is announced to this waiter (the
+    /// release script names the first waiter in the resource's line on each master), and
+    /// at the latest after the retry delay or when the holder's keys expire. The default.
+    #[default]
+    Notify,
+    /// Try again after the retry delay only (or when the holder's keys expire): the
+    /// classic Redlock client. No subscription connections, no line.
+    Poll,
+}
+
 /// Configures and builds a [`Redlock`](crate::Redlock) ([`Builder::build`]) or a
 /// [`SharedRedlock`](crate::SharedRedlock) ([`Builder::build_shared`]).
 #[derive(Clone)]
@@ -31,6 +46,8 @@ pub struct Builder {
     fencing: bool,
     assume_durable: bool,
     amnesia_guard: Option<Duration>,
+    wait_mode: WaitMode,
+    fairness: bool,
     #[cfg(feature = "tls")]
     tls_ca_file: Option<PathBuf>,
     #[cfg(feature = "tls")]
@@ -54,6 +71,8 @@ impl Default for Builder {
             fencing: false,
             assume_durable: false,
             amnesia_guard: None,
+            wait_mode: WaitMode::Notify,
+            fairness: false,
             #[cfg(feature = "tls")]
             tls_ca_file: None,
             #[cfg(feature = "tls")]
@@ -79,7 +98,9 @@ impl fmt::Debug for Builder {
             .field("min_validity", &self.min_validity)
             .field("busy_poll", &self.busy_poll)
             .field("fencing", &self.fencing)
-            .field("amnesia_guard", &self.amnesia_guard);
+            .field("amnesia_guard", &self.amnesia_guard)
+            .field("wait_mode", &self.wait_mode)
+            .field("fairness", &self.fairness);
         #[cfg(feature = "tls")]
         f.field("tls_ca_file", &self.tls_ca_file)
             .field("tls_client_cert", &self.tls_client_cert);
@@ -163,7 +184,7 @@ impl Builder {
     /// only while our key is held) before the lock is returned. Counters are the keys
     /// `redlock-mux:fence:<resource>`, one per fenced resource on every master, kept
     /// forever (no TTL: no wait could restore a lost counter); lock names starting with
-    /// `redlock-mux:fence:` are refused. A multi-resource lock's token exceeds every
+    /// `redlock-mux:` are refused. A multi-resource lock's token exceeds every
     /// earlier token of each of its resources.
     ///
     /// Fencing needs masters that persist every write (`appendonly yes` and `appendfsync
@@ -191,6 +212,74 @@ impl Builder {
     /// refused.
     pub fn amnesia_guard(mut self, max_ttl: Duration) -> Self {
         self.amnesia_guard = Some(max_ttl);
+        self
+    }
+    /// How lock calls wait while the lock is held elsewhere (default
+    /// [`WaitMode::Notify`]). Safety does not depend on it: a notice only makes a waiter try
+    /// earlier (or later), and every grant comes from a quorum round judged as always.
+    ///
+    /// **Waits sized by the holder** (both modes): the acquire of a call that may wait is a
+    /// script (`SET NX` first, so an uncontended lock costs one round as before) that
+    /// answers, when the key is taken, how long the holder's key still lives and who holds
+    /// it. The call never sleeps past the moment a quorum of those keys expires (plus 1 ms
+    /// and up to a tenth of [`Builder::retry_jitter`]), whatever the retry delay: a holder
+    /// that crashed is followed within its TTL.
+    ///
+    /// **Woken on release** ([`WaitMode::Notify`]): a refused call of one resource takes its
+    /// place in the resource's *line* on each master (`redlock-mux:queue:<resource>`,
+    /// ordered by the call's arrival on its client's clock, so every master orders it
+    /// alike; a waiter stays in line while it keeps asking, and leaves with its release).
+    /// The release script names the first live waiter in line and announces the release on
+    /// that waiter's client's channel only (`redlock-mux:next:<client>`): one waiter is
+    /// woken, not every client with a waiter. With nobody in line (several resources, or a
+    /// user without the right to the line's keys), it announces on
+    /// `redlock-mux:released:<resource>` to every waiter, which tries once the
+    /// announcements leave room for a quorum. The client listens on one more connection per
+    /// master, in the same event loop, opened when a call first waits and closed 2 s after
+    /// the last wait (a single-owner client closes it at its next call after that). A
+    /// waiter of this same client is started right behind a release made by this client,
+    /// in the same write to each master.
+    ///
+    /// A lost announcement (a connection cut, a master restarted, a key that expired:
+    /// nobody announces an expiry) costs the waiter at most its timed retry; a refusal that
+    /// came before its subscriptions were confirmed is followed by one more attempt at the
+    /// confirmation. Without [`Builder::fairness`], a call that is not first in line still
+    /// makes its timed retries, and a new call tries at once: it may come before the waiter
+    /// a release named.
+    ///
+    /// The retry budget means the same in both modes: `retry_count` counts the timed
+    /// attempts (one per retry delay), so a call waits about as long as it would while
+    /// polling; attempts made on an announcement come on top.
+    pub fn wait_mode(mut self, mode: WaitMode) -> Self {
+        self.wait_mode = mode;
+        self
+    }
+    /// First come, first served across every client of the masters (default off; needs
+    /// [`WaitMode::Notify`]).
+    ///
+    /// Every attempt of a waiting call is *polite*: it does not take a free resource while
+    /// a live waiter stands ahead of it in the resource's line (see
+    /// [`Builder::wait_mode`]); it takes its place in line instead. A new call therefore
+    /// queues behind the waiters already there, a release wakes the first in line only,
+    /// and the calls are granted in the order they arrived (the line orders them by their
+    /// arrival on their clients' clocks, so clients with skewed clocks are ordered by those).
+    /// Within one client, the waiters woken by its own releases are its oldest first.
+    ///
+    /// Why it cannot deadlock: the first live waiter in line is first on every master where
+    /// it stands (every master orders the line alike), so politeness never refuses it, and
+    /// each of its attempts puts it in line where it was missing; only the holder (or a
+    /// client without fairness) can refuse it. A waiter that stops asking (crashed,
+    /// cancelled, a stopped process) drops out of line when its waiter key expires (its
+    /// retry delay plus jitter, two round timeouts and 100 ms), so it holds the others up
+    /// at most that long. Multi-resource calls do not stand in line.
+    ///
+    /// Cost: a new call on a resource with waiters is refused once (it queues) even when
+    /// the resource happens to be free; a release of a resource with a line costs the
+    /// masters a few more script steps. Use it when waiters must not be starved (an
+    /// inventory item, an order book); leave it off when throughput matters more than
+    /// order: a client that just released may then take the lock again at once.
+    pub fn fairness(mut self, on: bool) -> Self {
+        self.fairness = on;
         self
     }
     /// TLS (`rediss://` masters): trust only the CA certificates in this PEM file, instead
@@ -225,6 +314,13 @@ impl Builder {
                 "drift factor {} must be in [0, 0.5)",
                 self.drift_factor
             )));
+        }
+        if self.fairness && self.wait_mode != WaitMode::Notify {
+            return Err(Error::Config(
+                "fairness needs wait_mode(WaitMode::Notify): a queue of waiters is served \
+                 when a release is announced"
+                    .into(),
+            ));
         }
         let hour = Duration::from_secs(3600);
         if self.retry_delay > hour || self.retry_jitter > hour {
@@ -334,6 +430,8 @@ impl Builder {
             min_validity: self.min_validity,
             fencing: self.fencing,
             amnesia_guard: self.amnesia_guard,
+            wait_mode: self.wait_mode,
+            fairness: self.fairness,
         };
         Ok(Machine::new(
             engine,

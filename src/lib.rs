@@ -204,7 +204,7 @@ mod token;
 mod url;
 
 #[cfg(feature = "client")]
-pub use builder::Builder;
+pub use builder::{Builder, WaitMode};
 #[cfg(feature = "client")]
 pub use error::{Error, Operation, Report};
 #[cfg(feature = "client")]

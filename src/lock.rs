@@ -34,6 +34,11 @@ pub struct Lock {
     pub(crate) acquired_at: Instant,
     pub(crate) valid_until: Instant,
     pub(crate) fence: Option<u64>,
+    /// Acquire attempts this lock took (1: the first one).
+    pub(crate) attempts: u32,
+    /// Its id in its key's line of waiters on the masters, if it waited there: the release
+    /// takes it out of line.
+    pub(crate) line: Option<crate::engine::Fingerprint>,
     /// Where this lock goes if it is dropped unreleased (`None`: not handed to a user).
     pub(crate) dropped: Option<Arc<Dropped>>,
 }
@@ -74,6 +79,8 @@ impl Drop for Lock {
                 acquired_at: self.acquired_at,
                 valid_until: self.valid_until,
                 fence: self.fence,
+                attempts: self.attempts,
+                line: self.line,
                 dropped: None,
             };
             d.push(lock);
@@ -131,6 +138,12 @@ impl Lock {
     /// should refuse a token lower than the highest it has seen.
     pub fn fencing_token(&self) -> Option<u64> {
         self.fence
+    }
+    /// How many acquire attempts the lock call made to get this lock: 1 when the first
+    /// one was granted; each refused attempt before it (the lock was taken, or no quorum
+    /// answered) adds one.
+    pub fn attempts(&self) -> u32 {
+        self.attempts
     }
 }
 

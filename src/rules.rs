@@ -67,6 +67,37 @@ pub fn retry_delay(base: Duration, jitter: Duration, rng: &mut fastrand::Rng) ->
     Duration::from_micros(rng.u64(lo..=hi))
 }
 
+/// When, at the earliest, a quorum of masters can be free of a holder's keys by expiry
+/// alone: `left_ms` are the remaining TTLs the masters that said "taken" reported (`-1`:
+/// the key never expires), `ok` the masters that said yes (free again once our cleanup
+/// ran), `need` the quorum. `None` when expiry alone never frees a quorum (too few
+/// masters answered, or keys without expiry). A waiter never sleeps past this (plus
+/// jitter): the holder may have crashed, and nobody announces an expiry.
+///
+/// ```
+/// use std::time::Duration;
+/// use redlock_mux::rules::free_in;
+/// // 5 masters, quorum 3: two said yes; the holder's keys expire in 40, 90 and 10 ms.
+/// assert_eq!(free_in([40, 90, 10], 2, 3), Some(Duration::from_millis(10)));
+/// assert_eq!(free_in([40, 90, 10], 0, 3), Some(Duration::from_millis(90)));
+/// assert_eq!(free_in([40, -1], 0, 3), None);
+/// ```
+pub fn free_in(left_ms: impl IntoIterator<Item = i64>, ok: usize, need: usize) -> Option<Duration> {
+    let Some(k) = need.checked_sub(ok).filter(|k| *k > 0) else {
+        return Some(Duration::ZERO);
+    };
+    let mut left: SmallVec<[u64; 8]> = left_ms
+        .into_iter()
+        .filter(|&v| v >= 0)
+        .map(|v| v as u64)
+        .collect();
+    if left.len() < k {
+        return None;
+    }
+    left.sort_unstable();
+    Some(Duration::from_millis(left[k - 1]))
+}
+
 /// A copy of a Redis error line (`-ERR ...`), kept inline so reporting it never allocates.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct ErrorText {
@@ -428,6 +459,21 @@ pub fn may_hold(req: Request, outcome: Outcome) -> bool {
     }
 }
 
+/// `[ttl, holder]` (an `AcquireWait` answer when the key is taken): the TTL left (ms, or -1)
+/// and the first bytes of the holder's value.
+pub fn holder_left<'a>(a: &crate::resp::Aggregate<'a>) -> Option<(i64, &'a [u8])> {
+    if a.len() != 2 || a.kind() != crate::resp::AggregateKind::Array {
+        return None;
+    }
+    let mut it = a.iter();
+    match (it.next(), it.next()) {
+        (Some(Frame::Integer(n)), Some(Frame::Bulk(holder))) if n > 0 || n == -1 => {
+            Some((n, holder))
+        }
+        _ => None,
+    }
+}
+
 /// What a request was, for reading its reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Request {
@@ -435,6 +481,10 @@ pub enum Request {
     Acquire,
     /// The all-or-nothing multi-key acquire script (answers 1 or 0).
     AcquireMany,
+    /// The acquire of a waiting lock (one key or several): the script answers 0 when it set
+    /// the keys, else the holder's remaining TTL in ms (or -1: no expiry), with one key as
+    /// `[ttl, holder's fingerprint]`.
+    AcquireWait,
     /// The compare-and-delete script.
     Release,
     /// The compare-and-extend script.
@@ -467,6 +517,12 @@ pub fn classify(request: Request, frame: &Frame<'_>) -> Result<Outcome, ()> {
         (Request::Acquire, f) if f.is_null() => Ok(Outcome::Taken),
         (Request::AcquireMany, Frame::Integer(1)) => Ok(Outcome::Ok),
         (Request::AcquireMany, Frame::Integer(0)) => Ok(Outcome::Taken),
+        (Request::AcquireWait, Frame::Integer(0)) => Ok(Outcome::Ok),
+        (Request::AcquireWait, Frame::Integer(n)) if *n > 0 || *n == -1 => Ok(Outcome::Taken),
+        (Request::AcquireWait, Frame::Aggregate(a)) => match holder_left(a) {
+            Some(_) => Ok(Outcome::Taken),
+            None => Err(()),
+        },
         (Request::Release | Request::Extend, Frame::Integer(n)) if *n > 0 => Ok(Outcome::Ok),
         (Request::Release | Request::Extend, Frame::Integer(0)) => Ok(Outcome::NotHeld),
         (Request::FenceDraw, Frame::Integer(n)) if *n > 0 => Ok(Outcome::Ok),
@@ -628,6 +684,30 @@ mod tests {
             Ok(Outcome::Taken)
         );
         assert_eq!(classify(AcquireMany, &Frame::Simple(b"OK")), Err(()));
+        assert_eq!(classify(AcquireWait, &Frame::Integer(0)), Ok(Outcome::Ok));
+        assert_eq!(
+            classify(AcquireWait, &Frame::Integer(2500)),
+            Ok(Outcome::Taken)
+        );
+        assert_eq!(
+            classify(AcquireWait, &Frame::Integer(-1)),
+            Ok(Outcome::Taken)
+        );
+        assert_eq!(classify(AcquireWait, &Frame::Integer(-2)), Err(()));
+        assert_eq!(classify(AcquireWait, &Frame::NullBulk), Err(()));
+        let limits = crate::resp::Limits::default();
+        let parse = |b: &'static [u8]| match crate::resp::parse(b, &limits) {
+            Ok(crate::resp::Status::Complete((f, _))) => f,
+            other => panic!("{other:?}"),
+        };
+        let held = parse(b"*2\r\n:2500\r\n$4\r\nabcd\r\n");
+        assert_eq!(classify(AcquireWait, &held), Ok(Outcome::Taken));
+        let Frame::Aggregate(a) = held else { panic!() };
+        assert_eq!(holder_left(&a), Some((2500, &b"abcd"[..])));
+        let bad = parse(b"*2\r\n:0\r\n$4\r\nabcd\r\n");
+        assert_eq!(classify(AcquireWait, &bad), Err(()));
+        let bad = parse(b"*1\r\n:5\r\n");
+        assert_eq!(classify(AcquireWait, &bad), Err(()));
         assert!(matches!(
             classify(Release, &Frame::Error(b"NOSCRIPT No matching script")),
             Ok(Outcome::Failed(Fault::Redis(t))) if t.starts_with(b"NOSCRIPT")

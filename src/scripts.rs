@@ -2,7 +2,8 @@
 //!
 //! All scripts take the lock's keys as `KEYS` and the token as `ARGV[1]`; they are atomic
 //! on a master, which is what makes compare-and-delete and compare-and-pexpire safe. With
-//! one key, `RELEASE` is the Redis page's `if get == token then del` script.
+//! one key, `RELEASE` is the Redis page's `if get == token then del` script, plus a
+//! `PUBLISH` that wakes the waiters of the key ([`RELEASED_PREFIX`]).
 //!
 //! The fencing scripts take the lock's keys followed by as many counter keys (one per
 //! resource, [`FENCE_PREFIX`] + resource), and act only while every lock key still holds
@@ -22,16 +23,87 @@ pub struct Script {
 /// counter never share a name.
 pub const FENCE_PREFIX: &[u8] = b"redlock-mux:fence:";
 
-/// Compare-and-delete every key; returns 1 when all held the token, else 0.
+/// The channel a release announces itself on: releasing resource `r` publishes on
+/// `redlock-mux:released:<r>` on every master where it deleted the key, so that waiting
+/// clients try again at once instead of after their retry delay. (Channels are a namespace
+/// of their own, shared by every database of a server: a waiter on database 1 may be woken
+/// by a release on database 0, which only costs it an early attempt.)
+pub const RELEASED_PREFIX: &[u8] = b"redlock-mux:released:";
+
+/// Bytes of the token a release publishes: its first 16 hex digits. They name the release
+/// (a waiter ignores the copies the other masters send of one it already acted on) and are
+/// no capability: releasing or extending takes the whole token.
+pub const NOTICE_LEN: usize = 16;
+
+/// The line of waiters of resource `r` on a master: `redlock-mux:queue:<r>`, a sorted set of
+/// waiter ids scored by their arrival (the client's clock, so that every master orders
+/// them alike), expiring with its last waiter. Kept by [`ACQUIRE_WAIT`], read by
+/// [`RELEASE`] to name the next waiter. A waiter in line is alive while its key
+/// [`WAITER_PREFIX`]`<id>` lives (set at each of its refused attempts, with the time until
+/// its next one): a waiter that stops asking drops out of line.
+pub const QUEUE_PREFIX: &[u8] = b"redlock-mux:queue:";
+/// See [`QUEUE_PREFIX`].
+pub const WAITER_PREFIX: &[u8] = b"redlock-mux:waiter:";
+
+/// Lock names starting with this are refused: the fencing counters, the lines of waiters
+/// and their keys live under it.
+pub const RESERVED_PREFIX: &[u8] = b"redlock-mux:";
+
+/// Bytes of a waiter id in the line ([`QUEUE_PREFIX`]) and in a release's announcement: the
+/// first [`CLIENT_ID_LEN`] name the waiter's client, the rest the waiting lock call.
+pub const WAITER_ID_LEN: usize = 16;
+
+/// Bytes of a client's id (the start of its waiters' ids).
+pub const CLIENT_ID_LEN: usize = 8;
+
+/// A client's channel: `redlock-mux:next:<client id>` carries the announcements of the
+/// releases that make it the turn of one of its waiters (the first in line), so that a
+/// release wakes that waiter's client only, not every client with a waiter.
+pub const NEXT_PREFIX: &[u8] = b"redlock-mux:next:";
+
+/// Compare-and-delete every key; returns 1 when all held the token, else 0. Every key it
+/// deletes is announced with the token's first [`NOTICE_LEN`] bytes: to the first live
+/// waiter in the key's line if there is one (the waiter whose turn it is), on its client's
+/// channel [`NEXT_PREFIX`]`<first 8 bytes of its id>` with its id after the fingerprint;
+/// else to every waiter, on [`RELEASED_PREFIX`]`<key>` (with `pcall` throughout: a user
+/// without the right to publish or to the line still releases). `ARGV[2]`, if given, is the
+/// releasing lock's id in the keys' lines: it leaves them (a lock that waited, at its
+/// release or its last cleanup; whether or not it still held the key).
 pub const RELEASE: Script = Script {
     src: concat!(
-    "local held = 1\n",
-    "for i = 1, #KEYS do\n",
-    "  if redis.call('get', KEYS[i]) == ARGV[1] then redis.call('del', KEYS[i]) else held = 0 end\n",
-    "end\n",
-    "return held"
-),
-    sha: "75d99ece287ed6605a39866a9d57152153f2da2f",
+        "local held = 1\n",
+        "if ARGV[2] then redis.pcall('del', 'redlock-mux:waiter:' .. ARGV[2]) end\n",
+        "for i = 1, #KEYS do\n",
+        "  local q = 'redlock-mux:queue:' .. KEYS[i]\n",
+        "  if ARGV[2] then redis.pcall('zrem', q, ARGV[2]) end\n",
+        "  if redis.call('get', KEYS[i]) == ARGV[1] then\n",
+        "    redis.call('del', KEYS[i])\n",
+        "    local turn\n",
+        "    if redis.pcall('exists', q) == 1 then\n",
+        "      for _ = 1, 8 do\n",
+        "        local r = redis.pcall('zrange', q, 0, 0)\n",
+        "        local h = type(r) == 'table' and r[1]\n",
+        "        if not h then break end\n",
+        "        if redis.pcall('exists', 'redlock-mux:waiter:' .. h) == 1 then\n",
+        "          turn = h\n",
+        "          break\n",
+        "        end\n",
+        "        redis.pcall('zrem', q, h)\n",
+        "      end\n",
+        "    end\n",
+        "    local note = string.sub(ARGV[1], 1, 16)\n",
+        "    if turn then\n",
+        "      redis.pcall('publish', 'redlock-mux:next:' .. string.sub(turn, 1, 8), note .. turn)\n",
+        "    else\n",
+        "      redis.pcall('publish', 'redlock-mux:released:' .. KEYS[i], note)\n",
+        "    end\n",
+        "  else\n",
+        "    held = 0\n",
+        "  end\n",
+        "end\n",
+        "return held"
+    ),
+    sha: "993df141b91dd780fe0cece1cb28a1292aa03920",
 };
 
 /// Compare-and-extend: when every key holds the token, make each key live at least
@@ -61,6 +133,65 @@ pub const ACQUIRE_MANY: Script = Script {
         "return 1"
     ),
     sha: "9354dcfccee51ca201cd5006613aa659e4837198",
+};
+
+/// The acquire of a lock that waits (`lock`, `lock_with_deadline`, `lock_many`): set every
+/// key (`PX ARGV[2]`) only when none exists, and answer 0; else answer how long the holder
+/// still has: the largest `PTTL` of the keys that exist (at least 1, or -1 when one of them
+/// never expires), and with one key, who holds it: `{pttl, the first 16 bytes of its
+/// value}` (the fingerprint its release will publish). The waiter never sleeps past the
+/// holder's expiry, and knows which announcement frees this master.
+///
+/// With one key and `ARGV[3..6]` (waiter id, how long it stays in line without asking
+/// again in ms, `p` for polite or empty, its arrival score): a refused waiter takes its
+/// place in the key's line ([`QUEUE_PREFIX`], keeping its place if it has one); it leaves
+/// the line with its release ([`RELEASE`]'s `ARGV[2]`), not at the grant on one master
+/// (the attempt may fail elsewhere, and its place must stay the same on every master). A
+/// polite waiter does not take a free key while another live waiter comes first in line:
+/// it is refused with `{-1, ''}` (and keeps its place).
+pub const ACQUIRE_WAIT: Script = Script {
+    src: concat!(
+        "if #KEYS == 1 then\n",
+        "  local id = ARGV[3]\n",
+        "  local q = 'redlock-mux:queue:' .. KEYS[1]\n",
+        "  local behind = false\n",
+        "  if id and ARGV[5] == 'p' and redis.pcall('exists', q) == 1 then\n",
+        "    for _ = 1, 8 do\n",
+        "      local r = redis.pcall('zrange', q, 0, 0)\n",
+        "      local h = type(r) == 'table' and r[1]\n",
+        "      if not h or h == id then break end\n",
+        "      if redis.pcall('exists', 'redlock-mux:waiter:' .. h) == 1 then\n",
+        "        behind = true\n",
+        "        break\n",
+        "      end\n",
+        "      redis.pcall('zrem', q, h)\n",
+        "    end\n",
+        "  end\n",
+        "  if not behind and redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then\n",
+        "    return 0\n",
+        "  end\n",
+        "  if id then\n",
+        "    redis.pcall('zadd', q, 'NX', ARGV[6], id)\n",
+        "    redis.pcall('pexpire', q, ARGV[4])\n",
+        "    redis.pcall('set', 'redlock-mux:waiter:' .. id, '1', 'PX', ARGV[4])\n",
+        "  end\n",
+        "  local left = redis.call('pttl', KEYS[1])\n",
+        "  if left == -2 then left = -1 elseif left == 0 then left = 1 end\n",
+        "  local v = redis.pcall('get', KEYS[1])\n",
+        "  if type(v) ~= 'string' then v = '' end\n",
+        "  return {left, string.sub(v, 1, 16)}\n",
+        "end\n",
+        "local left = 0\n",
+        "for i = 1, #KEYS do\n",
+        "  local t = redis.call('pttl', KEYS[i])\n",
+        "  if t == -1 then left = -1\n",
+        "  elseif t >= 0 and left >= 0 then left = math.max(left, t, 1) end\n",
+        "end\n",
+        "if left ~= 0 then return left end\n",
+        "for i = 1, #KEYS do redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2]) end\n",
+        "return 0"
+    ),
+    sha: "8cfcd237ffa6ce1b8a63821c1ce40e1d5ce0bb96",
 };
 
 /// Fencing draw (read-only): `KEYS` = the lock's n keys, then their n counters. When every
@@ -99,7 +230,14 @@ pub const FENCE_RAISE: Script = Script {
 };
 
 /// Every script, in handshake order.
-pub const ALL: [Script; 5] = [RELEASE, EXTEND, ACQUIRE_MANY, FENCE_DRAW, FENCE_RAISE];
+pub const ALL: [Script; 6] = [
+    RELEASE,
+    EXTEND,
+    ACQUIRE_MANY,
+    FENCE_DRAW,
+    FENCE_RAISE,
+    ACQUIRE_WAIT,
+];
 
 #[cfg(test)]
 mod tests {

@@ -121,6 +121,12 @@ pub(crate) struct Counters {
     pub failed: u64,
     pub timed_out: u64,
     pub latency: Latency,
+    /// Subscription connections opened (release notifications).
+    pub sub_connects: u64,
+    /// Release notifications received.
+    pub notices: u64,
+    /// Why the last subscription connection closed, or a subscription was refused.
+    pub last_sub_fault: Option<Fault>,
 }
 
 impl Counters {
@@ -196,6 +202,22 @@ impl MasterStats {
     /// How long this master's answers took.
     pub fn latency(&self) -> &Latency {
         &self.c.latency
+    }
+    /// Subscription connections opened to this master, to hear of releases while some lock
+    /// call waits (see [`Builder::wait_mode`](crate::Builder::wait_mode)).
+    pub fn subscription_connects(&self) -> u64 {
+        self.c.sub_connects
+    }
+    /// Release notifications received from this master (each names one release of a
+    /// resource some lock call waited on, or did within the last two seconds).
+    pub fn notifications(&self) -> u64 {
+        self.c.notices
+    }
+    /// Why the last subscription connection to this master closed, or why the master
+    /// refused a subscription (e.g. `NOPERM`: an ACL user without the right to the
+    /// channel; waiters then rely on their timed retries).
+    pub fn last_subscription_fault(&self) -> Option<Fault> {
+        self.c.last_sub_fault
     }
 }
 

@@ -469,13 +469,17 @@ fn empty_and_oversized_resource_names() {
 }
 
 /// `retry_count(0)`: exactly one attempt, one round (one `SET`). With `retry_count(2)`,
-/// three.
+/// three (a call that may wait asks with the script that answers the holder's remaining
+/// TTL, `ACQUIRE_WAIT`, instead of `SET`).
 #[test]
 fn zero_retries_means_exactly_one_attempt() {
+    let wait_sha = redlock_mux::scripts::ACQUIRE_WAIT.sha.as_bytes();
     for retries in [0u32, 2] {
-        let fake = FakeServer::start(|cmd, _| {
+        let fake = FakeServer::start(move |cmd, _| {
             if cmd.is("SET") {
                 Action::reply("$-1\r\n") // taken
+            } else if cmd.is("EVALSHA") && cmd.arg(1) == wait_sha {
+                Action::reply(":5000\r\n") // taken, 5 s left
             } else {
                 Action::Default
             }
@@ -495,9 +499,19 @@ fn zero_retries_means_exactly_one_attempt() {
         let r = e.report().unwrap();
         assert_eq!(r.attempts(), retries + 1, "{e}");
         assert_eq!(r.outcomes().next().unwrap().1, Outcome::Taken);
-        assert_eq!(fake.count("SET"), retries as usize + 1, "retries {retries}");
+        let acquires = if retries == 0 {
+            fake.count("SET")
+        } else {
+            fake.count("EVALSHA")
+        };
+        assert_eq!(acquires, retries as usize + 1, "retries {retries}");
         // A refused attempt set nothing: no cleanup release is sent.
-        assert_eq!(fake.count("EVALSHA"), 0);
+        let expected_evalsha = if retries == 0 {
+            0
+        } else {
+            retries as usize + 1
+        };
+        assert_eq!(fake.count("EVALSHA"), expected_evalsha);
         assert_eq!(c.stats()[0].connects(), 1);
     }
 }

@@ -107,8 +107,12 @@ fn two_clients_contending_exactly_one_wins() {
                     c.release(l).unwrap();
                 }
                 barrier.wait();
-                c.try_lock("contended", Duration::from_secs(10))
-                    .map(|l| l.token().as_str().to_string())
+                let r = c.try_lock("contended", Duration::from_secs(10));
+                // The winner's lock (released when dropped with its client) lives until
+                // both attempts are decided: a thread scheduled late must not find it
+                // already released.
+                barrier.wait();
+                r.map(|l| l.token().as_str().to_string())
             })
         })
         .collect();

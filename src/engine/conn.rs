@@ -204,6 +204,11 @@ pub(crate) struct Node {
     pub(super) gate: Option<usize>,
     /// Counters, for tests and benchmarks.
     pub stats: Counters,
+    /// The address the host name resolved to last (`Target::Host`): the subscription
+    /// connection goes there too.
+    pub(super) addr: Option<SocketAddr>,
+    /// The subscription connection, for release notifications (see `sub.rs`).
+    pub(super) sub: super::sub::SubConn,
 }
 
 impl Node {
@@ -248,6 +253,8 @@ impl Node {
             durable: false,
             gate: None,
             stats: Counters::default(),
+            addr: None,
+            sub: super::sub::SubConn::new(limits, now),
         }
     }
 

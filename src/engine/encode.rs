@@ -16,7 +16,7 @@ pub(super) fn encode_request(out: &mut Vec<u8>, req: Request, args: &OpArgs, eva
     let nkeys = args.keys.len();
     // The hot requests of a lock cycle, written from constant pieces: same bytes as the
     // general path below (a unit test checks), a fraction of the instructions.
-    if nkeys == 1 && token.len() == TOKEN_LEN && !eval {
+    if nkeys == 1 && token.len() == TOKEN_LEN && !eval && args.leave.is_none() {
         let key = args.keys.iter().next().unwrap_or(&[]);
         match req {
             Request::Acquire => {
@@ -126,6 +126,7 @@ fn encode_request_general(
             return;
         }
         Request::Acquire | Request::AcquireMany => scripts::ACQUIRE_MANY,
+        Request::AcquireWait => scripts::ACQUIRE_WAIT,
         Request::Release => scripts::RELEASE,
         Request::Extend => scripts::EXTEND,
         Request::FenceDraw => scripts::FENCE_DRAW,
@@ -144,6 +145,22 @@ fn encode_request_general(
         Request::FenceWriteBack => {
             v.push(Arg::Bytes(token));
             v.push(Arg::Uint(args.value));
+        }
+        Request::AcquireWait => {
+            v.push(Arg::Bytes(token));
+            v.push(Arg::Uint(args.ttl_ms));
+            if let Some(line) = &args.line {
+                v.push(Arg::Bytes(&line.id));
+                v.push(Arg::Uint(line.alive_ms));
+                v.push(Arg::Bytes(if line.polite { b"p" } else { b"" }));
+                v.push(Arg::Uint(line.score));
+            }
+        }
+        Request::Release if args.leave.is_some() => {
+            v.push(Arg::Bytes(token));
+            if let Some(id) = &args.leave {
+                v.push(Arg::Bytes(id));
+            }
         }
         Request::Release | Request::FenceDraw => v.push(Arg::Bytes(token)),
         _ => {

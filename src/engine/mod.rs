@@ -23,6 +23,7 @@
 mod conn;
 mod encode;
 mod ops;
+mod sub;
 #[cfg(feature = "tls")]
 mod tls;
 
@@ -44,7 +45,8 @@ use conn::{
 pub(crate) use conn::{Node, Target};
 use encode::encode_request;
 use ops::OpState;
-pub(crate) use ops::{KeyList, Op, OpArgs, OpId};
+pub(crate) use ops::{KeyList, Line, Op, OpArgs, OpId};
+pub(crate) use sub::{fingerprint, ChanId, Fingerprint, Notice};
 #[cfg(feature = "tls")]
 pub(crate) use tls::{client_config, TlsTarget};
 
@@ -134,6 +136,8 @@ pub(crate) struct Engine {
     resolved: Arc<Mutex<Vec<Resolved>>>,
     /// Resolver threads running (their answers not taken yet).
     resolving: usize,
+    /// The channels waiters listen on for releases (see `sub.rs`).
+    chans: sub::Channels,
 }
 
 /// A resolver thread's answer: master, which resolve, the address or why none.
@@ -170,6 +174,7 @@ impl Engine {
             clock: (Instant::now(), 0),
             resolved: Arc::new(Mutex::new(Vec::new())),
             resolving: 0,
+            chans: sub::Channels::default(),
         };
         e.clock = (e.base, 0);
         // Pre-build a few slots so the first cycles do not allocate either.
@@ -216,6 +221,8 @@ impl Engine {
             decided_at: now,
             args: OpArgs::default(),
             max_value: 0,
+            left_ms: smallvec::SmallVec::new(),
+            holders: smallvec::SmallVec::new(),
             outstanding: 0,
             owner: None,
             collected: false,
@@ -270,6 +277,12 @@ impl Engine {
         op.decided_at = now;
         op.outstanding = 0;
         op.max_value = 0;
+        if req == Request::AcquireWait {
+            op.left_ms.clear();
+            op.left_ms.resize(n, 0);
+            op.holders.clear();
+            op.holders.resize(n, None);
+        }
         op.owner = owner;
         op.collected = false;
         fill(&mut op.args);
@@ -392,6 +405,12 @@ impl Engine {
             }
         }
         self.maybe_free(id.slot);
+    }
+
+    /// Some op was decided and its owner not told yet.
+    #[inline]
+    pub(crate) fn has_decided(&self) -> bool {
+        !self.decided.is_empty()
     }
 
     /// The next op decided since the last call, with its owner.
@@ -551,6 +570,9 @@ impl Engine {
             if !matches!(node.conn, Conn::Resolving) || node.resolve_gen != gen {
                 continue; // timed out meanwhile: the master is down already
             }
+            if let Ok(addr) = &answer {
+                node.addr = Some(*addr);
+            }
             let stream = answer.map_err(Fault::Resolve).and_then(|addr| {
                 let mut s = self.open_tcp(i, addr)?;
                 s.register(self.poll.registry(), MioToken(i))
@@ -645,6 +667,9 @@ impl Engine {
     /// through the shared buffer, and bytes a master's queue still holds from before are
     /// waiting for its writable event (the kernel refused them) or for its connect.
     pub(crate) fn flush(&mut self) {
+        if self.chans.dirty {
+            self.sub_flush_all();
+        }
         if self.shared.is_empty() {
             return;
         }
@@ -744,6 +769,12 @@ impl Engine {
             if connecting {
                 node.connect_deadline += idle;
             }
+            node.sub.shift(idle, entered);
+        }
+        // Channels whose linger ran out while the client was away: dropped before their
+        // connections' backlog is read.
+        if self.chans.idle > 0 {
+            let _ = self.expire_idle_channels(entered);
         }
         true
     }
@@ -851,6 +882,9 @@ impl Engine {
                 _ => {}
             }
         }
+        if self.chans.live > 0 {
+            self.sub_tick(now, &mut due);
+        }
         self.next_due = next;
     }
 
@@ -881,7 +915,12 @@ impl Engine {
         let events = std::mem::replace(&mut self.events, Events::with_capacity(0));
         for ev in events.iter() {
             let i = ev.token().0;
-            if i >= self.nodes.len() {
+            let n = self.nodes.len();
+            if i >= n && i < 2 * n {
+                self.sub_event(i - n, ev, now);
+                continue;
+            }
+            if i >= n {
                 // The waker (a resolver thread may have answered), or spurious.
                 if self.resolving > 0 {
                     self.take_resolved(now);
@@ -1030,19 +1069,26 @@ impl Engine {
             };
             let setup = match tag {
                 Tag::Op { id, req, eval } => {
-                    let value = match frame {
-                        Frame::Integer(v) => v,
-                        _ => 0,
+                    let (value, holder) = match frame {
+                        Frame::Integer(v) => (v, None),
+                        // `AcquireWait` with one key: the holder's TTL left and fingerprint.
+                        Frame::Aggregate(ref a) if req == Request::AcquireWait => {
+                            match rules::holder_left(a) {
+                                Some((v, h)) => (v, Some(sub::fingerprint(h))),
+                                None => (0, None),
+                            }
+                        }
+                        _ => (0, None),
                     };
                     let classified = rules::classify(req, &frame);
                     node.in_start += used;
                     node.answered = true;
                     match classified {
-                        Ok(outcome) => self.op_reply(i, id, req, eval, outcome, value, now),
+                        Ok(outcome) => self.op_reply(i, id, req, eval, outcome, value, holder, now),
                         Err(()) => {
                             // A reply that fits no request: the stream can not be trusted.
                             let f = Fault::Unexpected;
-                            self.op_reply(i, id, req, eval, Outcome::Failed(f), 0, now);
+                            self.op_reply(i, id, req, eval, Outcome::Failed(f), 0, None, now);
                             self.fail_node(i, f, now);
                             return false;
                         }
@@ -1136,6 +1182,7 @@ impl Engine {
         eval: bool,
         mut outcome: Outcome,
         value: i64,
+        holder: Option<Fingerprint>,
         now: Instant,
     ) {
         if outcome.is_ok() && req.grants() {
@@ -1162,6 +1209,14 @@ impl Engine {
         if op.state != OpState::Free {
             if outcome.is_ok() && value > op.max_value {
                 op.max_value = value;
+            }
+            if req == Request::AcquireWait && outcome == Outcome::Taken {
+                if let Some(left) = op.left_ms.get_mut(i) {
+                    *left = value;
+                }
+                if let Some(h) = op.holders.get_mut(i) {
+                    *h = holder;
+                }
             }
             op.tally.record(i, outcome);
         }

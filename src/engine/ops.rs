@@ -23,6 +23,23 @@ pub(crate) struct OpArgs {
     pub ttl_ms: u64,
     /// The fencing value to write back.
     pub value: u64,
+    /// An `AcquireWait` of one key: the waiter's place in the key's line.
+    pub line: Option<Line>,
+    /// A release: the lock's id in its keys' lines, which it leaves.
+    pub leave: Option<crate::engine::Fingerprint>,
+}
+
+/// A waiter's place in a key's line (see `scripts::QUEUE_PREFIX`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Line {
+    /// The waiter's id (hex, `scripts::WAITER_ID_LEN` bytes).
+    pub id: crate::engine::Fingerprint,
+    /// How long it stays in line without asking again.
+    pub alive_ms: u64,
+    /// Its arrival (µs on the client's clock): every master orders the line alike.
+    pub score: u64,
+    /// It does not take a free key while a live waiter is ahead of it.
+    pub polite: bool,
 }
 
 impl OpArgs {
@@ -38,6 +55,8 @@ impl OpArgs {
         }
         self.token = Some(token);
         self.ttl_ms = ttl_ms;
+        self.line = None;
+        self.leave = None;
     }
 }
 
@@ -62,6 +81,12 @@ pub(crate) struct Op {
     pub args: OpArgs,
     /// The largest integer among the yes answers (the fencing counter).
     pub max_value: i64,
+    /// `AcquireWait` rounds: the holder's remaining TTL (ms; -1: none) each master that
+    /// said "taken" reported, by master (0: no such answer).
+    pub left_ms: SmallVec<[i64; 8]>,
+    /// `AcquireWait` rounds with one key: who holds it, by master (the fingerprint its
+    /// release will publish), where a master said "taken".
+    pub holders: SmallVec<[Option<super::Fingerprint>; 8]>,
     /// Replies still owed to this op.
     pub(super) outstanding: u32,
     /// Told when the op is decided; `None`: nobody collects the result (cleanup releases).

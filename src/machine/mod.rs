@@ -10,9 +10,12 @@
 //! the engine's decisions and timers.
 
 mod task;
+mod wait;
 
 use std::io;
 use std::time::{Duration, Instant};
+
+use smallvec::SmallVec;
 
 use crate::engine::{Engine, KeyList, OpId, Owner};
 use crate::error::{Error, Operation, Report};
@@ -34,6 +37,8 @@ pub(crate) struct Settings {
     pub min_validity: Duration,
     pub fencing: bool,
     pub amnesia_guard: Option<Duration>,
+    pub wait_mode: crate::builder::WaitMode,
+    pub fairness: bool,
 }
 
 impl Settings {
@@ -124,6 +129,13 @@ pub(crate) struct Machine {
     rng: fastrand::Rng,
     /// Scratch for the fencing rounds' key list (lock keys, then their counters).
     fence_keys: KeyList,
+    /// Notify mode: per channel (by slot), the tasks waiting on it in arrival order.
+    waitlists: Vec<SmallVec<[TaskId; 4]>>,
+    /// The next lock task's arrival number.
+    next_seq: u64,
+    /// This client's id (hex): the start of its waiters' ids in the lines on the masters,
+    /// and the name of its own channel there (see `scripts::NEXT_PREFIX`).
+    client_id: [u8; crate::scripts::CLIENT_ID_LEN],
 }
 
 impl Machine {
@@ -149,7 +161,13 @@ impl Machine {
             tokens,
             rng: fastrand::Rng::with_seed(seed),
             fence_keys: KeyList::default(),
+            waitlists: Vec::new(),
+            next_seq: 0,
+            client_id: [0; crate::scripts::CLIENT_ID_LEN],
         };
+        let id = m.tokens.next()?;
+        m.client_id
+            .copy_from_slice(&id.as_bytes()[..crate::scripts::CLIENT_ID_LEN]);
         for _ in 0..4 {
             m.new_slot();
         }
@@ -233,6 +251,12 @@ impl Machine {
         }
         t.deadline = deadline;
         t.retries = retries;
+        t.seq = self.next_seq;
+        self.next_seq += 1;
+        // Arrival on the client's clock: every master orders a key's line by it alike.
+        t.score = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
         self.start_attempt(id, now);
         id
     }
@@ -246,14 +270,19 @@ impl Machine {
     pub(crate) fn release_detached(&mut self, lock: &Lock, now: Instant) {
         let timeout = self.cfg.round_timeout(lock.ttl);
         let (token, ttl_ms) = (lock.token, lock.ttl.as_millis() as u64);
+        let leave = lock.line;
         self.engine.start(
             crate::rules::Request::Release,
-            |a| a.set(lock.keys.iter(), token, ttl_ms),
+            |a| {
+                a.set(lock.keys.iter(), token, ttl_ms);
+                a.leave = leave;
+            },
             timeout,
             now,
             |_| true,
             None,
         );
+        self.released_here(&lock.keys, token.as_bytes(), None, now);
     }
 
     /// Extend `lock` to live at least `ttl` (whole ms, checked) from now.
@@ -283,6 +312,7 @@ impl Machine {
         }
         t.token = lock.token;
         t.valid_until = lock.valid_until;
+        t.wait_id = lock.line;
         self.start_round_on_lock(id, now);
         id
     }
@@ -328,29 +358,53 @@ impl Machine {
         if self.next_wake.is_some_and(|w| now >= w) {
             self.wake_sleepers(now);
         }
-        while let Some((owner, op)) = self.engine.take_decided() {
-            self.on_decided(TaskId::from_owner(owner), op, now);
+        loop {
+            while let Some((owner, op)) = self.engine.take_decided() {
+                self.on_decided(TaskId::from_owner(owner), op, now);
+            }
+            // Releases announced, subscriptions confirmed: waiters try (an attempt can be
+            // decided at once, e.g. every master down: round again).
+            self.take_notices(now);
+            if !self.engine.has_decided() {
+                break;
+            }
         }
         self.engine.flush();
     }
 
+    /// Start the timed retries that are due (with fairness, polite ones: see
+    /// `Builder::fairness`).
     fn wake_sleepers(&mut self, now: Instant) {
-        let mut next: Option<Instant> = None;
-        let mut k = self.sleeping.len();
-        while k > 0 {
-            k -= 1;
+        let mut due: SmallVec<[TaskId; 8]> = SmallVec::new();
+        let mut k = 0;
+        while k < self.sleeping.len() {
             let slot = self.sleeping[k];
             let t = &self.tasks[slot as usize];
             if now >= t.wake {
+                due.push(TaskId { slot, gen: t.gen });
                 self.sleeping.swap_remove(k);
-                let id = TaskId { slot, gen: t.gen };
-                self.tasks[slot as usize].attempt += 1;
-                self.start_attempt(id, now);
             } else {
-                next = Some(next.map_or(t.wake, |n| n.min(t.wake)));
+                k += 1;
             }
         }
-        self.next_wake = next;
+        for id in due {
+            // Woken meanwhile by another's step (a notice, a head that left).
+            let t = &self.tasks[id.slot as usize];
+            if t.gen != id.gen || !t.live || t.phase != task::Phase::Sleep {
+                continue;
+            }
+            let polls = t.polls + 1;
+            let t = &mut self.tasks[id.slot as usize];
+            t.polls = polls;
+            t.timed = true;
+            t.attempt += 1;
+            self.start_attempt(id, now);
+        }
+        self.next_wake = self
+            .sleeping
+            .iter()
+            .map(|&s| self.tasks[s as usize].wake)
+            .min();
     }
 
     fn sleep(&mut self, id: TaskId, wake: Instant) {
@@ -361,6 +415,10 @@ impl Machine {
 
     /// Record a task's result.
     fn finish(&mut self, id: TaskId, result: Result<Done, Error>) {
+        if !self.tasks[id.slot as usize].chans.is_empty() {
+            let granted = matches!(result, Ok(Done::Locked(_)));
+            self.unwatch(id, granted, Instant::now());
+        }
         let t = &mut self.tasks[id.slot as usize];
         #[cfg(feature = "tracing")]
         match &result {

@@ -10,15 +10,17 @@ use std::time::{Duration, Instant};
 use smallvec::SmallVec;
 
 use super::{Machine, TaskId};
-use crate::engine::{KeyList, OpId};
+use crate::engine::{fingerprint, ChanId, Fingerprint, KeyList, Line, OpId};
 use crate::error::{Error, Operation, Report};
 use crate::lock::Lock;
 use crate::rules::{self, AcquireVerdict, Decision, Outcome, Request};
-use crate::scripts;
+use crate::scripts::{self, CLIENT_ID_LEN, WAITER_ID_LEN};
 use crate::token::Token;
 
-/// What a finished task produced.
+/// What a finished task produced. (Moved out at once; boxing the lock would cost an
+/// allocation per lock.)
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Done {
     /// A lock task: the lock.
     Locked(Lock),
@@ -65,7 +67,7 @@ pub(super) struct Task {
     /// The attempt running (from 1).
     pub attempt: u32,
     /// When the current attempt's acquire round (or the task's one round) started.
-    t1: Instant,
+    pub(super) t1: Instant,
     /// When the task was submitted (its first attempt).
     began: Instant,
     /// Extend: the lock's deadline before this extend.
@@ -82,6 +84,40 @@ pub(super) struct Task {
     /// The operation's span (`tracing` feature).
     #[cfg(feature = "tracing")]
     pub span: tracing::Span,
+    /// Arrival order among the client's lock tasks (fairness).
+    pub seq: u64,
+    /// Arrival on the client's clock (µs since the epoch): the task's place in the lines
+    /// of waiters on the masters.
+    pub score: u64,
+    /// The task's id in those lines: the client's id, then its first token's first 8
+    /// bytes.
+    pub wait_id: Option<Fingerprint>,
+    /// While it stands in line: the client's own channel, held.
+    pub direct: Option<ChanId>,
+    /// While it waits (notify mode): the channels of its keys.
+    pub chans: SmallVec<[ChanId; 2]>,
+    /// The announced release that started the running attempt (its copies from the other
+    /// masters are no news).
+    pub woken_by: Option<Fingerprint>,
+    /// The release our own last cleanup announced (no news to us either).
+    pub own: Option<Fingerprint>,
+    /// Releases announced while the attempt ran (master, or `u32::MAX` for this client's
+    /// own; fingerprint; whether it named this task, or nobody, as next): if the attempt is
+    /// refused and one of them frees enough, try again at once.
+    pub heard: SmallVec<[(u32, Fingerprint, bool); 4]>,
+    /// Who held the key on each master in the last attempt (one-key locks), where known:
+    /// that holder's announcement from that master is news.
+    pub holders: SmallVec<[Option<Fingerprint>; 8]>,
+    /// Masters (bit i) that said "taken" in the last attempt.
+    pub taken: u64,
+    /// Of those, the masters whose holder has not been announced gone since.
+    pub blocked: u64,
+    /// Timed retries used (`retries` bounds them; attempts on a notice come on top).
+    pub polls: u32,
+    /// When the next timed retry is due.
+    pub next_poll: Instant,
+    /// The running attempt is a timed one (or the first).
+    pub timed: bool,
 }
 
 impl Task {
@@ -109,6 +145,20 @@ impl Task {
             result: None,
             #[cfg(feature = "tracing")]
             span: tracing::Span::none(),
+            seq: 0,
+            score: 0,
+            wait_id: None,
+            direct: None,
+            chans: SmallVec::new(),
+            woken_by: None,
+            own: None,
+            heard: SmallVec::new(),
+            holders: SmallVec::new(),
+            taken: 0,
+            blocked: 0,
+            polls: 0,
+            next_poll: now,
+            timed: true,
         }
     }
 
@@ -127,6 +177,24 @@ impl Task {
         self.cancelled = false;
         self.last = None;
         self.result = None;
+        self.chans.clear();
+        self.wait_id = None;
+        self.direct = None;
+        self.woken_by = None;
+        self.own = None;
+        self.heard.clear();
+        self.holders.clear();
+        self.taken = 0;
+        self.blocked = 0;
+        self.polls = 0;
+        self.next_poll = now;
+        self.timed = true;
+    }
+
+    /// A lock task that may wait (retries or a deadline): its acquire learns the holder's
+    /// remaining TTL, and it takes part in the wait lists.
+    pub(super) fn waits(&self) -> bool {
+        self.kind == Kind::Lock && (self.retries > 0 || self.deadline.is_some())
     }
 }
 
@@ -163,27 +231,56 @@ impl Machine {
         };
         let t = &self.tasks[id.slot as usize];
         let timeout = self.timeout(t.ttl, t.deadline, now);
-        let req = if t.keys.len() == 1 {
+        let req = if t.waits() {
+            Request::AcquireWait
+        } else if t.keys.len() == 1 {
             Request::Acquire
         } else {
             Request::AcquireMany
         };
         let ttl_ms = t.ttl.as_millis() as u64;
+        // A waiting one-key task stands in the key's line on the masters while refused
+        // (notify mode): releases name the first live waiter, which alone tries on them.
+        let line = (req == Request::AcquireWait && t.keys.len() == 1 && self.notify()).then(|| {
+            let alive = self.cfg.retry_delay
+                + self.cfg.retry_jitter
+                + 2 * self.cfg.round_timeout(t.ttl)
+                + Duration::from_millis(100);
+            Line {
+                id: t.wait_id.unwrap_or_else(|| {
+                    let mut id = [0u8; WAITER_ID_LEN];
+                    id[..CLIENT_ID_LEN].copy_from_slice(&self.client_id);
+                    id[CLIENT_ID_LEN..]
+                        .copy_from_slice(&token.as_bytes()[..WAITER_ID_LEN - CLIENT_ID_LEN]);
+                    id
+                }),
+                alive_ms: alive.as_millis() as u64,
+                score: t.score,
+                polite: self.cfg.fairness,
+            }
+        });
         let keys = &self.tasks[id.slot as usize].keys;
         let op = self.engine.start(
             req,
-            |a| a.set(keys.iter(), token, ttl_ms),
+            |a| {
+                a.set(keys.iter(), token, ttl_ms);
+                a.line = line;
+            },
             timeout,
             now,
             |_| true,
             Some(id.owner()),
         );
         let t = &mut self.tasks[id.slot as usize];
+        if let Some(line) = line {
+            t.wait_id = Some(line.id);
+        }
         t.token = token;
         t.t1 = now;
         t.acquire_op = Some(op);
         t.op = Some(op);
         t.fence = None;
+        t.heard.clear();
         t.phase = Phase::Acquire;
     }
 
@@ -201,10 +298,18 @@ impl Machine {
         };
         let timeout = self.cfg.round_timeout(t.ttl);
         let (token, ttl_ms) = (t.token, t.ttl.as_millis() as u64);
+        let leave = if req == Request::Release {
+            t.wait_id
+        } else {
+            None
+        };
         let keys = &t.keys;
         let op = self.engine.start(
             req,
-            |a| a.set(keys.iter(), token, ttl_ms),
+            |a| {
+                a.set(keys.iter(), token, ttl_ms);
+                a.leave = leave;
+            },
             timeout,
             now,
             |_| true,
@@ -214,6 +319,12 @@ impl Machine {
         t.t1 = now;
         t.op = Some(op);
         t.phase = Phase::OnLock;
+        if req == Request::Release {
+            let keys = std::mem::take(&mut t.keys);
+            let token = t.token;
+            self.released_here(&keys, token.as_bytes(), None, now);
+            self.tasks[id.slot as usize].keys = keys;
+        }
     }
 
     /// Round `op` of task `id` was decided.
@@ -347,22 +458,76 @@ impl Machine {
                 acquired_at: t.t1,
                 valid_until: decided_at + v,
                 fence: if self.cfg.fencing { t.fence } else { None },
+                attempts: t.attempt,
+                line: t.wait_id,
                 dropped: None,
             };
             self.engine.finish(acquire);
             self.finish(id, Ok(Done::Locked(lock)));
             return;
         }
-        let (t1, began, attempt, ttl) = (t.t1, t.began, t.attempt, t.ttl);
+        let (t1, began, attempt) = (t.t1, t.began, t.attempt);
         let report = self.report(Operation::Acquire, failed, t1, began, attempt);
         if failed != acquire {
             self.engine.finish(failed);
         }
-        self.cleanup(id, acquire, now);
+        // What the round says about waiting (who said taken and who holds it there, when
+        // the holder's keys expire), read before the cleanup finishes the round.
+        let hint = self.wait_hint(acquire);
+        let wake = match self.next_attempt(id, verdict, report, &hint, now) {
+            Ok(wake) => wake,
+            Err(e) => {
+                // The last cleanup: it takes the task out of its key's line.
+                self.cleanup(id, acquire, true, now);
+                self.finish(id, Err(e));
+                return;
+            }
+        };
+        self.cleanup(id, acquire, false, now);
         let t = &mut self.tasks[id.slot as usize];
+        t.taken = hint.taken;
+        t.blocked = hint.taken;
+        t.holders = hint.holders;
+        if self.notify() {
+            self.watch(id, now);
+            if self.eligible(id) {
+                // A release announced while the attempt ran that frees a master where it
+                // was refused, or a subscription confirmed since it was sent (a release
+                // before that may have gone unheard): try again now.
+                let mut heard = std::mem::take(&mut self.tasks[id.slot as usize].heard);
+                let mut news = None;
+                for (m, fp, turn) in heard.drain(..) {
+                    if self.hear(id, (m != u32::MAX).then_some(m as usize), &fp) && turn {
+                        news = Some(fp);
+                    }
+                }
+                let recheck = !self.covered(id, t1) && self.confirmed_after(id, t1);
+                self.tasks[id.slot as usize].heard = heard;
+                if news.is_some() || recheck {
+                    self.tasks[id.slot as usize].phase = Phase::Sleep;
+                    self.wake_now(id, news, now);
+                    return;
+                }
+            }
+        }
+        self.tasks[id.slot as usize].phase = Phase::Sleep;
+        self.sleep(id, wake);
+    }
+
+    /// After a refused attempt: when the task sleeps until (its next timed attempt, at the
+    /// latest the holder's expiry, never past the deadline), or why it ends.
+    fn next_attempt(
+        &mut self,
+        id: TaskId,
+        verdict: AcquireVerdict,
+        report: Box<Report>,
+        hint: &super::wait::Hint,
+        now: Instant,
+    ) -> Result<Instant, Error> {
+        let t = &mut self.tasks[id.slot as usize];
+        let (t1, ttl) = (t.t1, t.ttl);
         if t.cancelled {
-            self.finish(id, Err(Error::Cancelled));
-            return;
+            return Err(Error::Cancelled);
         }
         if let Some(d) = t.deadline {
             if now >= d {
@@ -379,8 +544,7 @@ impl Machine {
                     }
                     _ => Some(report),
                 };
-                self.finish(id, Err(Error::DeadlineExceeded(r)));
-                return;
+                return Err(Error::DeadlineExceeded(r));
             }
         }
         let err = match verdict {
@@ -400,38 +564,50 @@ impl Machine {
         let n = self.engine.nodes.len();
         if refused > n - self.engine.quorum() {
             let report = err.report().cloned().map(Box::new).expect("a report");
-            self.finish(id, Err(Error::Refused(report)));
-            return;
+            return Err(Error::Refused(report));
         }
-        // With a deadline, the deadline bounds the retries, not the count.
-        if attempt > t.retries && t.deadline.is_none() {
-            self.finish(id, Err(err));
-            return;
+        let t = &self.tasks[id.slot as usize];
+        if t.timed {
+            // With a deadline, the deadline bounds the retries, not the count. The count
+            // is of timed attempts: those made on a notice come on top.
+            if t.polls >= t.retries && t.deadline.is_none() {
+                return Err(err);
+            }
+            let delay =
+                rules::retry_delay(self.cfg.retry_delay, self.cfg.retry_jitter, &mut self.rng);
+            self.tasks[id.slot as usize].next_poll = now + delay;
         }
-        let delay = rules::retry_delay(self.cfg.retry_delay, self.cfg.retry_jitter, &mut self.rng);
-        let mut wake = now + delay;
+        // Never sleep past the holder's expiry (plus jitter): nobody announces an expiry.
+        if let Some(left) = hint.free_in {
+            let at = now + left + self.expiry_jitter();
+            let t = &mut self.tasks[id.slot as usize];
+            t.next_poll = t.next_poll.min(at);
+        }
         let t = &mut self.tasks[id.slot as usize];
+        let mut wake = t.next_poll;
         if let Some(d) = t.deadline {
             // Never sleep past the deadline: the last attempt starts just before it (its
             // round is cut short at the deadline), as `flock -w` waits its whole time.
             let last = d.checked_sub(Duration::from_millis(1)).unwrap_or(d);
             if now >= last {
                 let report = err.report().cloned().map(Box::new);
-                self.finish(id, Err(Error::DeadlineExceeded(report)));
-                return;
+                return Err(Error::DeadlineExceeded(report));
             }
             wake = wake.min(last);
         }
         t.last = err.report().cloned().map(Box::new);
-        t.phase = Phase::Sleep;
-        self.sleep(id, wake);
+        Ok(wake)
     }
 
     /// Release wherever the acquire round `acquire` may have set the key
     /// (`rules::may_hold`); the round is finished.
-    fn cleanup(&mut self, id: TaskId, acquire: OpId, now: Instant) {
+    /// `last`: the task ends here; its release takes it out of its key's line.
+    fn cleanup(&mut self, id: TaskId, acquire: OpId, last: bool, now: Instant) {
         let o = self.engine.op(acquire);
         let req = o.req;
+        // Our keys stood in anyone's way only where a master said yes; a cleanup that may
+        // only reach masters that had not answered yet frees nothing worth a wake-up.
+        let blocked_others = o.tally.yes() > 0;
         let may_hold: SmallVec<[bool; 8]> = o
             .tally
             .outcomes()
@@ -445,15 +621,31 @@ impl Machine {
         let t = &self.tasks[id.slot as usize];
         let timeout = self.cfg.round_timeout(t.ttl);
         let (token, ttl_ms) = (t.token, t.ttl.as_millis() as u64);
+        // The last cleanup of a task that waited in line takes it out of line.
+        let leave = if last { t.wait_id } else { None };
         let keys = &t.keys;
         self.engine.start(
             Request::Release,
-            |a| a.set(keys.iter(), token, ttl_ms),
+            |a| {
+                a.set(keys.iter(), token, ttl_ms);
+                a.leave = leave;
+            },
             timeout,
             now,
             |i| may_hold[i],
             None,
         );
+        if self.notify() {
+            // The cleanup announces itself where it deletes a key: no news to this task;
+            // this client's other waiters try behind it if our keys were in their way.
+            let t = &mut self.tasks[id.slot as usize];
+            t.own = Some(fingerprint(token.as_bytes()));
+            if blocked_others {
+                let keys = std::mem::take(&mut t.keys);
+                self.released_here(&keys, token.as_bytes(), Some(id), now);
+                self.tasks[id.slot as usize].keys = keys;
+            }
+        }
     }
 
     /// The release or extend round `op` of task `id` is decided.

@@ -173,7 +173,7 @@ impl Core {
     fn stop_driving(&self, lp: &Loop) {
         let mut q = lock(&self.queue);
         q.driving = false;
-        if lp.has_work() || !q.commands.is_empty() {
+        if lp.wants_loop() || !q.commands.is_empty() {
             q.wanted = true;
             drop(q);
             self.cv.notify_one();
@@ -239,7 +239,7 @@ impl Core {
                     return Ok(false);
                 }
                 wake = Some(wake.map_or(end, |w| w.min(end)));
-            } else if !lp.has_work() {
+            } else if !lp.wants_loop() {
                 let mut q = lock(&self.queue);
                 if q.commands.is_empty() {
                     q.driving = false;

@@ -128,6 +128,13 @@ impl Loop {
         self.live > 0 || !self.keepers.is_empty() || !self.watched.is_empty()
     }
 
+    /// The loop must keep running: work, or subscriptions still lingering after the last
+    /// wait (their connections are read, and closed when the linger ends). Not a reason
+    /// to delay the loop's end once the client is gone.
+    pub(crate) fn wants_loop(&self) -> bool {
+        self.has_work() || self.m.engine.listening()
+    }
+
     /// No round of the engine is undecided (cleanup releases included).
     pub(crate) fn engine_idle(&self) -> bool {
         self.m.engine.is_idle()

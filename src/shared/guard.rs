@@ -82,6 +82,11 @@ impl LockGuard {
     pub fn fencing_token(&self) -> Option<u64> {
         self.st().fence
     }
+    /// How many acquire attempts the lock call made to get this lock (see
+    /// [`Lock::attempts`](crate::Lock::attempts)).
+    pub fn attempts(&self) -> u32 {
+        self.st().attempts
+    }
     /// The TTL the lock was last set (or extended) with.
     pub fn ttl(&self) -> Duration {
         self.st().ttl()

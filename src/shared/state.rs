@@ -17,6 +17,9 @@ pub(crate) struct LockState {
     pub token: Token,
     pub fence: Option<u64>,
     pub acquired_at: Instant,
+    pub attempts: u32,
+    /// The line this lock's call stood in, left by its release (hot resources).
+    pub line: Option<crate::engine::Fingerprint>,
     /// The clock's origin for the atomics below.
     base: Instant,
     valid_until_ns: AtomicU64,
@@ -51,6 +54,8 @@ impl LockState {
             token: lock.token,
             fence: lock.fence,
             acquired_at: lock.acquired_at,
+            attempts: lock.attempts,
+            line: lock.line,
             base,
             valid_until_ns: AtomicU64::new(until),
             ttl_ms: AtomicU64::new(lock.ttl.as_millis() as u64),
@@ -88,6 +93,8 @@ impl LockState {
             acquired_at: self.acquired_at,
             valid_until: self.valid_until(),
             fence: self.fence,
+            attempts: self.attempts,
+            line: self.line,
             dropped: None,
         }
     }

@@ -410,10 +410,11 @@ pub(crate) fn check_resources<'k>(keys: impl IntoIterator<Item = &'k [u8]>) -> R
                 k.len()
             )));
         }
-        if k.starts_with(crate::scripts::FENCE_PREFIX) {
+        if k.starts_with(crate::scripts::RESERVED_PREFIX) {
             return Err(Error::InvalidArgument(format!(
-                "resource names starting with {:?} are reserved for fencing counters",
-                String::from_utf8_lossy(crate::scripts::FENCE_PREFIX)
+                "resource names starting with {:?} are reserved (fencing counters, lines of \
+                 waiters)",
+                String::from_utf8_lossy(crate::scripts::RESERVED_PREFIX)
             )));
         }
     }

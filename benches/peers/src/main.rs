@@ -43,6 +43,7 @@ use std::time::{Duration, Instant};
 mod cpu;
 #[path = "../../common/floor.rs"]
 mod floor;
+mod hot;
 #[path = "../../common/shared.rs"]
 mod shared;
 
@@ -55,13 +56,13 @@ use rslock::LockManager;
 use tokio::runtime::Runtime;
 
 /// Lock TTL for every variant (the floor's `floor::TTL` is the same 10 s).
-const TTL: Duration = Duration::from_secs(10);
+pub(crate) const TTL: Duration = Duration::from_secs(10);
 /// Locks in flight in the throughput pass.
 const K: usize = 64;
 /// Interleaved slices per variant in the throughput pass.
 const SLICES: u32 = 10;
 
-fn env<T: FromStr>(name: &str, default: T) -> T {
+pub(crate) fn env<T: FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
@@ -101,7 +102,7 @@ fn mux_shared(m: &LocalMasters) -> SharedRedlock {
         .expect("redlock-mux shared client")
 }
 
-fn current_thread_runtime() -> Runtime {
+pub(crate) fn current_thread_runtime() -> Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -209,7 +210,7 @@ impl<'a> LatVariant<'a> {
     }
 }
 
-fn pct(v: &[u64], p: f64) -> u64 {
+pub(crate) fn pct(v: &[u64], p: f64) -> u64 {
     if v.is_empty() {
         return 0;
     }
@@ -762,7 +763,7 @@ fn loadavg() -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
-const USAGE: &str = "usage: redlock-mux-peers [--pin]\n\n  --pin   the measuring threads (one per variant) on the first CPU the bench may use, the\n          masters on the others (also PEERS_PIN=1)\n\nKnobs: PEERS_CYCLES, PEERS_SECS, PEERS_BLOCK (see README.md)";
+const USAGE: &str = "usage: redlock-mux-peers [--pin] [--hot]\n\n  --pin   the measuring threads (one per variant) on the first CPU the bench may use, the\n          masters on the others (also PEERS_PIN=1)\n  --hot   only the hot-resource pass: K clients on one resource (also PEERS_HOT=1)\n\nKnobs: PEERS_CYCLES, PEERS_SECS, PEERS_BLOCK, PEERS_HOT_CLIENTS, PEERS_HOT_SECS,\nPEERS_HOT_ROUNDS (see README.md)";
 
 /// `--pin` or `PEERS_PIN` set to anything but empty or `0`.
 fn pin_requested() -> bool {
@@ -770,6 +771,7 @@ fn pin_requested() -> bool {
     for arg in std::env::args().skip(1) {
         match arg.as_str() {
             "--pin" => pin = true,
+            "--hot" => {}
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -858,9 +860,14 @@ fn main() {
         env!("PEERS_V_REDLOCK")
     );
 
-    latency_pass(&m5, &rt, cycles, block, client_cpu);
-    latency_pass(&m1, &rt, cycles, block, client_cpu);
-    throughput_pass(&m5, &rt, secs, client_cpu);
+    let hot_only = std::env::args().any(|a| a == "--hot")
+        || std::env::var("PEERS_HOT").is_ok_and(|v| !v.is_empty() && v != "0");
+    if !hot_only {
+        latency_pass(&m5, &rt, cycles, block, client_cpu);
+        latency_pass(&m1, &rt, cycles, block, client_cpu);
+        throughput_pass(&m5, &rt, secs, client_cpu);
+    }
+    hot::hot_pass(&m5);
 
     println!(
         "\nthreads in this process at the end: {}; load average at end {}; run took {:.0} s (PEERS_CYCLES={cycles}, PEERS_SECS={secs}, PEERS_BLOCK={block}, {})",

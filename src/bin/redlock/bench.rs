@@ -15,7 +15,7 @@ use nix::sys::time::TimeValLike;
 use redlock_mux::local::{
     cpu_list, pin_current_thread, set_current_thread_cpus, split_cpus, LocalMasters,
 };
-use redlock_mux::{Error, Redlock, SharedRedlock};
+use redlock_mux::{Error, Redlock, SharedRedlock, WaitMode};
 use signal_hook::consts::{SIGINT, SIGTERM};
 
 use crate::common::{exit, human_micros, out, out_part, say, thousands};
@@ -120,6 +120,43 @@ pub struct BenchArgs {
     /// other CPUs (Linux; only with local masters; needs clients + 1 CPUs).
     #[arg(long)]
     pin: bool,
+    /// How a caller waits while the lock is taken: `spin` retries try_lock at once;
+    /// `poll` calls lock() with the retry delay only (WaitMode::Poll); `notify` calls
+    /// lock() and is woken when a release is announced (WaitMode::Notify, the library's
+    /// default). lock() runs with the library's default retry settings.
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = WaitArg::Spin)]
+    wait_mode: WaitArg,
+    /// First come, first served (Builder::fairness; with --wait-mode notify): waiters
+    /// stand in a line on the masters, across clients, and do not take the lock ahead of an
+    /// earlier one.
+    #[arg(long)]
+    fair: bool,
+    /// After a release, a caller waits this long before it asks again (default 0: at once).
+    /// With contention, a think time lets each grant go to a caller that was waiting
+    /// instead of the one that just released.
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    think: Option<Duration>,
+}
+
+/// `--wait-mode`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitArg {
+    /// try_lock, retried at once while taken.
+    Spin,
+    /// lock() with WaitMode::Poll.
+    Poll,
+    /// lock() with WaitMode::Notify.
+    Notify,
+}
+
+impl WaitArg {
+    fn name(self) -> &'static str {
+        match self {
+            WaitArg::Spin => "spin",
+            WaitArg::Poll => "poll",
+            WaitArg::Notify => "notify",
+        }
+    }
 }
 
 /// Worker threads of the tokio runtime of `--tasks`. One: every task is polled on one
@@ -186,6 +223,8 @@ struct Pinning {
 #[derive(Clone, Copy)]
 struct Hold {
     resource: u32,
+    /// When its lock was first asked for (the first attempt).
+    asked: u64,
     start: u64,
     end: u64,
 }
@@ -201,6 +240,8 @@ struct ClientResult {
     errors: u64,
     overran: u64,
     cycles: u64,
+    /// lock() calls that used up their retries (`--wait-mode poll|notify`).
+    gave_up: u64,
     grants: Vec<u64>,
     holds: Vec<Hold>,
     first_error: Option<String>,
@@ -227,9 +268,21 @@ impl ClientResult {
             errors: 0,
             overran: 0,
             cycles: 0,
+            gave_up: 0,
             grants: vec![0; resources],
             holds: Vec::new(),
             first_error: None,
+        }
+    }
+
+    /// A refusal: one refused `try_lock`, or a `lock()` call that used up its retries
+    /// (every attempt of it refused).
+    fn taken(&mut self, shared: &Shared, report: &redlock_mux::Report) {
+        if shared.lock_calls {
+            self.refused += u64::from(report.attempts());
+            self.gave_up += 1;
+        } else {
+            self.refused += 1;
         }
     }
 
@@ -251,6 +304,7 @@ impl ClientResult {
         self.errors += o.errors;
         self.overran += o.overran;
         self.cycles += o.cycles;
+        self.gave_up += o.gave_up;
         for (g, x) in self.grants.iter_mut().zip(o.grants) {
             *g += x;
         }
@@ -275,6 +329,10 @@ struct Shared {
     clients: usize,
     /// Locks per round trip per client (1 for the shared client's callers and tasks).
     in_flight: usize,
+    /// `lock()` instead of `try_lock` retried at once.
+    lock_calls: bool,
+    /// Pause after each release (`--think`).
+    think: Duration,
 }
 
 pub fn main(args: BenchArgs) -> u8 {
@@ -295,6 +353,14 @@ pub fn main(args: BenchArgs) -> u8 {
     }
     if args.duration.is_zero() {
         say!("--duration must be above zero");
+        return exit::USAGE;
+    }
+    if args.wait_mode != WaitArg::Spin && args.mode() == Mode::Clients && args.in_flight > 1 {
+        say!("--wait-mode poll|notify calls lock(), one lock at a time: not with --in-flight");
+        return exit::USAGE;
+    }
+    if args.fair && args.wait_mode != WaitArg::Notify {
+        say!("--fair needs --wait-mode notify (a queue of waiters is served on release)");
         return exit::USAGE;
     }
     if u32::try_from(resources).is_err() {
@@ -393,7 +459,12 @@ fn bench(
         let mut b = args
             .masters
             .with_tls(Redlock::builder().masters(urls))
-            .busy_poll(args.busy_poll);
+            .busy_poll(args.busy_poll)
+            .wait_mode(match args.wait_mode {
+                WaitArg::Poll => WaitMode::Poll,
+                WaitArg::Spin | WaitArg::Notify => WaitMode::Notify,
+            })
+            .fairness(args.fair);
         if let Some(t) = args.round_timeout {
             b = b.node_timeout(t);
         }
@@ -442,6 +513,8 @@ fn bench(
         } else {
             1
         },
+        lock_calls: args.wait_mode != WaitArg::Spin,
+        think: args.think.unwrap_or_default(),
     });
     // The shared client of --callers / --tasks: one handle, cloned for every caller.
     let shared_client = match mode {
@@ -579,6 +652,7 @@ fn bench(
         .map(|c| c.load(Ordering::SeqCst))
         .collect();
     let check = check_exclusion(&shared.names, &counted, &total.grants, &total.holds);
+    let waited = waiting(&total.holds);
     let report = Report {
         args,
         masters: &master_names,
@@ -591,6 +665,7 @@ fn bench(
         total: &total,
         cpu,
         check: &check,
+        waiting: &waited,
     };
     if args.json {
         out!("{}", report.json());
@@ -754,9 +829,17 @@ fn run_caller(id: usize, client: &SharedRedlock, shared: &Shared, out: &mut Clie
         let name = &shared.names[r];
         let t0 = Instant::now();
         let guard = loop {
-            match client.try_lock(name, shared.ttl).wait() {
-                Ok(guard) => break guard,
-                Err(Error::Taken(_)) => out.refused += 1,
+            let r = if shared.lock_calls {
+                client.lock(name, shared.ttl).wait()
+            } else {
+                client.try_lock(name, shared.ttl).wait()
+            };
+            match r {
+                Ok(guard) => {
+                    out.refused += u64::from(guard.attempts().saturating_sub(1));
+                    break guard;
+                }
+                Err(Error::Taken(report)) => out.taken(shared, &report),
                 Err(e) => {
                     out.error(&e);
                     thread::sleep(Duration::from_millis(1));
@@ -775,7 +858,15 @@ fn run_caller(id: usize, client: &SharedRedlock, shared: &Shared, out: &mut Clie
         critical_section(&shared.counters[r]);
 
         let release_start = Instant::now();
-        record_hold(shared, out, r, granted, release_start, guard.valid_until());
+        record_hold(
+            shared,
+            out,
+            r,
+            t0,
+            granted,
+            release_start,
+            guard.valid_until(),
+        );
         let released = guard.release().wait();
         let done = Instant::now();
         if let Err(e) = released {
@@ -786,6 +877,9 @@ fn run_caller(id: usize, client: &SharedRedlock, shared: &Shared, out: &mut Clie
         out.cycle.saturating_record(micros(done - t0).max(1));
         out.cycles += 1;
         shared.cycles.fetch_add(1, Ordering::Relaxed);
+        if !shared.think.is_zero() {
+            thread::sleep(shared.think);
+        }
     }
 }
 
@@ -870,9 +964,17 @@ async fn run_task(id: usize, client: &SharedRedlock, shared: &Shared, out: &mut 
         let name = &shared.names[r];
         let t0 = Instant::now();
         let guard = loop {
-            match client.try_lock(name, shared.ttl).await {
-                Ok(guard) => break guard,
-                Err(Error::Taken(_)) => out.refused += 1,
+            let r = if shared.lock_calls {
+                client.lock(name, shared.ttl).await
+            } else {
+                client.try_lock(name, shared.ttl).await
+            };
+            match r {
+                Ok(guard) => {
+                    out.refused += u64::from(guard.attempts().saturating_sub(1));
+                    break guard;
+                }
+                Err(Error::Taken(report)) => out.taken(shared, &report),
                 Err(e) => {
                     out.error(&e);
                     tokio::time::sleep(Duration::from_millis(1)).await;
@@ -891,7 +993,15 @@ async fn run_task(id: usize, client: &SharedRedlock, shared: &Shared, out: &mut 
         critical_section_async(&shared.counters[r]).await;
 
         let release_start = Instant::now();
-        record_hold(shared, out, r, granted, release_start, guard.valid_until());
+        record_hold(
+            shared,
+            out,
+            r,
+            t0,
+            granted,
+            release_start,
+            guard.valid_until(),
+        );
         let released = guard.release().await;
         let done = Instant::now();
         if let Err(e) = released {
@@ -902,6 +1012,9 @@ async fn run_task(id: usize, client: &SharedRedlock, shared: &Shared, out: &mut 
         out.cycle.saturating_record(micros(done - t0).max(1));
         out.cycles += 1;
         shared.cycles.fetch_add(1, Ordering::Relaxed);
+        if !shared.think.is_zero() {
+            tokio::time::sleep(shared.think).await;
+        }
     }
 }
 
@@ -936,6 +1049,7 @@ fn record_hold(
     shared: &Shared,
     out: &mut ClientResult,
     r: usize,
+    asked: Instant,
     granted: Instant,
     release_start: Instant,
     valid_until: Instant,
@@ -946,6 +1060,7 @@ fn record_hold(
     let ns = |t: Instant| t.saturating_duration_since(shared.epoch).as_nanos() as u64;
     out.holds.push(Hold {
         resource: r as u32,
+        asked: ns(asked),
         start: ns(granted),
         end: ns(release_start.min(valid_until)),
     });
@@ -960,9 +1075,17 @@ fn run_single(id: usize, client: &mut Redlock, shared: &Shared, out: &mut Client
         let name = &shared.names[r];
         let t0 = Instant::now();
         let lock = loop {
-            match client.try_lock(name, shared.ttl) {
-                Ok(lock) => break lock,
-                Err(Error::Taken(_)) => out.refused += 1,
+            let r = if shared.lock_calls {
+                client.lock(name, shared.ttl)
+            } else {
+                client.try_lock(name, shared.ttl)
+            };
+            match r {
+                Ok(lock) => {
+                    out.refused += u64::from(lock.attempts().saturating_sub(1));
+                    break lock;
+                }
+                Err(Error::Taken(report)) => out.taken(shared, &report),
                 Err(e) => {
                     out.error(&e);
                     // Do not spin on masters that are down.
@@ -982,7 +1105,15 @@ fn run_single(id: usize, client: &mut Redlock, shared: &Shared, out: &mut Client
         critical_section(&shared.counters[r]);
 
         let release_start = Instant::now();
-        record_hold(shared, out, r, granted, release_start, lock.valid_until());
+        record_hold(
+            shared,
+            out,
+            r,
+            t0,
+            granted,
+            release_start,
+            lock.valid_until(),
+        );
         let released = client.release(lock);
         let done = Instant::now();
         if let Err(e) = released {
@@ -993,6 +1124,9 @@ fn run_single(id: usize, client: &mut Redlock, shared: &Shared, out: &mut Client
         out.cycle.saturating_record(micros(done - t0).max(1));
         out.cycles += 1;
         shared.cycles.fetch_add(1, Ordering::Relaxed);
+        if !shared.think.is_zero() {
+            thread::sleep(shared.think);
+        }
     }
 }
 
@@ -1052,7 +1186,16 @@ fn run_batched(id: usize, client: &mut Redlock, shared: &Shared, out: &mut Clien
         let release_start = Instant::now();
         for (slot, lock) in &held {
             let r = slots[*slot].0;
-            record_hold(shared, out, r, granted, release_start, lock.valid_until());
+            let asked = slots[*slot].1.unwrap_or(t0);
+            record_hold(
+                shared,
+                out,
+                r,
+                asked,
+                granted,
+                release_start,
+                lock.valid_until(),
+            );
         }
         let done_slots: Vec<usize> = held.iter().map(|(slot, _)| *slot).collect();
         let batch = client.release_batch(held.drain(..).map(|(_, lock)| lock), &mut released);
@@ -1137,6 +1280,47 @@ fn check_exclusion(names: &[String], counted: &[u64], grants: &[u64], holds: &[H
     check
 }
 
+/// What the holds say about waiting for a taken lock.
+struct Waiting {
+    /// Hand-off latency, µs: from a holder's release start (or the end of its validity) to
+    /// the grant of a caller of the same resource that was already waiting then.
+    handoff: Histogram<u64>,
+    /// Grants that came before the grant of a caller of the same resource that had asked
+    /// earlier (overtook a waiter).
+    out_of_order: u64,
+}
+
+fn waiting(holds: &[Hold]) -> Waiting {
+    let mut h = holds.to_vec();
+    h.sort_unstable_by_key(|x| (x.resource, x.start));
+    let mut handoff = histogram();
+    for w in h.windows(2) {
+        let (p, x) = (w[0], w[1]);
+        if p.resource == x.resource && x.asked <= p.end && x.start >= p.end {
+            handoff.saturating_record(((x.start - p.end) / 1000).max(1));
+        }
+    }
+    // Walking the grants of each resource backwards: the earliest ask among the later
+    // grants.
+    let mut out_of_order = 0;
+    let mut earliest_after: Option<(u32, u64)> = None;
+    for x in h.iter().rev() {
+        earliest_after = match earliest_after {
+            Some((r, m)) if r == x.resource => {
+                if m < x.asked {
+                    out_of_order += 1;
+                }
+                Some((r, m.min(x.asked)))
+            }
+            _ => Some((x.resource, x.asked)),
+        };
+    }
+    Waiting {
+        handoff,
+        out_of_order,
+    }
+}
+
 /// Everything the end of a run prints.
 struct Report<'a> {
     args: &'a BenchArgs,
@@ -1151,6 +1335,7 @@ struct Report<'a> {
     /// User and system CPU time of this process during the run, in µs.
     cpu: Option<(f64, f64)>,
     check: &'a Check,
+    waiting: &'a Waiting,
 }
 
 const QUANTILES: [(&str, f64); 4] = [("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p99.9", 0.999)];
@@ -1158,6 +1343,10 @@ const QUANTILES: [(&str, f64); 4] = [("p50", 0.5), ("p90", 0.9), ("p99", 0.99), 
 impl Report<'_> {
     fn throughput(&self) -> f64 {
         self.total.cycles as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    fn refused_per_grant(&self) -> f64 {
+        self.total.refused as f64 / (self.total.acquired.max(1) as f64)
     }
 
     fn per_cycle(&self, us: f64) -> f64 {
@@ -1203,11 +1392,17 @@ impl Report<'_> {
             "ttl_ms": self.args.ttl.as_millis() as u64,
             "round_timeout_ms": self.round_timeout.as_secs_f64() * 1000.0,
             "busy_poll": self.args.busy_poll,
+            "wait_mode": self.args.wait_mode.name(),
+            "fair": self.args.fair,
+            "think_us": self.args.think.map_or(0, |t| t.as_micros() as u64),
             "elapsed_s": (self.elapsed.as_secs_f64() * 1000.0).round() / 1000.0,
             "cycles": t.cycles,
             "throughput_per_s": self.throughput().round(),
             "acquired": t.acquired,
             "refused": t.refused,
+            "refused_per_grant": (self.refused_per_grant() * 1000.0).round() / 1000.0,
+            "gave_up": t.gave_up,
+            "out_of_order": self.waiting.out_of_order,
             "retried": t.retried,
             "errors": t.errors,
             "first_error": t.first_error,
@@ -1215,6 +1410,7 @@ impl Report<'_> {
                 "acquire": Self::latency_json(&t.acquire),
                 "release": Self::latency_json(&t.release),
                 "cycle": Self::latency_json(&t.cycle),
+                "handoff": Self::latency_json(&self.waiting.handoff),
             },
             "cpu_us_per_cycle": cpu,
             "mutual_exclusion": {
@@ -1262,6 +1458,23 @@ impl Report<'_> {
             self.elapsed.as_secs_f64(),
             if a.busy_poll { ", busy-poll" } else { "" },
         );
+        if a.wait_mode != WaitArg::Spin {
+            out!(
+                "waiting: lock() with WaitMode::{}{}, default retries (10 x 200 ms +- 100 ms)",
+                if a.wait_mode == WaitArg::Poll {
+                    "Poll"
+                } else {
+                    "Notify"
+                },
+                if a.fair { ", fairness on" } else { "" }
+            );
+        }
+        if let Some(t) = a.think {
+            out!(
+                "think: each caller waits {} after its release before it asks again",
+                humantime::format_duration(t)
+            );
+        }
         if let Some(p) = self.pinning {
             out!(
                 "pinned: client thread{} on CPU {}, masters on CPU {}",
@@ -1280,11 +1493,16 @@ impl Report<'_> {
             out_part!("{name:>10}");
         }
         out!("{:>10}", "max");
+        let handoff = &self.waiting.handoff;
         for (name, h) in [
             ("acquire", &t.acquire),
             ("release", &t.release),
             ("cycle", &t.cycle),
+            ("hand-off", handoff),
         ] {
+            if h.is_empty() {
+                continue;
+            }
             out_part!("{name:<10}");
             for (_, q) in QUANTILES {
                 out_part!("{:>10}", human_micros(h.value_at_quantile(q) as f64));
@@ -1307,6 +1525,23 @@ impl Report<'_> {
         );
         if let Some(e) = &t.first_error {
             out!("first error   {e}");
+        }
+        if t.refused > 0 || !handoff.is_empty() {
+            out!(
+                "waiting       {} hand-offs (a release to the grant of a caller already waiting), \
+                 {:.2} refused attempts per grant, {} grants out of arrival order{}",
+                thousands(handoff.len()),
+                self.refused_per_grant(),
+                thousands(self.waiting.out_of_order),
+                if a.wait_mode == WaitArg::Spin {
+                    String::new()
+                } else {
+                    format!(
+                        ", {} lock() calls used up their retries",
+                        thousands(t.gave_up)
+                    )
+                }
+            );
         }
         if let Some((u, s)) = self.cpu {
             out!(
@@ -1386,9 +1621,34 @@ mod tests {
     fn hold(resource: u32, start: u64, end: u64) -> Hold {
         Hold {
             resource,
+            asked: start,
             start,
             end,
         }
+    }
+
+    #[test]
+    fn hand_offs_and_arrival_order() {
+        let h = |resource, asked, start, end| Hold {
+            resource,
+            asked,
+            start,
+            end,
+        };
+        // Resource 0: B waited from 5 µs while A held until 20 µs, granted at 50 µs; C
+        // asked at 60 µs, after B's release began (no hand-off, but in order). Resource 1:
+        // E asked before D and was granted after it.
+        let w = waiting(&[
+            h(0, 0, 1_000, 20_000),
+            h(0, 5_000, 50_000, 70_000),
+            h(0, 80_000, 90_000, 95_000),
+            h(1, 2_000, 10_000, 11_000),
+            h(1, 1_000, 30_000, 31_000),
+        ]);
+        assert_eq!(w.handoff.len(), 2, "B after A, E after D");
+        assert_eq!(w.handoff.min(), 19);
+        assert_eq!(w.handoff.max(), 30);
+        assert_eq!(w.out_of_order, 1, "D overtook E");
     }
 
     #[test]

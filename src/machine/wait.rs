@@ -1,0 +1,430 @@
+//! How lock tasks wait while the lock is held elsewhere (hot resources).
+//!
+//! * **Sized by the holder**: a waiting task's acquire (`Request::AcquireWait`) answers,
+//!   where the key is taken, the holder's remaining TTL and (one key) who holds it; the task
+//!   never sleeps past the moment a quorum of the holder's keys expires ([`rules::free_in`])
+//!   plus jitter.
+//! * **In line** ([`WaitMode::Notify`], one key): the acquire also puts a refused task in
+//!   the key's line on each master (`scripts::QUEUE_PREFIX`; its id is the client's id and
+//!   its first token's start, its place its arrival on the client's clock). A release names
+//!   the first live waiter in line and announces itself on that waiter's client's channel
+//!   (`Notice::Turn`): only the named task tries. With nobody in line the release is
+//!   announced on the key's channel to every waiter (`Notice::Released`).
+//! * **What an announcement frees** ([`Machine::hear`]): where the last attempt found the
+//!   key held, that holder's release frees that master (the copies of an older release are
+//!   ignored; those of the release that woke the task still count from the masters it had
+//!   not reached yet); any other release but our own cleanup's frees its master too (the
+//!   holder changed). The task whose turn it is tries once the masters still blocked leave
+//!   room for a quorum. An announcement that arrives while an attempt runs is kept, and weighed
+//!   against that attempt's answers. A release made by this very client (a guard dropped,
+//!   another task's release or cleanup) starts its waiters' attempts right behind it, in
+//!   the same write.
+//! * **Never unheard for long**: a task is *covered* when some master that said "taken" in
+//!   its last attempt had confirmed the subscriptions (the key's, and the client's own if it
+//!   stands in line) before that attempt was sent. An uncovered task tries once more when
+//!   the next confirmation arrives (its first subscription, or a subscription connection
+//!   that came back); everything else falls to the timed retry.
+//! * **Fairness** (opt-in): attempts are polite (the script does not give a free key to a
+//!   waiter while a live one stands ahead of it in line), so grants follow arrival across
+//!   clients; within the client, an announcement that names nobody wakes the oldest waiter
+//!   only, and a head that leaves without the lock wakes the next.
+//!
+//! Nothing here grants anything: every attempt is an ordinary quorum round.
+
+use std::time::{Duration, Instant};
+
+use smallvec::SmallVec;
+
+use super::{Machine, TaskId};
+use crate::builder::WaitMode;
+use crate::engine::{fingerprint, ChanId, Fingerprint, KeyList, Notice, OpId};
+use crate::rules::{self, Outcome, Request};
+
+use super::task::Phase;
+
+/// What a refused acquire round tells its task about waiting.
+pub(super) struct Hint {
+    /// When a quorum of the holder's keys expires, at the earliest (from `AcquireWait`).
+    pub free_in: Option<Duration>,
+    /// Masters (bit i) that said "taken".
+    pub taken: u64,
+    /// Who held the key on each master that said so (one-key locks).
+    pub holders: SmallVec<[Option<Fingerprint>; 8]>,
+}
+
+impl Machine {
+    /// Whether waiting tasks listen for releases.
+    #[inline]
+    pub(super) fn notify(&self) -> bool {
+        self.cfg.wait_mode == WaitMode::Notify
+    }
+
+    /// What acquire round `op` tells a waiter (read before the round is finished).
+    pub(super) fn wait_hint(&self, op: OpId) -> Hint {
+        let o = self.engine.op(op);
+        let mut taken = 0u64;
+        for (i, x) in o.tally.outcomes().iter().enumerate().take(64) {
+            if *x == Outcome::Taken {
+                taken |= 1 << i;
+            }
+        }
+        let free_in =
+            if o.req == Request::AcquireWait && taken != 0 && o.tally.yes() < o.tally.need() {
+                let left = o
+                    .tally
+                    .outcomes()
+                    .iter()
+                    .zip(o.left_ms.iter())
+                    .filter(|(x, _)| **x == Outcome::Taken)
+                    .map(|(_, v)| *v);
+                rules::free_in(left, o.tally.yes(), o.tally.need())
+            } else {
+                None
+            };
+        let holders = if o.req == Request::AcquireWait {
+            o.holders.iter().copied().collect()
+        } else {
+            SmallVec::new()
+        };
+        Hint {
+            free_in,
+            taken,
+            holders,
+        }
+    }
+
+    /// Master `master` announced release `fp` (`None`: this client made it): note what it
+    /// frees for task `id`, and say whether the task should try now.
+    ///
+    /// A master is freed by the release of the holder the task's last attempt found there
+    /// (it came after the attempt), or by any release but the one that started the attempt
+    /// and our own cleanup's (the holder changed since). The copies of the release that woke
+    /// the task count from the masters it had not reached yet when the attempt got there:
+    /// the attempt found its holder there. The task tries once the masters still blocked
+    /// leave room for a quorum: an attempt before that would only be refused again (even
+    /// when the announcement names it: trying at the first one measured more refusals and
+    /// no shorter hand-off, the release not having reached enough masters yet).
+    /// This client's own release frees everything it held: its waiters try at once.
+    pub(super) fn hear(&mut self, id: TaskId, master: Option<usize>, fp: &Fingerprint) -> bool {
+        let n = self.engine.nodes.len();
+        let quorum = self.engine.quorum();
+        let t = &mut self.tasks[id.slot as usize];
+        let fresh = t.woken_by.as_ref() != Some(fp) && t.own.as_ref() != Some(fp);
+        let Some(m) = master else {
+            return fresh;
+        };
+        let holder_gone = matches!(t.holders.get(m), Some(Some(h)) if h == fp);
+        if !holder_gone && !fresh {
+            return false;
+        }
+        if m < 64 {
+            t.blocked &= !(1u64 << m);
+        }
+        n - (t.blocked.count_ones() as usize).min(n) >= quorum
+    }
+
+    /// The jitter added to a wake-up at the holder's expiry: 1 ms (Redis expires to the
+    /// millisecond) plus up to a tenth of the retry jitter, so that waiters who learnt
+    /// the same expiry do not all come at once.
+    pub(super) fn expiry_jitter(&mut self) -> Duration {
+        let spread = self.cfg.retry_jitter / 10;
+        Duration::from_millis(1) + rules::retry_delay(spread / 2, spread / 2, &mut self.rng)
+    }
+
+    /// Task `id` waits on its keys: hold their channels and join their wait lists (in
+    /// arrival order), once per task.
+    pub(super) fn watch(&mut self, id: TaskId, now: Instant) {
+        let t = &self.tasks[id.slot as usize];
+        if !t.chans.is_empty() {
+            return;
+        }
+        let mut chans: SmallVec<[ChanId; 2]> =
+            std::mem::take(&mut self.tasks[id.slot as usize].chans);
+        let keys = std::mem::take(&mut self.tasks[id.slot as usize].keys);
+        for key in keys.iter() {
+            chans.push(self.engine.subscribe(key, now));
+        }
+        self.tasks[id.slot as usize].keys = keys;
+        if self.tasks[id.slot as usize].wait_id.is_some() {
+            // It stands in a line: the releases that make it its turn come on the client's
+            // own channel.
+            let client_id = self.client_id;
+            let direct = self.engine.subscribe_direct(&client_id, now);
+            self.tasks[id.slot as usize].direct = Some(direct);
+        }
+        let seq = self.tasks[id.slot as usize].seq;
+        for chan in chans.iter() {
+            let k = chan.slot();
+            if self.waitlists.len() <= k {
+                self.waitlists.resize_with(k + 1, SmallVec::new);
+            }
+            let list = &self.waitlists[k];
+            let at = list
+                .iter()
+                .position(|w| self.tasks[w.slot as usize].seq > seq)
+                .unwrap_or(list.len());
+            self.waitlists[k].insert(at, id);
+        }
+        self.tasks[id.slot as usize].chans = chans;
+    }
+
+    /// Task `id` stops waiting (granted, failed, cancelled): leave the wait lists and let
+    /// the channels go. With fairness, a head that leaves without the lock wakes the next
+    /// waiter (the release it may have been told of is the next one's now).
+    pub(super) fn unwatch(&mut self, id: TaskId, granted: bool, now: Instant) {
+        let mut chans = std::mem::take(&mut self.tasks[id.slot as usize].chans);
+        let mut next: SmallVec<[TaskId; 2]> = SmallVec::new();
+        for chan in chans.drain(..) {
+            let list = &mut self.waitlists[chan.slot()];
+            if let Some(at) = list.iter().position(|w| *w == id) {
+                list.remove(at);
+                if at == 0 && !granted {
+                    if let Some(&head) = list.first() {
+                        next.push(head);
+                    }
+                }
+            }
+            self.engine.unsubscribe(chan, now);
+        }
+        self.tasks[id.slot as usize].chans = chans;
+        if let Some(direct) = self.tasks[id.slot as usize].direct.take() {
+            self.engine.unsubscribe(direct, now);
+        }
+        if self.cfg.fairness {
+            for head in next {
+                if self.sleeping_task(head) {
+                    self.wake_now(head, None, now);
+                }
+            }
+        }
+    }
+
+    fn sleeping_task(&self, id: TaskId) -> bool {
+        let t = &self.tasks[id.slot as usize];
+        t.gen == id.gen && t.live && t.phase == Phase::Sleep
+    }
+
+    /// The head of one of the task's wait lists (the oldest waiter of this client there).
+    pub(super) fn is_head(&self, id: TaskId) -> bool {
+        self.tasks[id.slot as usize]
+            .chans
+            .iter()
+            .any(|c| self.waitlists[c.slot()].first() == Some(&id))
+    }
+
+    /// May task `id` try on a notice now: always, or with fairness only at the head.
+    pub(super) fn eligible(&self, id: TaskId) -> bool {
+        !self.cfg.fairness || self.is_head(id)
+    }
+
+    /// Some master that said "taken" in the task's last attempt (started at `t1`) had
+    /// confirmed the subscriptions (the key's channel, and the client's own if the task
+    /// stands in line) before it: a release there will be announced to us.
+    pub(super) fn covered(&self, id: TaskId, t1: Instant) -> bool {
+        let t = &self.tasks[id.slot as usize];
+        let before = |c: ChanId, i: usize| {
+            self.engine
+                .subscribed_since(c, i)
+                .is_some_and(|since| since <= t1)
+        };
+        t.chans.iter().any(|&c| {
+            (0..self.engine.nodes.len().min(64)).any(|i| {
+                t.taken & (1 << i) != 0 && before(c, i) && t.direct.is_none_or(|d| before(d, i))
+            })
+        })
+    }
+
+    /// Some master confirmed the subscription after `t1`: a release before that could have
+    /// gone unheard.
+    pub(super) fn confirmed_after(&self, id: TaskId, t1: Instant) -> bool {
+        let t = &self.tasks[id.slot as usize];
+        t.chans.iter().chain(t.direct.iter()).any(|&c| {
+            (0..self.engine.nodes.len())
+                .any(|i| self.engine.subscribed_since(c, i).is_some_and(|s| s > t1))
+        })
+    }
+
+    /// Start a sleeping task's next attempt now (not a timed one: its retry budget is
+    /// untouched), told of release `fp` if a notice woke it.
+    pub(super) fn wake_now(&mut self, id: TaskId, fp: Option<Fingerprint>, now: Instant) {
+        if let Some(k) = self.sleeping.iter().position(|s| *s == id.slot) {
+            self.sleeping.swap_remove(k);
+        }
+        let t = &mut self.tasks[id.slot as usize];
+        if fp.is_some() {
+            t.woken_by = fp;
+        }
+        t.timed = false;
+        t.attempt += 1;
+        self.start_attempt(id, now);
+    }
+
+    /// Hand what the subscription connections heard to the waiters.
+    pub(super) fn take_notices(&mut self, now: Instant) {
+        while let Some(n) = self.engine.take_notice() {
+            match n {
+                Notice::Released {
+                    chan,
+                    master,
+                    fp,
+                    next,
+                } => self.on_released(chan, Some(master), fp, next, None, now),
+                Notice::Turn { master, fp, id } => {
+                    if let Some(task) = self.waiter(&id) {
+                        self.notify_task(task, Some(master), fp, true, now);
+                    }
+                }
+                Notice::Subscribed { chan } => self.on_subscribed(chan, now),
+            }
+        }
+    }
+
+    /// A release of channel `chan` (token fingerprint `fp`) was announced by `master`,
+    /// naming `next` as the first live waiter in the key's line there, or made by this
+    /// client (`master` `None`; `except`: the task whose cleanup it is). The waiter whose
+    /// turn it is (the one named; with nobody named, every waiter, or with fairness this
+    /// client's oldest) tries once what it heard leaves room for a quorum; a waiter whose
+    /// attempt runs notes it, to weigh it against that attempt's answers.
+    pub(super) fn on_released(
+        &mut self,
+        chan: ChanId,
+        master: Option<usize>,
+        fp: Fingerprint,
+        next: Option<Fingerprint>,
+        except: Option<TaskId>,
+        now: Instant,
+    ) {
+        let mut list: SmallVec<[TaskId; 8]> = self
+            .waitlists
+            .get(chan.slot())
+            .map(|l| l.iter().copied().collect())
+            .unwrap_or_default();
+        // Tasks whose first refusal is in flight are not listed yet (they are once it is
+        // in): a release announced meanwhile is theirs to weigh against that attempt.
+        if master.is_some() {
+            for (slot, t) in self.tasks.iter().enumerate() {
+                if t.live
+                    && t.phase == Phase::Acquire
+                    && t.chans.is_empty()
+                    && t.waits()
+                    && t.keys.iter().any(|k| self.engine.channel(k) == Some(chan))
+                {
+                    list.push(TaskId {
+                        slot: slot as u32,
+                        gen: t.gen,
+                    });
+                }
+            }
+        }
+        // A release made here goes to this client's oldest waiter (it tries right behind
+        // it): waking every local waiter for it is a herd, however cheap the write.
+        let mut local_turn = master.is_none();
+        for id in list {
+            if Some(id) == except {
+                continue;
+            }
+            let t = &self.tasks[id.slot as usize];
+            if t.gen != id.gen || !t.live {
+                continue;
+            }
+            let turn = match next {
+                Some(n) => t.wait_id == Some(n),
+                None if master.is_none() => std::mem::take(&mut local_turn),
+                None => self.eligible(id),
+            };
+            self.notify_task(id, master, fp, turn, now);
+        }
+    }
+
+    /// The waiting task of this client whose id in the lines is `id`.
+    ///
+    /// Any phase: a release may name a task whose first attempt is still in flight (it
+    /// stands in line on the masters that refused it already); the task then weighs the
+    /// announcement against that attempt's answers, instead of missing it.
+    fn waiter(&self, id: &Fingerprint) -> Option<TaskId> {
+        self.tasks.iter().enumerate().find_map(|(slot, t)| {
+            (t.live && t.result.is_none() && t.wait_id.as_ref() == Some(id)).then_some(TaskId {
+                slot: slot as u32,
+                gen: t.gen,
+            })
+        })
+    }
+
+    /// Master `master` announced release `fp` (`None`: this client made it) to task `id`;
+    /// `turn`: it is the task's turn (named first in line, or nobody named). A sleeping
+    /// task tries once it may; a task whose attempt runs keeps it for later.
+    fn notify_task(
+        &mut self,
+        id: TaskId,
+        master: Option<usize>,
+        fp: Fingerprint,
+        turn: bool,
+        now: Instant,
+    ) {
+        match self.tasks[id.slot as usize].phase {
+            Phase::Sleep => {
+                if self.hear(id, master, &fp) && turn {
+                    self.wake_now(id, Some(fp), now);
+                }
+            }
+            Phase::Acquire | Phase::Draw | Phase::WriteBack => {
+                let m = master.map_or(u32::MAX, |m| m as u32);
+                let heard = &mut self.tasks[id.slot as usize].heard;
+                if heard.len() < 16 && !heard.contains(&(m, fp, turn)) {
+                    heard.push((m, fp, turn));
+                }
+            }
+            Phase::OnLock | Phase::Done => {}
+        }
+    }
+
+    /// A master confirmed channel `chan`: waiters that are not covered (refused before
+    /// any confirmation, or every master that covered them lost its connection) try once
+    /// more now.
+    fn on_subscribed(&mut self, chan: ChanId, now: Instant) {
+        let list: SmallVec<[TaskId; 8]> = match self.waitlists.get(chan.slot()) {
+            Some(list) if !list.is_empty() => list.iter().copied().collect(),
+            // The client's own channel: every task that stands in line.
+            _ => self
+                .tasks
+                .iter()
+                .enumerate()
+                .filter(|(_, t)| t.live && t.direct == Some(chan))
+                .map(|(slot, t)| TaskId {
+                    slot: slot as u32,
+                    gen: t.gen,
+                })
+                .collect(),
+        };
+        for id in list {
+            if !self.sleeping_task(id) || !self.eligible(id) {
+                continue;
+            }
+            let t1 = self.tasks[id.slot as usize].t1;
+            if !self.covered(id, t1) {
+                self.wake_now(id, None, now);
+            }
+        }
+    }
+
+    /// This client releases `keys` (token `token`), e.g. a guard dropped or a failed
+    /// attempt's cleanup: its own waiters on them try now, their requests written right
+    /// behind the release on every connection (Redis runs one connection's commands in
+    /// order, so each finds the key deleted where the release deleted it).
+    pub(super) fn released_here(
+        &mut self,
+        keys: &KeyList,
+        token: &[u8],
+        except: Option<TaskId>,
+        now: Instant,
+    ) {
+        if !self.notify() {
+            return;
+        }
+        for key in keys.iter() {
+            if let Some(chan) = self.engine.channel(key) {
+                self.on_released(chan, None, fingerprint(token), None, except, now);
+            }
+        }
+    }
+}

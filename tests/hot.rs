@@ -1,0 +1,532 @@
+//! Hot resources against real masters: waiters woken by the release (pub/sub on every
+//! master), waits sized by the holder's remaining TTL, local hand-off and fairness in the
+//! shared client, and waiters whose notification is lost (a subscription connection cut, a
+//! master restarted, a holder that crashed) acquiring within their fallback.
+//!
+//! The retry delays here are long (10-30 s) and jitter-free, so that a waiter that acquires
+//! within a few seconds can only have been woken by what the test is about; every wait is
+//! bounded.
+
+mod support;
+
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use support::proxy::{Mode, Proxy};
+use support::{get, masters, wait_until, AdminReply, LocalMasters};
+
+use redlock_mux::{Error, Lock, Redlock, SharedRedlock, WaitMode};
+
+/// A fallback no test waits for: whatever acquires well before it was woken otherwise.
+const FALLBACK: Duration = Duration::from_secs(10);
+const TTL: Duration = Duration::from_secs(30);
+/// How long a woken waiter may take, at most (a loaded machine included).
+const PROMPT: Duration = Duration::from_secs(3);
+
+fn builder(urls: Vec<String>) -> redlock_mux::Builder {
+    Redlock::builder()
+        .masters(urls)
+        .node_timeout(Duration::from_secs(1))
+        .retry_delay(FALLBACK)
+        .retry_jitter(Duration::ZERO)
+        .retry_count(3)
+}
+
+fn channel(key: &str) -> String {
+    format!("redlock-mux:released:{key}")
+}
+
+/// Subscribers of the key's channel on master `i`.
+fn subscribers(m: &LocalMasters, i: usize, key: &str) -> i64 {
+    let ch = channel(key);
+    match m[i].cmd(&[b"PUBSUB", b"NUMSUB", ch.as_bytes()]) {
+        Ok(AdminReply::Array(a)) => match a.get(1) {
+            Some(AdminReply::Int(n)) => *n,
+            other => panic!("PUBSUB NUMSUB: {other:?}"),
+        },
+        other => panic!("PUBSUB NUMSUB: {other:?}"),
+    }
+}
+
+fn wait_subscribed(m: &LocalMasters, key: &str, at_least: i64) {
+    wait_until("the waiter's subscription", Duration::from_secs(5), || {
+        (0..m.len()).all(|i| subscribers(m, i, key) >= at_least)
+    });
+}
+
+/// Run `lock` on a thread of its own; the receiver gets its result and how long it took.
+fn in_thread(
+    mut c: Redlock,
+    key: &'static str,
+) -> mpsc::Receiver<(Result<Lock, Error>, Duration, Redlock)> {
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let t = Instant::now();
+        let r = c.lock(key, TTL);
+        let _ = tx.send((r, t.elapsed(), c));
+    });
+    rx
+}
+
+/// The basic promise: a waiter is woken by the release, not by its retry delay.
+#[test]
+fn a_waiter_is_woken_by_the_release() {
+    let m = masters(3);
+    let mut holder = builder(m.urls()).build().unwrap();
+    let held = holder.try_lock("hot", TTL).unwrap();
+    let waiter = builder(m.urls()).build().unwrap();
+    let rx = in_thread(waiter, "hot");
+    wait_subscribed(&m, "hot", 1);
+    let released = Instant::now();
+    holder.release(held).unwrap();
+    let (r, took, waiter) = rx.recv_timeout(FALLBACK / 2).expect("woken by the release");
+    let lock = r.unwrap();
+    assert!(released.elapsed() < PROMPT, "took {took:?}");
+    // Refused, maybe again at the subscriptions' confirmations, then woken.
+    assert!((2..=5).contains(&lock.attempts()), "{}", lock.attempts());
+    let heard: u64 = waiter.stats().iter().map(|s| s.notifications()).sum();
+    assert!(heard >= 1, "no notification counted");
+    drop(lock);
+}
+
+/// Polling waits its retry delay: no subscription, no early wake-up.
+#[test]
+fn poll_mode_has_no_subscription() {
+    let m = masters(3);
+    let mut holder = builder(m.urls()).build().unwrap();
+    let held = holder.try_lock("polled", TTL).unwrap();
+    let mut waiter = builder(m.urls())
+        .wait_mode(WaitMode::Poll)
+        .retry_delay(Duration::from_millis(300))
+        .retry_count(1)
+        .build()
+        .unwrap();
+    let r = waiter.lock("polled", TTL);
+    assert!(matches!(r, Err(Error::Taken(_))), "{r:?}");
+    for s in waiter.stats() {
+        assert_eq!(s.subscription_connects(), 0);
+    }
+    assert_eq!(subscribers(&m, 0, "polled"), 0);
+    holder.release(held).unwrap();
+}
+
+/// A holder that crashed: nobody announces its keys' expiry, and the waiter follows at
+/// the expiry (learnt from the acquire's answer), not at its retry delay. In both modes.
+#[test]
+fn a_crashed_holder_is_followed_at_its_expiry() {
+    let m = masters(3);
+    for mode in [WaitMode::Notify, WaitMode::Poll] {
+        let key = if mode == WaitMode::Poll {
+            "crashed-poll"
+        } else {
+            "crashed-notify"
+        };
+        let mut holder = builder(m.urls()).build().unwrap();
+        let ttl = Duration::from_millis(600);
+        let held = holder.try_lock(key, ttl).unwrap();
+        let expires = held.valid_until() + Duration::from_millis(20);
+        std::mem::forget(held);
+        drop(holder);
+        let mut waiter = builder(m.urls()).wait_mode(mode).build().unwrap();
+        let t = Instant::now();
+        let lock = waiter.lock(key, TTL).unwrap();
+        let now = Instant::now();
+        assert!(
+            now + Duration::from_millis(30) >= expires,
+            "{mode:?}: granted before the holder's keys expired"
+        );
+        assert!(t.elapsed() < PROMPT, "{mode:?}: took {:?}", t.elapsed());
+        waiter.release(lock).unwrap();
+    }
+}
+
+/// Several resources: the wait is sized by the holder whose keys live longest.
+#[test]
+fn lock_many_waits_for_the_longest_holder() {
+    let m = masters(3);
+    let mut holder = builder(m.urls()).build().unwrap();
+    let short = holder
+        .try_lock("many-a", Duration::from_millis(200))
+        .unwrap();
+    let long = holder
+        .try_lock("many-b", Duration::from_millis(700))
+        .unwrap();
+    let until = long.valid_until();
+    std::mem::forget(short);
+    std::mem::forget(long);
+    let mut waiter = builder(m.urls()).build().unwrap();
+    let t = Instant::now();
+    let lock = waiter.lock_many(["many-a", "many-b"], TTL).unwrap();
+    assert!(Instant::now() + Duration::from_millis(30) >= until);
+    assert!(t.elapsed() < PROMPT, "took {:?}", t.elapsed());
+    waiter.release(lock).unwrap();
+}
+
+/// The subscription connections are cut right after a release was announced (the
+/// announcement lost on the way): the waiter reconnects, resubscribes, and tries once at
+/// the confirmation, acquiring long before its retry delay.
+#[test]
+fn a_cut_subscription_does_not_lose_the_release() {
+    let m = masters(3);
+    let proxies: Vec<Proxy> = (0..3).map(|i| Proxy::start(m[i].addr()).unwrap()).collect();
+    let mut holder = builder(m.urls()).build().unwrap();
+    let held = holder.try_lock("cut", TTL).unwrap();
+    let waiter = builder(proxies.iter().map(|p| p.url()).collect())
+        .build()
+        .unwrap();
+    let rx = in_thread(waiter, "cut");
+    wait_subscribed(&m, "cut", 1);
+    for p in &proxies {
+        p.set_mode(Mode::Blackhole);
+    }
+    holder.release(held).unwrap();
+    // The announcements went into the black hole.
+    wait_until("the announcements dropped", PROMPT, || {
+        proxies.iter().all(|p| p.dropped_bytes() > 0)
+    });
+    for p in &proxies {
+        p.set_mode(Mode::PassThrough);
+        p.reset_all();
+    }
+    let cut = Instant::now();
+    let (r, took, waiter) = rx
+        .recv_timeout(FALLBACK / 2)
+        .expect("acquired after the cut");
+    let lock = r.unwrap_or_else(|e| panic!("{e} after {took:?}"));
+    assert!(cut.elapsed() < PROMPT, "{:?} after the cut", cut.elapsed());
+    let reconnects: u64 = waiter
+        .stats()
+        .iter()
+        .map(|s| s.subscription_connects())
+        .sum();
+    assert!(reconnects >= 4, "subscription connections: {reconnects}");
+    drop(lock);
+}
+
+/// A master restarted without persistence forgets the holder's key: no release, no
+/// announcement. The waiter's subscription connection comes back with the master, and the
+/// confirmation makes it try at once.
+#[test]
+fn a_restarted_master_does_not_strand_the_waiter() {
+    let mut m = masters(1);
+    let mut holder = builder(m.urls()).build().unwrap();
+    let held = holder.try_lock("amnesia", TTL).unwrap();
+    let waiter = builder(m.urls()).build().unwrap();
+    let rx = in_thread(waiter, "amnesia");
+    wait_subscribed(&m, "amnesia", 1);
+    m[0].restart().unwrap();
+    let restarted = Instant::now();
+    let (r, took, _waiter) = rx
+        .recv_timeout(FALLBACK / 2)
+        .expect("acquired after the restart");
+    let lock = r.unwrap_or_else(|e| panic!("{e} after {took:?}"));
+    assert!(restarted.elapsed() < PROMPT, "{:?}", restarted.elapsed());
+    std::mem::forget(held);
+    drop(lock);
+}
+
+/// The shared client hands a released lock to its own waiter in the same write as the
+/// release: the waiter's attempt runs right behind the release on every master.
+#[test]
+fn the_shared_client_hands_off_to_its_own_waiter() {
+    let m = masters(3);
+    let c = builder(m.urls()).build_shared().unwrap();
+    let first = c.lock("handoff", TTL).wait().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let c2 = c.clone();
+    thread::spawn(move || {
+        let r = c2.lock("handoff", TTL).wait();
+        let _ = tx.send((r, Instant::now()));
+    });
+    wait_subscribed(&m, "handoff", 1);
+    let released = Instant::now();
+    first.release().wait().unwrap();
+    let (r, at) = rx.recv_timeout(FALLBACK / 2).expect("handed off");
+    let g = r.unwrap();
+    assert!(at.duration_since(released) < PROMPT);
+    drop(g);
+}
+
+/// The value of a key set by hand: its announcement names it, as a release names its token.
+const FOREIGN: &str = "foreign-holder";
+
+/// A key set by hand (a foreign holder that announces nothing by itself) on every master.
+fn hold_by_hand(m: &LocalMasters, key: &str) {
+    for i in 0..m.len() {
+        let set = m[i].cmd(&[b"SET", key.as_bytes(), FOREIGN.as_bytes()]);
+        assert!(set.unwrap().is_ok());
+    }
+}
+
+fn free_by_hand(m: &LocalMasters, key: &str) {
+    for i in 0..m.len() {
+        m[i].cmd(&[b"DEL", key.as_bytes()]).unwrap();
+    }
+}
+
+/// Announce a release of `key` by `payload`'s holder on every master, as the release
+/// script does when nobody is in line.
+fn announce_by_hand(m: &LocalMasters, key: &str, payload: &str) {
+    let ch = channel(key);
+    for i in 0..m.len() {
+        m[i].cmd(&[b"PUBLISH", ch.as_bytes(), payload.as_bytes()])
+            .unwrap();
+    }
+}
+
+fn refused(c: &SharedRedlock) -> u64 {
+    c.stats().wait().unwrap().iter().map(|s| s.refused()).sum()
+}
+
+/// Everything queued to the loop before this has been handled, and every request it sent
+/// has been answered (Redis answers one connection's requests in order).
+fn sync(c: &SharedRedlock) {
+    let g = c.try_lock("sync", Duration::from_secs(5)).wait().unwrap();
+    g.release().wait().unwrap();
+}
+
+/// With fairness, a waiter that arrives while an earlier one waits joins the queue: it
+/// does not take a lock the earlier waiter has not been told is free. (Without fairness its
+/// first attempt would take it.)
+#[test]
+fn a_newcomer_does_not_overtake_a_fair_waiter() {
+    let m = masters(3);
+    let c = builder(m.urls()).fairness(true).build_shared().unwrap();
+    hold_by_hand(&m, "fair-new");
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let spawn = |who: usize| {
+        let (c, order) = (c.clone(), order.clone());
+        let pending = c.lock("fair-new", TTL);
+        thread::spawn(move || {
+            let g = pending.wait().unwrap();
+            order.lock().unwrap().push(who);
+            g.release().wait().unwrap();
+        })
+    };
+    let first = spawn(1);
+    wait_subscribed(&m, "fair-new", 1);
+    sync(&c);
+    // The lock comes free without an announcement (as after an expiry), then a newcomer.
+    free_by_hand(&m, "fair-new");
+    let second = spawn(2);
+    sync(&c);
+    assert!(order.lock().unwrap().is_empty(), "the newcomer took it");
+    // The announcement reaches the head of the queue; the head's release hands over.
+    announce_by_hand(&m, "fair-new", FOREIGN);
+    first.join().unwrap();
+    second.join().unwrap();
+    assert_eq!(*order.lock().unwrap(), vec![1, 2]);
+}
+
+/// With fairness, a release wakes the oldest waiter only; without, every waiter tries.
+/// (One master: each attempt is one refusal, and a refused round leaves no cleanup.)
+#[test]
+fn a_release_wakes_one_fair_waiter() {
+    let m = masters(1);
+    for fair in [true, false] {
+        let key = if fair { "fair-one" } else { "unfair-one" };
+        let c = builder(m.urls()).fairness(fair).build_shared().unwrap();
+        // A first wait sets the channel up, so that the waiters below are covered from
+        // their first attempt (no check at the confirmation).
+        hold_by_hand(&m, key);
+        let warm = c.lock(key, TTL);
+        sync(&c);
+        wait_subscribed(&m, key, 1);
+        free_by_hand(&m, key);
+        announce_by_hand(&m, key, FOREIGN);
+        warm.wait().unwrap().release().wait().unwrap();
+        hold_by_hand(&m, key);
+        let waiters: Vec<_> = (0..3).map(|_| c.lock(key, TTL)).collect();
+        sync(&c);
+        let before = refused(&c);
+        announce_by_hand(&m, key, FOREIGN);
+        wait_until("the woken attempt", PROMPT, || refused(&c) > before);
+        sync(&c);
+        let woken = refused(&c) - before;
+        assert_eq!(woken, if fair { 1 } else { 3 }, "fair: {fair}");
+        free_by_hand(&m, key);
+        announce_by_hand(&m, key, FOREIGN);
+        for w in waiters {
+            w.wait().unwrap().release().wait().unwrap();
+        }
+    }
+}
+
+/// Fair waiters of one shared client are granted in the order they asked, and a hot
+/// resource moves at hand-off speed: many grants in well under one retry delay.
+#[test]
+fn fair_waiters_are_granted_in_arrival_order() {
+    let m = masters(3);
+    let c = builder(m.urls()).fairness(true).build_shared().unwrap();
+    hold_by_hand(&m, "fifo");
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let threads: Vec<_> = (0..6)
+        .map(|who| {
+            let (c2, order) = (c.clone(), order.clone());
+            let pending = c.lock("fifo", TTL);
+            sync(&c);
+            thread::spawn(move || {
+                let g = pending.wait().unwrap();
+                order.lock().unwrap().push(who);
+                g.release().wait().unwrap();
+                drop(c2);
+            })
+        })
+        .collect();
+    let t = Instant::now();
+    free_by_hand(&m, "fifo");
+    announce_by_hand(&m, "fifo", FOREIGN);
+    for th in threads {
+        th.join().unwrap();
+    }
+    assert!(t.elapsed() < PROMPT, "{:?}", t.elapsed());
+    assert_eq!(*order.lock().unwrap(), (0..6).collect::<Vec<_>>());
+    assert!((0..3).all(|i| get(&m, i, "fifo").is_none()));
+}
+
+/// The subscription connection closes once nobody waited for its linger (2 s).
+#[test]
+fn subscriptions_end_after_the_last_wait() {
+    let m = masters(3);
+    let c = builder(m.urls()).build_shared().unwrap();
+    let first = c.lock("linger", TTL).wait().unwrap();
+    let second = c.lock("linger", TTL);
+    sync(&c);
+    wait_subscribed(&m, "linger", 1);
+    first.release().wait().unwrap();
+    second.wait().unwrap().release().wait().unwrap();
+    wait_until("the subscription to end", Duration::from_secs(6), || {
+        (0..3).all(|i| subscribers(&m, i, "linger") == 0)
+    });
+}
+
+/// Waiters in line on a key, by hand-counted entries of its line on master `i`.
+fn in_line(m: &LocalMasters, i: usize, key: &str) -> i64 {
+    let q = format!("redlock-mux:queue:{key}");
+    match m[i].cmd(&[b"ZCARD", q.as_bytes()]) {
+        Ok(AdminReply::Int(n)) => n,
+        other => panic!("ZCARD: {other:?}"),
+    }
+}
+
+/// Fair clients that share nothing but the masters are served in the order they came: the
+/// line on the masters orders them, and each release names the first of them. (With
+/// fairness in one client only, independent clients would race.)
+#[test]
+fn independent_fair_clients_are_served_in_arrival_order() {
+    let m = masters(3);
+    let mut holder = builder(m.urls()).build().unwrap();
+    let held = holder.try_lock("line", TTL).unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut threads = Vec::new();
+    for who in 0..4 {
+        let mut c = builder(m.urls()).fairness(true).build().unwrap();
+        let order = order.clone();
+        threads.push(thread::spawn(move || {
+            let lock = c.lock("line", TTL).unwrap();
+            order.lock().unwrap().push(who);
+            c.release(lock).unwrap();
+        }));
+        // The next one comes once this one stands in line on every master.
+        wait_until("the waiter in line", PROMPT, || {
+            (0..3).all(|i| in_line(&m, i, "line") == who as i64 + 1)
+        });
+    }
+    let t = Instant::now();
+    holder.release(held).unwrap();
+    for th in threads {
+        th.join().unwrap();
+    }
+    assert!(t.elapsed() < PROMPT, "{:?}", t.elapsed());
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3]);
+    // Each left the line with its release.
+    assert!((0..3).all(|i| in_line(&m, i, "line") == 0));
+}
+
+/// A release wakes the first waiter in line only, whatever its client: the others' clients
+/// hear nothing (their retry delay is 10 s), and each release hands over to the next.
+/// (Fair clients: without fairness, a waiter's own attempt, e.g. the one it makes when its
+/// subscription is confirmed, may still come first.)
+#[test]
+fn a_release_names_one_client_not_all() {
+    let m = masters(3);
+    let mut holder = builder(m.urls()).build().unwrap();
+    let held = holder.try_lock("named", TTL).unwrap();
+    let mut rxs = Vec::new();
+    for who in 0..3 {
+        let c = builder(m.urls()).fairness(true).build().unwrap();
+        rxs.push(in_thread(c, "named"));
+        wait_until("the waiter in line", PROMPT, || {
+            (0..3).all(|i| in_line(&m, i, "named") == who + 1)
+        });
+    }
+    holder.release(held).unwrap();
+    // The first in line is granted; the two others are still waiting (their retry delay is
+    // 10 s), having made no attempt on the release.
+    let (first, _, mut c0) = rxs[0]
+        .recv_timeout(FALLBACK / 2)
+        .expect("the first in line");
+    let first = first.unwrap();
+    for rx in &rxs[1..] {
+        assert!(
+            rx.try_recv().is_err(),
+            "a waiter not first in line was granted"
+        );
+    }
+    // The next release names the second, and so on.
+    c0.release(first).unwrap();
+    let (second, _, mut c1) = rxs[1]
+        .recv_timeout(FALLBACK / 2)
+        .expect("the second in line");
+    let second = second.unwrap();
+    assert!(rxs[2].try_recv().is_err());
+    c1.release(second).unwrap();
+    let (third, _, mut c2) = rxs[2]
+        .recv_timeout(FALLBACK / 2)
+        .expect("the third in line");
+    c2.release(third.unwrap()).unwrap();
+}
+
+/// The first in line died (a client that stopped asking): it drops out of line when its
+/// waiter key expires, and the next waiter, fair or not, takes the lock within its
+/// fallback. (Without the expiry a fair waiter would stand behind it for ever.)
+#[test]
+fn a_dead_first_in_line_drops_out() {
+    let m = masters(3);
+    for fair in [true, false] {
+        let key = if fair { "dead-fair" } else { "dead" };
+        let mut holder = builder(m.urls()).build().unwrap();
+        let held = holder.try_lock(key, TTL).unwrap();
+        // A waiter in line at score 0 (first), alive for 600 ms, that never asks again.
+        let q = format!("redlock-mux:queue:{key}");
+        for i in 0..3 {
+            m[i].cmd(&[b"ZADD", q.as_bytes(), b"0", b"deadbeefdeadbeef"])
+                .unwrap();
+            m[i].cmd(&[
+                b"SET",
+                b"redlock-mux:waiter:deadbeefdeadbeef",
+                b"1",
+                b"PX",
+                b"600",
+            ])
+            .unwrap();
+        }
+        let waiter = builder(m.urls())
+            .fairness(fair)
+            .retry_delay(Duration::from_millis(400))
+            .build()
+            .unwrap();
+        let rx = in_thread(waiter, key);
+        wait_until("the waiter in line", PROMPT, || {
+            (0..3).all(|i| in_line(&m, i, key) == 2)
+        });
+        let released = Instant::now();
+        holder.release(held).unwrap();
+        let (r, _, mut c) = rx.recv_timeout(FALLBACK / 2).expect("acquired");
+        let took = released.elapsed();
+        c.release(r.unwrap()).unwrap();
+        assert!(took < Duration::from_secs(2), "fair {fair}: {took:?}");
+    }
+}
