@@ -87,6 +87,11 @@ impl LockGuard {
     pub fn attempts(&self) -> u32 {
         self.st().attempts
     }
+    /// When the acquiring round started, on the monotonic clock (see
+    /// [`Lock::acquired_at`](crate::Lock::acquired_at)).
+    pub fn acquired_at(&self) -> Instant {
+        self.st().acquired_at
+    }
     /// The TTL the lock was last set (or extended) with.
     pub fn ttl(&self) -> Duration {
         self.st().ttl()

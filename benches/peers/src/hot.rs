@@ -30,7 +30,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redlock_mux::local::LocalMasters;
-use redlock_mux::{Error, Redlock, SharedRedlock, WaitMode};
+use redlock_mux::{Error, Lock, LockGuard, Redlock, SharedRedlock, WaitMode};
 use rslock::LockManager;
 use tokio::runtime::Runtime;
 
@@ -61,6 +61,88 @@ struct Tally {
     acquire_ns: Vec<u64>,
     /// When an observer subscribed on master 0 saw an announcement (ns since the epoch).
     announced: Vec<u64>,
+}
+
+impl Tally {
+    fn merge(&mut self, t: Tally) {
+        self.holds.extend(t.holds);
+        self.refused += t.refused;
+        self.gave_up += t.gave_up;
+    }
+}
+
+/// What the hand-off measurement reads of a granted lock, either client's.
+trait Held {
+    fn attempts(&self) -> u32;
+    fn acquired_at(&self) -> Instant;
+    fn valid_until(&self) -> Instant;
+}
+
+impl Held for Lock {
+    fn attempts(&self) -> u32 {
+        Lock::attempts(self)
+    }
+    fn acquired_at(&self) -> Instant {
+        Lock::acquired_at(self)
+    }
+    fn valid_until(&self) -> Instant {
+        Lock::valid_until(self)
+    }
+}
+
+impl Held for LockGuard {
+    fn attempts(&self) -> u32 {
+        LockGuard::attempts(self)
+    }
+    fn acquired_at(&self) -> Instant {
+        LockGuard::acquired_at(self)
+    }
+    fn valid_until(&self) -> Instant {
+        LockGuard::valid_until(self)
+    }
+}
+
+/// One client's loop until `end`: acquire (a refusal counts its attempts, and as a call
+/// that gave up when `waits`), an empty critical section, release, `think`.
+fn client_loop<C, H: Held>(
+    c: &mut C,
+    end: Instant,
+    think: Duration,
+    epoch: Instant,
+    waits: bool,
+    mut acquire: impl FnMut(&mut C) -> Result<H, Error>,
+    mut release: impl FnMut(&mut C, H) -> Result<(), Error>,
+) -> Tally {
+    let mut t = Tally::default();
+    while Instant::now() < end {
+        let asked = Instant::now();
+        let lock = match acquire(c) {
+            Ok(l) => l,
+            Err(Error::Taken(report)) => {
+                t.refused += u64::from(report.attempts());
+                t.gave_up += u64::from(waits);
+                continue;
+            }
+            Err(e) => panic!("lock: {e}"),
+        };
+        let granted = Instant::now();
+        t.refused += u64::from(lock.attempts() - 1);
+        let attempt = ns(epoch, lock.acquired_at());
+        let release_start = Instant::now();
+        let end = ns(epoch, release_start.min(lock.valid_until()));
+        release(c, lock).expect("release");
+        t.holds.push(Hold {
+            asked: ns(epoch, asked),
+            start: ns(epoch, granted),
+            end,
+            attempt,
+            released: ns(epoch, Instant::now()),
+        });
+        if !think.is_zero() {
+            thread::sleep(think);
+        }
+    }
+    t
 }
 
 enum Clients {
@@ -148,86 +230,33 @@ fn slice(
                 for c in cs.iter_mut() {
                     let out = &out;
                     s.spawn(move || {
-                        let mut t = Tally::default();
-                        while Instant::now() < end {
-                            let asked = Instant::now();
-                            let r = if spin {
+                        let acquire = |c: &mut Redlock| {
+                            if spin {
                                 c.try_lock(key, TTL)
                             } else {
                                 c.lock(key, TTL)
-                            };
-                            let lock = match r {
-                                Ok(l) => l,
-                                Err(Error::Taken(report)) => {
-                                    t.refused += u64::from(report.attempts());
-                                    t.gave_up += u64::from(!spin);
-                                    continue;
-                                }
-                                Err(e) => panic!("lock: {e}"),
-                            };
-                            let granted = Instant::now();
-                            t.refused += u64::from(lock.attempts() - 1);
-                            let attempt = ns(epoch, lock.acquired_at());
-                            let release = Instant::now();
-                            let end = ns(epoch, release.min(lock.valid_until()));
-                            c.release(lock).expect("release");
-                            t.holds.push(Hold {
-                                asked: ns(epoch, asked),
-                                start: ns(epoch, granted),
-                                end,
-                                attempt,
-                                released: ns(epoch, Instant::now()),
-                            });
-                            if !think.is_zero() {
-                                thread::sleep(think);
                             }
-                        }
-                        let mut o = out.lock().unwrap();
-                        o.holds.extend(t.holds);
-                        o.refused += t.refused;
-                        o.gave_up += t.gave_up;
+                        };
+                        let release = |c: &mut Redlock, l| c.release(l);
+                        let t = client_loop(c, end, think, epoch, !spin, acquire, release);
+                        out.lock().unwrap().merge(t);
                     });
                 }
             }
             Clients::Shared(c, k) => {
                 for _ in 0..*k {
-                    let (out, c) = (&out, c.clone());
+                    let (out, mut c) = (&out, c.clone());
                     s.spawn(move || {
-                        let mut t = Tally::default();
-                        while Instant::now() < end {
-                            let asked = Instant::now();
-                            let g = match c.lock(key, TTL).wait() {
-                                Ok(g) => g,
-                                Err(Error::Taken(report)) => {
-                                    t.refused += u64::from(report.attempts());
-                                    t.gave_up += 1;
-                                    continue;
-                                }
-                                Err(e) => panic!("lock: {e}"),
-                            };
-                            let granted = Instant::now();
-                            t.refused += u64::from(g.attempts() - 1);
-                            // The granting attempt's start: valid_until = t1 + ttl - drift.
-                            let drift = redlock_mux::rules::drift(TTL, 0.01);
-                            let attempt = ns(epoch, g.valid_until() + drift - TTL);
-                            let release = Instant::now();
-                            let end = ns(epoch, release.min(g.valid_until()));
-                            g.release().wait().expect("release");
-                            t.holds.push(Hold {
-                                asked: ns(epoch, asked),
-                                start: ns(epoch, granted),
-                                end,
-                                attempt,
-                                released: ns(epoch, Instant::now()),
-                            });
-                            if !think.is_zero() {
-                                thread::sleep(think);
-                            }
-                        }
-                        let mut o = out.lock().unwrap();
-                        o.holds.extend(t.holds);
-                        o.refused += t.refused;
-                        o.gave_up += t.gave_up;
+                        let t = client_loop(
+                            &mut c,
+                            end,
+                            think,
+                            epoch,
+                            true,
+                            |c: &mut SharedRedlock| c.lock(key, TTL).wait(),
+                            |_: &mut SharedRedlock, g: LockGuard| g.release().wait(),
+                        );
+                        out.lock().unwrap().merge(t);
                     });
                 }
             }
@@ -261,9 +290,7 @@ fn slice(
                                 }
                             }
                         });
-                        let mut o = out.lock().unwrap();
-                        o.holds.extend(t.holds);
-                        o.gave_up += t.gave_up;
+                        out.lock().unwrap().merge(t);
                     });
                 }
             }

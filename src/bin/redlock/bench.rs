@@ -15,7 +15,7 @@ use nix::sys::time::TimeValLike;
 use redlock_mux::local::{
     cpu_list, pin_current_thread, set_current_thread_cpus, split_cpus, LocalMasters,
 };
-use redlock_mux::{Error, Redlock, SharedRedlock, WaitMode};
+use redlock_mux::{Error, Lock, LockGuard, Redlock, SharedRedlock, WaitMode};
 use signal_hook::consts::{SIGINT, SIGTERM};
 
 use crate::common::{exit, human_micros, out, out_part, say, thousands};
@@ -783,7 +783,7 @@ fn client_thread(
     }
 
     if shared.in_flight == 1 {
-        run_single(id, &mut client, shared, &mut out);
+        run_cycles(id, &mut client, shared, &mut out);
     } else {
         run_batched(id, &mut client, shared, &mut out);
     }
@@ -815,72 +815,8 @@ fn caller_thread(
     if let Some(e) = warm_error {
         return Err(SetupError::Lock(e));
     }
-    run_caller(id, client, shared, &mut out);
+    run_cycles(id, client, shared, &mut out);
     Ok(out)
-}
-
-/// One lock at a time through the shared client, blocking on each result: `try_lock`
-/// (retried at once while taken), critical section, `release`.
-fn run_caller(id: usize, client: &SharedRedlock, shared: &Shared, out: &mut ClientResult) {
-    let mut k = 0usize;
-    'run: while !shared.stop.load(Ordering::Relaxed) {
-        let r = resource_for(shared, id, 0, k);
-        k = k.wrapping_add(1);
-        let name = &shared.names[r];
-        let t0 = Instant::now();
-        let guard = loop {
-            let r = if shared.lock_calls {
-                client.lock(name, shared.ttl).wait()
-            } else {
-                client.try_lock(name, shared.ttl).wait()
-            };
-            match r {
-                Ok(guard) => {
-                    out.refused += u64::from(guard.attempts().saturating_sub(1));
-                    break guard;
-                }
-                Err(Error::Taken(report)) => out.taken(shared, &report),
-                Err(e) => {
-                    out.error(&e);
-                    thread::sleep(Duration::from_millis(1));
-                }
-            }
-            if shared.stop.load(Ordering::Relaxed) {
-                break 'run;
-            }
-            out.retried += 1;
-            thread::yield_now();
-        };
-        let granted = Instant::now();
-        out.acquired += 1;
-        out.grants[r] += 1;
-        out.acquire.saturating_record(micros(granted - t0).max(1));
-        critical_section(&shared.counters[r]);
-
-        let release_start = Instant::now();
-        record_hold(
-            shared,
-            out,
-            r,
-            t0,
-            granted,
-            release_start,
-            guard.valid_until(),
-        );
-        let released = guard.release().wait();
-        let done = Instant::now();
-        if let Err(e) = released {
-            out.error(&e);
-        }
-        out.release
-            .saturating_record(micros(done - release_start).max(1));
-        out.cycle.saturating_record(micros(done - t0).max(1));
-        out.cycles += 1;
-        shared.cycles.fetch_add(1, Ordering::Relaxed);
-        if !shared.think.is_zero() {
-            thread::sleep(shared.think);
-        }
-    }
 }
 
 /// The `--tasks` thread: builds the runtime, runs the tasks' warm-up, meets the others
@@ -955,7 +891,7 @@ fn tasks_thread(
     Ok(total)
 }
 
-/// [`run_caller`] as a task: the same loop, awaiting each result.
+/// [`run_cycles`] as a task: the same loop, awaiting each result.
 async fn run_task(id: usize, client: &SharedRedlock, shared: &Shared, out: &mut ClientResult) {
     let mut k = 0usize;
     'run: while !shared.stop.load(Ordering::Relaxed) {
@@ -1066,24 +1002,71 @@ fn record_hold(
     });
 }
 
-/// One lock at a time: `try_lock`, critical section, `release`.
-fn run_single(id: usize, client: &mut Redlock, shared: &Shared, out: &mut ClientResult) {
+/// What one blocking cycle needs of a client: the single owner (`--clients`) and a
+/// shared handle blocking on each result (`--callers`) run the same loop.
+trait CycleClient {
+    type Held;
+    fn acquire(&mut self, name: &str, ttl: Duration, lock_calls: bool)
+        -> Result<Self::Held, Error>;
+    fn attempts(held: &Self::Held) -> u32;
+    fn valid_until(held: &Self::Held) -> Instant;
+    fn release(&mut self, held: Self::Held) -> Result<(), Error>;
+}
+
+impl CycleClient for &mut Redlock {
+    type Held = Lock;
+    fn acquire(&mut self, name: &str, ttl: Duration, lock_calls: bool) -> Result<Lock, Error> {
+        if lock_calls {
+            self.lock(name, ttl)
+        } else {
+            self.try_lock(name, ttl)
+        }
+    }
+    fn attempts(held: &Lock) -> u32 {
+        held.attempts()
+    }
+    fn valid_until(held: &Lock) -> Instant {
+        held.valid_until()
+    }
+    fn release(&mut self, held: Lock) -> Result<(), Error> {
+        Redlock::release(self, held)
+    }
+}
+
+impl CycleClient for &SharedRedlock {
+    type Held = LockGuard;
+    fn acquire(&mut self, name: &str, ttl: Duration, lock_calls: bool) -> Result<LockGuard, Error> {
+        if lock_calls {
+            self.lock(name, ttl).wait()
+        } else {
+            self.try_lock(name, ttl).wait()
+        }
+    }
+    fn attempts(held: &LockGuard) -> u32 {
+        held.attempts()
+    }
+    fn valid_until(held: &LockGuard) -> Instant {
+        held.valid_until()
+    }
+    fn release(&mut self, held: LockGuard) -> Result<(), Error> {
+        held.release().wait()
+    }
+}
+
+/// One lock at a time, blocking on each result: `try_lock` (retried at once while taken)
+/// or `lock`, critical section, `release`.
+fn run_cycles<C: CycleClient>(id: usize, mut client: C, shared: &Shared, out: &mut ClientResult) {
     let mut k = 0usize;
     'run: while !shared.stop.load(Ordering::Relaxed) {
         let r = resource_for(shared, id, 0, k);
         k = k.wrapping_add(1);
         let name = &shared.names[r];
         let t0 = Instant::now();
-        let lock = loop {
-            let r = if shared.lock_calls {
-                client.lock(name, shared.ttl)
-            } else {
-                client.try_lock(name, shared.ttl)
-            };
-            match r {
-                Ok(lock) => {
-                    out.refused += u64::from(lock.attempts().saturating_sub(1));
-                    break lock;
+        let held = loop {
+            match client.acquire(name, shared.ttl, shared.lock_calls) {
+                Ok(held) => {
+                    out.refused += u64::from(C::attempts(&held).saturating_sub(1));
+                    break held;
                 }
                 Err(Error::Taken(report)) => out.taken(shared, &report),
                 Err(e) => {
@@ -1105,16 +1088,9 @@ fn run_single(id: usize, client: &mut Redlock, shared: &Shared, out: &mut Client
         critical_section(&shared.counters[r]);
 
         let release_start = Instant::now();
-        record_hold(
-            shared,
-            out,
-            r,
-            t0,
-            granted,
-            release_start,
-            lock.valid_until(),
-        );
-        let released = client.release(lock);
+        let valid_until = C::valid_until(&held);
+        record_hold(shared, out, r, t0, granted, release_start, valid_until);
+        let released = client.release(held);
         let done = Instant::now();
         if let Err(e) = released {
             out.error(&e);
