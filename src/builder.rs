@@ -9,24 +9,9 @@ use std::time::{Duration, Instant};
 use crate::engine::{Engine, NetConfig, Node, Target};
 use crate::error::Error;
 use crate::lock::MAX_TTL;
-use crate::machine::{Machine, Settings};
+use crate::machine::{Machine, Settings, WaitMode};
 use crate::token::TokenSource;
 use crate::url::{Endpoint, MasterSpec};
-
-/// How a lock call (`lock`, `lock_with_deadline`, `lock_many`) waits between attempts while
-/// the lock is held elsewhere (see [`Builder::wait_mode`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum WaitMode {
-    /// Try again as soon as a release of the resource is announced to this waiter (the
-    /// release script names the first waiter in the resource's line on each master), and
-    /// at the latest after the retry delay or when the holder's keys expire. The default.
-    #[default]
-    Notify,
-    /// Try again after the retry delay only (or when the holder's keys expire): the
-    /// classic Redlock client. No subscription connections, no line.
-    Poll,
-}
 
 /// Configures and builds a [`Redlock`](crate::Redlock) ([`Builder::build`]) or a
 /// [`SharedRedlock`](crate::SharedRedlock) ([`Builder::build_shared`]).

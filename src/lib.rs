@@ -204,13 +204,15 @@ mod token;
 mod url;
 
 #[cfg(feature = "client")]
-pub use builder::{Builder, WaitMode};
+pub use builder::Builder;
 #[cfg(feature = "client")]
 pub use error::{Error, Operation, Report};
 #[cfg(feature = "client")]
 pub use keep::HoldOptions;
 #[cfg(feature = "client")]
 pub use lock::Lock;
+#[cfg(feature = "client")]
+pub use machine::WaitMode;
 #[cfg(feature = "client")]
 pub use rules::{ErrorText, Fault, Outcome, TlsFault};
 #[cfg(feature = "client")]

@@ -26,6 +26,7 @@ mod ops;
 mod sub;
 #[cfg(feature = "tls")]
 mod tls;
+mod transport;
 
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -38,17 +39,16 @@ use crate::resp::{self, Frame};
 use crate::rules::{self, Decision, ErrorText, Fault, Outcome, Request, Tally, TlsFault};
 use crate::stats::MasterStats;
 
-use conn::{
-    connect_tcp, connect_unix, interpret, read_some, write_handshake, write_some, Conn, Setup,
-    SetupReply, Stream, Tag,
-};
-pub(crate) use conn::{Node, Target};
+pub(crate) use conn::Node;
+use conn::{interpret, write_handshake, Setup, SetupReply, Tag};
 use encode::encode_request;
 use ops::OpState;
 pub(crate) use ops::{KeyList, Line, Op, OpArgs, OpId};
 pub(crate) use sub::{fingerprint, ChanId, Fingerprint, Notice};
 #[cfg(feature = "tls")]
 pub(crate) use tls::{client_config, TlsTarget};
+pub(crate) use transport::Target;
+use transport::{connect_tcp, connect_unix, read_some, write_some, Conn, Stream};
 
 /// The mio token reserved for the cross-thread waker.
 pub(crate) const WAKER: MioToken = MioToken(usize::MAX);

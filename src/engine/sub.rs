@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use mio::Token as MioToken;
 use smallvec::SmallVec;
 
-use super::conn::{connect_unix, read_some, write_some, Conn, Stream, Target};
+use super::transport::{connect_unix, read_some, write_some, Conn, Stream, Target};
 use super::Engine;
 use crate::resp::{self, Frame};
 use crate::rules::{ErrorText, Fault, TlsFault};

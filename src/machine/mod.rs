@@ -25,6 +25,24 @@ use crate::token::{Token, TokenSource};
 
 pub(crate) use task::Done;
 use task::Task;
+pub use wait::WaitMode;
+
+/// Where a task stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Phase {
+    /// Waiting for the acquire round.
+    Acquire,
+    /// Fencing: waiting for the draw round.
+    Draw,
+    /// Fencing: waiting for the write-back round.
+    WriteBack,
+    /// Between attempts, until `wake`.
+    Sleep,
+    /// A release or extend round.
+    OnLock,
+    /// The result is in.
+    Done,
+}
 
 /// The Redlock settings of a client (from its builder).
 #[derive(Debug, Clone)]
@@ -37,7 +55,7 @@ pub(crate) struct Settings {
     pub min_validity: Duration,
     pub fencing: bool,
     pub amnesia_guard: Option<Duration>,
-    pub wait_mode: crate::builder::WaitMode,
+    pub wait_mode: WaitMode,
     pub fairness: bool,
 }
 
@@ -390,7 +408,7 @@ impl Machine {
         for id in due {
             // Woken meanwhile by another's step (a notice, a head that left).
             let t = &self.tasks[id.slot as usize];
-            if t.gen != id.gen || !t.live || t.phase != task::Phase::Sleep {
+            if t.gen != id.gen || !t.live || t.phase != Phase::Sleep {
                 continue;
             }
             let polls = t.polls + 1;
@@ -426,7 +444,7 @@ impl Machine {
             Err(error) => tracing::debug!(parent: &t.span, attempts = t.attempt, %error, "failed"),
         }
         t.result = Some(result);
-        t.phase = task::Phase::Done;
+        t.phase = Phase::Done;
         if self.track_finished {
             self.finished.push(id);
         }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
-use super::{Machine, TaskId};
+use super::{Machine, Phase, TaskId};
 use crate::engine::{fingerprint, ChanId, Fingerprint, KeyList, Line, OpId};
 use crate::error::{Error, Operation, Report};
 use crate::lock::Lock;
@@ -35,22 +35,6 @@ pub(super) enum Kind {
     Lock,
     Release,
     Extend,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Phase {
-    /// Waiting for the acquire round.
-    Acquire,
-    /// Fencing: waiting for the draw round.
-    Draw,
-    /// Fencing: waiting for the write-back round.
-    WriteBack,
-    /// Between attempts, until `wake`.
-    Sleep,
-    /// A release or extend round.
-    OnLock,
-    /// The result is in.
-    Done,
 }
 
 pub(super) struct Task {

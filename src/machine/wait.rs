@@ -36,11 +36,25 @@ use std::time::{Duration, Instant};
 use smallvec::SmallVec;
 
 use super::{Machine, TaskId};
-use crate::builder::WaitMode;
 use crate::engine::{fingerprint, ChanId, Fingerprint, KeyList, Notice, OpId};
 use crate::rules::{self, Outcome, Request};
 
-use super::task::Phase;
+use super::Phase;
+
+/// How a lock call (`lock`, `lock_with_deadline`, `lock_many`) waits between attempts while
+/// the lock is held elsewhere (see [`Builder::wait_mode`](crate::Builder::wait_mode)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum WaitMode {
+    /// Try again as soon as a release of the resource is announced to this waiter (the
+    /// release script names the first waiter in the resource's line on each master), and
+    /// at the latest after the retry delay or when the holder's keys expire. The default.
+    #[default]
+    Notify,
+    /// Try again after the retry delay only (or when the holder's keys expire): the
+    /// classic Redlock client. No subscription connections, no line.
+    Poll,
+}
 
 /// What a refused acquire round tells its task about waiting.
 pub(super) struct Hint {
