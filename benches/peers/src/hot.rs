@@ -34,6 +34,7 @@ use redlock_mux::{Error, Lock, LockGuard, Redlock, SharedRedlock, WaitMode};
 use rslock::LockManager;
 use tokio::runtime::Runtime;
 
+use crate::delay::DelayNet;
 use crate::{current_thread_runtime, env, pct, TTL};
 
 /// One hold of the resource, in ns since the pass's epoch.
@@ -163,13 +164,13 @@ struct Variant {
 }
 
 fn mux_clients(
-    m: &LocalMasters,
+    urls: &[String],
     k: usize,
     f: impl Fn(redlock_mux::Builder) -> redlock_mux::Builder,
 ) -> Vec<Redlock> {
     (0..k)
         .map(|_| {
-            f(Redlock::builder().masters(m.urls()))
+            f(Redlock::builder().masters(urls))
                 .build()
                 .expect("redlock-mux client")
         })
@@ -371,9 +372,20 @@ pub fn hot_pass(m: &LocalMasters) {
     let k: usize = env("PEERS_HOT_CLIENTS", 8);
     let secs: f64 = env("PEERS_HOT_SECS", 2.0);
     let rounds: usize = env("PEERS_HOT_ROUNDS", 3);
+    let delay_us: u64 = env("PEERS_HOT_DELAY_US", 0);
+    // With a delay, every client reaches the masters through a proxy that holds each byte
+    // that long each way: masters as if on other hosts.
+    let net = (delay_us > 0).then(|| {
+        DelayNet::start(&m.addrs(), Duration::from_micros(delay_us)).expect("delay proxies")
+    });
+    let urls: Vec<String> = match &net {
+        None => m.urls(),
+        Some(net) => net.addrs().iter().map(|a| format!("redis://{a}")).collect(),
+    };
+    let observe_addr = net.as_ref().map_or(m[0].addr(), |n| n.addrs()[0]);
     let epoch = Instant::now();
     let mut free = Redlock::builder()
-        .masters(m.urls())
+        .masters(&urls)
         .build()
         .expect("redlock-mux client");
     let mut reference = Tally::default();
@@ -392,17 +404,17 @@ pub fn hot_pass(m: &LocalMasters) {
         variants.push(v(
             if polite { "notify, polite" } else { "notify" },
             "redlock-mux lock(), default settings (WaitMode::Notify)",
-            Clients::Mux(mux_clients(m, k, |b| b)),
+            Clients::Mux(mux_clients(&urls, k, |b| b)),
         ));
         variants.push(v(
             if polite { "fair, polite" } else { "fair" },
             "redlock-mux lock(), .fairness(true)",
-            Clients::Mux(mux_clients(m, k, |b| b.fairness(true))),
+            Clients::Mux(mux_clients(&urls, k, |b| b.fairness(true))),
         ));
         variants.push(v(
             if polite { "poll, polite" } else { "poll" },
             "redlock-mux lock(), WaitMode::Poll (retry delay 200 ms +- 100 ms)",
-            Clients::Mux(mux_clients(m, k, |b| b.wait_mode(WaitMode::Poll))),
+            Clients::Mux(mux_clients(&urls, k, |b| b.wait_mode(WaitMode::Poll))),
         ));
         if !polite {
             variants.push(v(
@@ -410,7 +422,7 @@ pub fn hot_pass(m: &LocalMasters) {
                 "8 threads sharing one redlock-mux SharedRedlock, lock(), default settings",
                 Clients::Shared(
                     Redlock::builder()
-                        .masters(m.urls())
+                        .masters(&urls)
                         .build_shared()
                         .expect("shared client"),
                     k,
@@ -419,7 +431,7 @@ pub fn hot_pass(m: &LocalMasters) {
             variants.push(v(
                 "spin",
                 "redlock-mux try_lock() retried at once",
-                Clients::Spin(mux_clients(m, k, |b| b.retry_count(0))),
+                Clients::Spin(mux_clients(&urls, k, |b| b.retry_count(0))),
             ));
         }
         variants.push(v(
@@ -427,7 +439,7 @@ pub fn hot_pass(m: &LocalMasters) {
             "rslock 0.10 lock() (3 retries 0-200 ms apart), again when it gives up",
             Clients::Rslock(
                 (0..k)
-                    .map(|_| (current_thread_runtime(), LockManager::new(m.urls())))
+                    .map(|_| (current_thread_runtime(), LockManager::new(urls.clone())))
                     .collect(),
             ),
         ));
@@ -441,13 +453,18 @@ pub fn hot_pass(m: &LocalMasters) {
     uncontended_slice(&mut free, &mut Tally::default(), 0.2);
     println!(
         "\n## hot resource: {k} clients on one resource, 5 masters ({rounds} rounds of {secs} s \
-         slices per variant, interleaved)\n"
+         slices per variant, interleaved){}\n",
+        if delay_us == 0 {
+            String::new()
+        } else {
+            format!(", every master behind a proxy holding each byte {delay_us} µs each way")
+        }
     );
     for round in 0..rounds {
         uncontended_slice(&mut free, &mut reference, secs);
         for v in variants.iter_mut() {
             let key = format!("peers:hot:{}:{round}", v.name.replace(", ", "-"));
-            let observe = matches!(v.name, "notify" | "fair" | "shared").then(|| m[0].addr());
+            let observe = matches!(v.name, "notify" | "fair" | "shared").then_some(observe_addr);
             slice(v, &key, epoch, secs, observe);
         }
     }

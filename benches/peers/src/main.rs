@@ -41,6 +41,7 @@ use std::time::{Duration, Instant};
 
 #[path = "../../common/cpu.rs"]
 mod cpu;
+mod delay;
 #[path = "../../common/floor.rs"]
 mod floor;
 mod hot;
@@ -763,7 +764,7 @@ fn loadavg() -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
-const USAGE: &str = "usage: redlock-mux-peers [--pin] [--hot]\n\n  --pin   the measuring threads (one per variant) on the first CPU the bench may use, the\n          masters on the others (also PEERS_PIN=1)\n  --hot   only the hot-resource pass: K clients on one resource (also PEERS_HOT=1)\n\nKnobs: PEERS_CYCLES, PEERS_SECS, PEERS_BLOCK, PEERS_HOT_CLIENTS, PEERS_HOT_SECS,\nPEERS_HOT_ROUNDS (see README.md)";
+const USAGE: &str = "usage: redlock-mux-peers [--pin] [--hot]\n\n  --pin   the measuring threads (one per variant) on the first CPU the bench may use, the\n          masters on the others (also PEERS_PIN=1)\n  --hot   only the hot-resource pass: K clients on one resource (also PEERS_HOT=1)\n\nKnobs: PEERS_CYCLES, PEERS_SECS, PEERS_BLOCK, PEERS_HOT_CLIENTS, PEERS_HOT_SECS,\nPEERS_HOT_ROUNDS, PEERS_HOT_DELAY_US (see README.md)";
 
 /// `--pin` or `PEERS_PIN` set to anything but empty or `0`.
 fn pin_requested() -> bool {
