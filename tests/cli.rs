@@ -1840,3 +1840,69 @@ fn bench_survives_a_closed_stdout() {
     assert_eq!(status.code(), Some(0), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// `run` waits like `lock()`: it stands in the resource's line on the masters and is woken
+/// by the holder's release, not by its next timed attempt (200 ms +- 100 ms apart).
+#[test]
+fn run_waits_in_line_and_is_woken_by_the_release() {
+    let m = masters(3);
+    let s = Scratch::new();
+    let key = "cli:woken";
+    let line = format!("redlock-mux:queue:{key}");
+    let in_line = |i: usize| match m[i].cmd(&[b"ZCARD", line.as_bytes()]).expect("ZCARD") {
+        AdminReply::Int(n) => n,
+        other => panic!("ZCARD {line}: {other:?}"),
+    };
+    let mut holder = Redlock::new(m.urls()).expect("client");
+    let mut took = Vec::new();
+    for round in 0..5 {
+        let lock = holder
+            .try_lock(key, Duration::from_secs(30))
+            .expect("the holder takes the lock");
+        let marker = s.path(&format!("ran-{round}"));
+        let mut run = redlock(
+            Some(&m),
+            &[
+                "run",
+                "-w",
+                "20",
+                key,
+                "--",
+                "touch",
+                &marker.to_string_lossy(),
+            ],
+        )
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn redlock run");
+        let _kill = KillOnDrop(run.id());
+        // Its attempts were refused; it waits in line on every master (a polling waiter
+        // never would).
+        eventually(
+            "run waiting in the resource's line",
+            Duration::from_secs(10),
+            || (0..3).all(|i| in_line(i) >= 1),
+        );
+        assert!(!marker.exists(), "the command ran while the lock was held");
+        let released = Instant::now();
+        holder.release(lock).expect("release");
+        let deadline = released + Duration::from_secs(10);
+        while !marker.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "run did not get the released lock"
+            );
+            thread::sleep(Duration::from_micros(200));
+        }
+        took.push(released.elapsed());
+        let status = wait_exit(&mut run, Duration::from_secs(10));
+        assert!(status.success(), "run exited with {status:?}");
+    }
+    // Woken by the release: the release, one round, starting `touch`. A waiter retrying
+    // every 200 ms +- 100 ms instead would pass all five rounds with a chance of ~0.4%.
+    took.sort();
+    assert!(
+        took[4] < Duration::from_millis(100),
+        "release to command start, sorted: {took:?}"
+    );
+}

@@ -826,12 +826,17 @@ enum Failed {
     Hopeless(u8),
 }
 
-/// Take the lock: one attempt (`--no-wait`), or attempts until one succeeds or `--wait`
-/// has passed (the last one starts at the deadline, so a failed run waited all of
-/// `--wait`), with the library's default retry delay in between (200 ms +- 100 ms).
-/// Attempts are the client's own (`try_lock`) so that each one's report can be judged:
+/// Take the lock: one attempt (`--no-wait`), or wait until it is ours or `--wait` has
+/// passed (a failed run waited all of `--wait`: its last attempt starts at the deadline).
+///
+/// The first attempt is the client's own (`try_lock`) so that its report can be judged:
 /// when masters refuse the client for good, or none accepts a connection, waiting cannot
-/// help (`hopeless`).
+/// help (`hopeless`). Then the client waits (`lock_with_deadline`, in slices of at most
+/// [`WAIT_SLICE`] so that each slice's report is judged the same way): a waiter is woken
+/// by the holder's release on the masters (`WaitMode::Notify`: it stands in the resource's
+/// line), and never sleeps past the holder's keys' expiry; otherwise it tries every 200 ms
+/// +- 100 ms. A terminating signal cancels the wait at once (the signal thread cancels the
+/// client while `acquiring`).
 fn acquire(
     args: &RunArgs,
     client: &mut Redlock,
@@ -840,44 +845,52 @@ fn acquire(
 ) -> Result<Lock, Failed> {
     let no_wait = args.no_wait || args.wait.is_zero();
     let deadline = started + args.wait;
-    let mut rng = fastrand::Rng::new();
+    let judge = |e: Error| -> Result<Error, Failed> {
+        match e {
+            Error::Taken(_) | Error::NoQuorum(_) | Error::ValidityUsedUp(_) => {}
+            e => return Err(Failed::Error(e)),
+        }
+        match e.report().and_then(|r| hopeless(args, r)) {
+            Some(code) => Err(Failed::Hopeless(code)),
+            None => Ok(e),
+        }
+    };
+    let e = match client.try_lock(&args.resource, args.ttl) {
+        Ok(lock) => return Ok(lock),
+        Err(e) => judge(e)?,
+    };
+    if no_wait || Instant::now() >= deadline {
+        return Err(Failed::Error(e));
+    }
     loop {
-        let e = match client.try_lock(&args.resource, args.ttl) {
+        if let Ok(sig) = rx.try_recv() {
+            if is_terminating(sig) {
+                return Err(Failed::Signal(sig));
+            }
+        }
+        let until = (Instant::now() + WAIT_SLICE).min(deadline);
+        match client.lock_with_deadline(&args.resource, args.ttl, until) {
             Ok(lock) => return Ok(lock),
-            Err(e @ (Error::Taken(_) | Error::NoQuorum(_) | Error::ValidityUsedUp(_))) => e,
+            Err(Error::DeadlineExceeded(report)) => {
+                if let Some(code) = report.as_deref().and_then(|r| hopeless(args, r)) {
+                    return Err(Failed::Hopeless(code));
+                }
+            }
             Err(e) => return Err(Failed::Error(e)),
-        };
-        if let Some(code) = e.report().and_then(|r| hopeless(args, r)) {
-            return Err(Failed::Hopeless(code));
         }
-        if no_wait || Instant::now() >= deadline {
-            return Err(Failed::Error(e));
-        }
-        let pause = Duration::from_millis(rng.u64(100..=300));
-        if let Some(sig) = pause_until((Instant::now() + pause).min(deadline), rx) {
-            return Err(Failed::Signal(sig));
+        if Instant::now() >= deadline {
+            // The wait is over; one last attempt says how things stand (taken, or no
+            // quorum, and what each master did).
+            return match client.try_lock(&args.resource, args.ttl) {
+                Ok(lock) => Ok(lock),
+                Err(e) => Err(Failed::Error(judge(e)?)),
+            };
         }
     }
 }
 
-/// Sleep until `until`, unless a terminating signal comes first (returned).
-fn pause_until(until: Instant, rx: &Receiver<i32>) -> Option<i32> {
-    loop {
-        let left = until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return None;
-        }
-        match rx.recv_timeout(left) {
-            Ok(sig) if is_terminating(sig) => return Some(sig),
-            Ok(_) => {}
-            Err(RecvTimeoutError::Timeout) => return None,
-            Err(RecvTimeoutError::Disconnected) => {
-                thread::sleep(left);
-                return None;
-            }
-        }
-    }
-}
+/// How long `run` waits between two judgements of the masters' answers (see [`acquire`]).
+const WAIT_SLICE: Duration = Duration::from_secs(1);
 
 /// A master that refuses this client whatever the wait: a handshake refused for who we
 /// are or what we ask (wrong or missing password, unknown user or one without the right
