@@ -39,8 +39,8 @@ mod sim;
 use std::time::Instant;
 
 use sim::{
-    check_intervals, check_tokens, ms, Config, FaultMix, Grant, Held, Keys, Old, Property, Sim,
-    Stats, Violation, MS,
+    check_intervals, check_tokens, ms, Config, FaultMix, Grant, Held, Hot, Keys, Old, Property,
+    Sim, Stats, Violation, MS,
 };
 
 const DRIFT: f64 = 0.01;
@@ -125,6 +125,7 @@ fn base(seed: u64) -> Config {
         cancel_prob: 0.02,
         cancelled_counts_as_undecided: false,
         old: Old::default(),
+        hot: Hot::default(),
     }
 }
 

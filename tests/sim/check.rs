@@ -9,7 +9,12 @@
 //!     a failed extend (checked at every grant, in the simulation);
 //! (iv) no key of a lock attempt outlives that attempt's release on a master where the
 //!     release ran, and a failed attempt's key survives only on masters its report marks as
-//!     timed out / failed (checked when a key is created, and after the run).
+//!     timed out / failed (checked when a key is created, and after the run);
+//! (v) no starvation under fairness: a fair call that keeps asking is granted within a
+//!     bound the family derives (after the run, [`Violation::Starved`]);
+//! (vi) with fairness, grants follow arrival: a fair call is not granted while a fair call
+//!     of another client that arrived earlier (smaller score) already stood in line on a
+//!     quorum of masters when the grant's acquire was sent (checked at every grant).
 
 use std::fmt;
 
@@ -44,6 +49,26 @@ pub struct Grant {
     pub votes: String,
 }
 
+/// One lock call of a waiting client (hot resources): its attempts until a grant or the
+/// caller's cancel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Call {
+    pub client: usize,
+    pub keys: Keys,
+    /// Notify mode with fairness (polite attempts).
+    pub fair: bool,
+    /// Its arrival on the client's clock: its place in the lines.
+    pub score: Us,
+    pub start: Us,
+    /// When a decided attempt of it had been refused by more than `n - quorum` masters
+    /// (it stood in line on a quorum), the first time.
+    pub inline_at: Option<Us>,
+    pub granted: Option<Us>,
+    /// The caller cancelled it (it stopped asking).
+    pub ended: Option<Us>,
+    pub attempts: u32,
+}
+
 /// Which property a violation breaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Property {
@@ -56,6 +81,10 @@ pub enum Property {
     /// (iv) no key of an attempt outlives its cleanup (except TTL-bounded, on masters
     /// reported as timed out / failed).
     OrphanKey,
+    /// (v) a fair call that keeps asking is granted within the bound.
+    NoStarvation,
+    /// (vi) fair grants follow arrival order.
+    ArrivalOrder,
 }
 
 /// Two holders of the same resource whose intervals overlap.
@@ -97,6 +126,16 @@ pub enum Violation {
         at: Us,
         what: String,
     },
+    /// (v): `call` waited `waited` (until its grant, or the end of the run) > `bound`.
+    Starved { call: Call, waited: Us, bound: Us },
+    /// (vi): `second` was granted at `granted_at` (its acquire sent at `t1`) while `first`,
+    /// which arrived earlier, stood in line on a quorum since `first.inline_at`.
+    OutOfOrder {
+        first: Call,
+        second: Call,
+        granted_at: Us,
+        t1: Us,
+    },
 }
 
 impl Violation {
@@ -106,6 +145,8 @@ impl Violation {
             Violation::Fence { .. } => Property::FencingOrder,
             Violation::AfterFailedExtend { .. } => Property::GrantAfterFailedExtend,
             Violation::Orphan { .. } => Property::OrphanKey,
+            Violation::Starved { .. } => Property::NoStarvation,
+            Violation::OutOfOrder { .. } => Property::ArrivalOrder,
         }
     }
 
@@ -136,6 +177,19 @@ impl Violation {
             Violation::Orphan { client, t1, at, .. } => {
                 (t1.saturating_sub(ttl), *at, vec![*client])
             }
+            Violation::Starved { call, waited, .. } => {
+                (call.start, call.start + waited, vec![call.client])
+            }
+            Violation::OutOfOrder {
+                first,
+                second,
+                granted_at,
+                ..
+            } => (
+                first.start.saturating_sub(ttl),
+                *granted_at,
+                vec![first.client, second.client],
+            ),
         }
     }
 }
@@ -211,6 +265,44 @@ impl fmt::Display for Violation {
                 f,
                 "(iv) orphan key: c{client}'s token {token} on m{master} at {} ms: {what}",
                 ms(*at)
+            ),
+            Violation::Starved {
+                call,
+                waited,
+                bound,
+            } => write!(
+                f,
+                "(v) starvation: c{}'s call for {} (score {} ms) {} after {} ms and {} attempts, \
+                 above the bound {} ms",
+                call.client,
+                call.keys,
+                ms(call.score),
+                if call.granted.is_some() {
+                    "granted only"
+                } else {
+                    "still not granted"
+                },
+                ms(*waited),
+                call.attempts,
+                ms(*bound)
+            ),
+            Violation::OutOfOrder {
+                first,
+                second,
+                granted_at,
+                t1,
+            } => write!(
+                f,
+                "(vi) out of arrival order: c{} (score {} ms) granted {} at {} ms (acquire sent \
+                 at {} ms) while c{} (score {} ms, earlier) stood in line on a quorum since {} ms",
+                second.client,
+                ms(second.score),
+                second.keys,
+                ms(*granted_at),
+                ms(*t1),
+                first.client,
+                ms(first.score),
+                ms(first.inline_at.unwrap_or(0))
             ),
         }
     }

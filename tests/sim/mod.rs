@@ -43,6 +43,7 @@
 #![allow(dead_code)]
 
 pub mod check;
+pub mod hot;
 pub mod master;
 pub mod wire;
 
@@ -56,8 +57,10 @@ use redlock_mux::rules::{
     self, AcquireVerdict, Decision, ErrorText, Fault, Outcome, Request, Tally,
 };
 
-pub use check::{check_intervals, check_tokens, Grant, Held, Property, Violation};
-use master::{Answer, Effect, Master, Msg, Req, Semantics, ALL_SCRIPTS};
+pub use check::{check_intervals, check_tokens, Call, Grant, Held, Property, Violation};
+pub use hot::Hot;
+use hot::Mode;
+use master::{Answer, Effect, Master, Msg, Publish, Req, Semantics, ALL_SCRIPTS};
 
 /// Simulated time, in microseconds.
 pub type Us = u64;
@@ -214,6 +217,9 @@ pub struct Config {
     /// decision, so it still counts as undecided and its late `-NOSCRIPT` is retried.
     pub cancelled_counts_as_undecided: bool,
     pub old: Old,
+    /// Hot resources: clients whose lock calls wait (`ACQUIRE_WAIT`, lines, announcements).
+    /// Default: none (every client the polling try-lock loop above).
+    pub hot: Hot,
 }
 
 /// Relative weights of the injected faults.
@@ -260,7 +266,9 @@ macro_rules! stats {
         }
         impl Stats {
             pub fn add(&mut self, o: &Stats) {
+                let max_wait = self.max_wait.max(o.max_wait);
                 $(self.$name += o.$name;)*
+                self.max_wait = max_wait;
             }
         }
     };
@@ -318,6 +326,33 @@ stats! {
     cancels,
     /// Requests of a closed connection that still ran on the master (graceful close).
     ran_after_close,
+    /// Hot resources: lock calls that waited (one or more refused attempts).
+    calls,
+    calls_granted,
+    /// Attempts made on an announcement (woken before the timed retry).
+    woken_by_notice,
+    /// Attempts made because a subscription confirmed after an uncovered refusal.
+    woken_by_subscribe,
+    /// Timed attempts whose wake-up was the holder's expiry (`rules::free_in`), not the
+    /// retry delay.
+    woken_at_expiry,
+    timed_wakes,
+    /// Announcements published / delivered / lost (drops, partitions, restarts).
+    notices_sent,
+    notices_heard,
+    notices_lost,
+    /// Announcements naming a waiter (`Turn`) / to every waiter of a key (`Released`).
+    notices_turn,
+    notices_released,
+    /// `ACQUIRE_WAIT` refusals of a free key by politeness (`{-1, ''}`).
+    polite_refusals,
+    /// Subscriptions confirmed / lost with their master.
+    subscribed,
+    subscriptions_lost,
+    /// Calls ended by the caller (cancel), leaving the line.
+    calls_cancelled,
+    /// The longest wait of a granted call (µs; summed over runs: see `max_wait`).
+    max_wait,
 }
 
 /// `t` in milliseconds with microsecond digits.
@@ -387,6 +422,44 @@ enum Ev {
     MasterUp {
         m: usize,
     },
+    /// An announcement from master `m` (incarnation `inc`) on `c`'s subscription connection.
+    Notice {
+        c: usize,
+        m: usize,
+        p: Publish,
+        inc: u32,
+    },
+    /// A waiting client's timed retry (`gen`: stale once it was woken otherwise).
+    Wake {
+        c: usize,
+        gen: u64,
+    },
+    /// `c`'s SUBSCRIBE reaches master `m`.
+    SubReq {
+        c: usize,
+        m: usize,
+        inc: u32,
+        gen: u64,
+    },
+    /// The master's confirmation reaches `c`.
+    SubAck {
+        c: usize,
+        m: usize,
+        inc: u32,
+        gen: u64,
+    },
+    /// `c` sees its subscription connection to `m` die (restart), or it was refused.
+    SubLost {
+        c: usize,
+        m: usize,
+        gen: u64,
+    },
+    /// `c` tries to (re)subscribe to `m` after a backoff.
+    SubRetry {
+        c: usize,
+        m: usize,
+        gen: u64,
+    },
 }
 
 impl Ev {
@@ -399,7 +472,12 @@ impl Ev {
             | Ev::LinkClosed { c, .. }
             | Ev::Start { c }
             | Ev::WorkDone { c, .. }
-            | Ev::ExtendDue { c, .. } => Some(c),
+            | Ev::ExtendDue { c, .. }
+            | Ev::Notice { c, .. }
+            | Ev::Wake { c, .. }
+            | Ev::SubAck { c, .. }
+            | Ev::SubLost { c, .. }
+            | Ev::SubRetry { c, .. } => Some(c),
             _ => None,
         }
     }
@@ -435,6 +513,8 @@ enum Phase {
     /// Acquire, then (fenced) draw and write-back rounds.
     Acquiring,
     Holding,
+    /// A waiting call between attempts (hot resources).
+    Sleep,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -476,6 +556,9 @@ struct Client {
     ext_failed: Option<(Us, Us)>,
     /// The round of the last attempt the caller cancelled.
     cancelled_op: u64,
+    /// Hot resources: how this client's lock calls wait, and their state.
+    mode: Mode,
+    w: hot::Waiter,
 }
 
 /// What the checker knows of one lock attempt (indexed by its token).
@@ -530,6 +613,10 @@ pub struct Sim {
     attempts: Vec<Attempt>,
     pub held: Vec<Held>,
     pub grants: Vec<Grant>,
+    /// Hot resources: every lock call of a waiting client.
+    pub calls: Vec<Call>,
+    /// Per link: last delivery time on the subscription connection (FIFO).
+    last_sub: Vec<Us>,
     /// The first violation of each property found during the run.
     found: Vec<Violation>,
     pub stats: Stats,
@@ -578,11 +665,19 @@ impl Sim {
                     store: vec![None; cfg.resources],
                     counters,
                     scripts: ALL_SCRIPTS,
+                    lines: vec![None; cfg.resources],
+                    waiters: Vec::new(),
+                    subs: 0,
+                    outbox: Vec::new(),
                 }
             })
             .collect();
+        // Drawn from their own generator: families without hot clients keep their schedules.
+        let mut mode_rng = fastrand::Rng::with_seed(seed ^ 0x4f7c_2d1e_aa55_0f0f);
         let clients = (0..cfg.clients)
             .map(|_| Client {
+                mode: cfg.hot.mode(&mut mode_rng),
+                w: hot::Waiter::new(n),
                 phase: Phase::Idle,
                 round: None,
                 paused_until: 0,
@@ -612,6 +707,8 @@ impl Sim {
         let sem = Semantics {
             extend_never_shortens: !cfg.old.extend_plain_pexpire,
             fence_all_resources: !cfg.old.fence_first_resource_only,
+            line_by_master_arrival: cfg.hot.line_by_master_arrival,
+            polite_refuses_first: cfg.hot.polite_refuses_first,
         };
         let mut sim = Sim {
             quorum: rules::quorum(n),
@@ -633,6 +730,8 @@ impl Sim {
             attempts: Vec::new(),
             held: Vec::new(),
             grants: Vec::new(),
+            calls: Vec::new(),
+            last_sub: vec![0; links],
             found: Vec::new(),
             stats: Stats::default(),
             trace: trace.then(Vec::new),
@@ -655,6 +754,8 @@ impl Sim {
                 .map(|m| format!("{:+.4}", m.rate - 1.0))
                 .collect();
             let persistent: Vec<bool> = sim.masters.iter().map(|m| m.persistent).collect();
+            let modes: Vec<Mode> = sim.clients.iter().map(|c| c.mode).collect();
+            sim.tr(None, true, || format!("client modes {modes:?}"));
             let counters: Vec<Vec<u64>> = sim.masters.iter().map(|m| m.counters.clone()).collect();
             sim.tr(None, true, || {
                 format!(
@@ -692,6 +793,7 @@ impl Sim {
             }
         }
         self.check_reports();
+        self.check_calls();
         let mut all = Vec::new();
         if let Some(o) = check_intervals(&self.held) {
             all.push(Violation::Overlap(o));
@@ -906,6 +1008,12 @@ impl Sim {
                 self.masters[m].come_up(self.now);
                 self.tr(None, true, || format!("m{m} back up"));
             }
+            Ev::Notice { c, m, p, inc } => self.on_notice(c, m, p, inc),
+            Ev::Wake { c, gen } => self.on_wake(c, gen),
+            Ev::SubReq { c, m, inc, gen } => self.on_sub_req(c, m, inc, gen),
+            Ev::SubAck { c, m, inc, gen } => self.on_sub_ack(c, m, inc, gen),
+            Ev::SubLost { c, m, gen } => self.on_sub_lost(c, m, gen),
+            Ev::SubRetry { c, m, gen } => self.on_sub_retry(c, m, gen),
         }
     }
 
@@ -947,6 +1055,13 @@ impl Sim {
             return;
         }
         let (answer, effect) = self.masters[m].execute(req, now, self.sem);
+        if matches!(answer, Answer::Waiting { left: -1, holder: 0 }) {
+            self.stats.polite_refusals += 1;
+        }
+        let outbox = std::mem::take(&mut self.masters[m].outbox);
+        for p in outbox {
+            self.publish(m, p);
+        }
         match effect {
             Effect::Created(token) => self.key_created(token, m),
             Effect::Released(token) => {
@@ -975,20 +1090,22 @@ impl Sim {
         }
     }
 
-    fn outcome(&mut self, msg: &Msg, reply: Reply) -> (Outcome, i64) {
+    fn outcome(&mut self, msg: &Msg, reply: Reply) -> (Outcome, i64, Option<u64>) {
         match reply {
             Reply::Wire(a) => wire::read(msg, a, self.cfg.resp3, &self.limits),
             Reply::Closed => (
                 Outcome::Failed(Fault::Closed(std::io::ErrorKind::ConnectionReset)),
                 0,
+                None,
             ),
             Reply::Refused => (
                 Outcome::Failed(Fault::Connect(std::io::ErrorKind::ConnectionRefused)),
                 0,
+                None,
             ),
             Reply::Amnesiac => {
                 self.stats.amnesiac_votes += 1;
-                (Outcome::Failed(Fault::Amnesiac), 0)
+                (Outcome::Failed(Fault::Amnesiac), 0, None)
             }
         }
     }
@@ -1013,7 +1130,7 @@ impl Sim {
             Reply::Wire(_) if self.masters[m].inc != inc && self.rng.bool() => Reply::Closed,
             r => r,
         };
-        let (outcome, value) = self.outcome(&req.msg, reply);
+        let (outcome, value, holder) = self.outcome(&req.msg, reply);
         let noscript = wire::is_noscript(outcome);
         if noscript {
             self.stats.noscript_replies += 1;
@@ -1080,6 +1197,11 @@ impl Sim {
         let counted = cl.tally.record(m, outcome);
         assert!(counted, "a master answered twice in one round");
         cl.vals[m] = value;
+        if matches!(req.msg, Msg::AcquireWait { .. }) && outcome == Outcome::Taken {
+            // What `Engine::op_reply` keeps of an `AcquireWait` refusal.
+            cl.w.left[m] = value;
+            cl.w.holder[m] = holder;
+        }
         let decision = cl.tally.decision();
         self.tr(Some(c), false, || {
             format!("c{c} <- m{m} op{op} {req}: {outcome} => {decision:?}")
@@ -1190,12 +1312,23 @@ impl Sim {
         cl.t1 = now;
         cl.tally.reset(n, rules::quorum(n));
         cl.vals.iter_mut().for_each(|v| *v = 0);
+        if kind == Round::Acquire {
+            cl.w.left.iter_mut().for_each(|v| *v = 0);
+            cl.w.holder.iter_mut().for_each(|h| *h = None);
+            cl.w.t1 = now;
+        }
         let (keys, token, fence, fenced) = (cl.keys, cl.token, cl.fence, cl.fenced);
         let ttl_ms = match kind {
             Round::Extend => cl.ext_ttl / MS,
             _ => self.cfg.ttl / MS,
         };
         let msg = match kind {
+            Round::Acquire if cl.mode != Mode::Try => Msg::AcquireWait {
+                keys,
+                token,
+                ttl_ms,
+                line: cl.w.line(cl.mode, keys),
+            },
             Round::Acquire if fenced && old_fencing => Msg::OldFencedAcquire {
                 keys,
                 token,
@@ -1247,6 +1380,10 @@ impl Sim {
 
     fn start_acquire(&mut self, c: usize) {
         if self.clients[c].phase != Phase::Idle {
+            return;
+        }
+        if self.clients[c].mode != Mode::Try {
+            self.start_call(c);
             return;
         }
         let r = self.cfg.resources;
@@ -1355,7 +1492,9 @@ impl Sim {
     /// a plain `SET` refuses whole, a script may have written before an error).
     fn acquire_request(&self, c: usize) -> Request {
         let cl = &self.clients[c];
-        if cl.keys.len() == 1 && !(cl.fenced && self.cfg.old.fencing_incr_in_acquire) {
+        if cl.mode != Mode::Try {
+            Request::AcquireWait
+        } else if cl.keys.len() == 1 && !(cl.fenced && self.cfg.old.fencing_incr_in_acquire) {
             Request::Acquire
         } else {
             Request::AcquireMany
@@ -1369,6 +1508,9 @@ impl Sim {
             (cl.keys, cl.op, cl.t1, cl.fenced)
         };
         let verdict = self.judge(c, self.cfg.ttl, t1);
+        if self.clients[c].mode != Mode::Try {
+            self.read_hint(c);
+        }
         match verdict {
             AcquireVerdict::Acquired(v) => {
                 if !fenced {
@@ -1492,6 +1634,8 @@ impl Sim {
         let cl = &mut self.clients[c];
         cl.round = None;
         cl.cancelled_op = op;
+        // A waiting call ends with its cancel (`Error::Cancelled`: the last cleanup).
+        cl.w.cancelled = cl.mode != Mode::Try;
         self.tr(Some(c), true, || {
             format!("c{c} op{op} CANCELLED by the caller ({kind:?} round, votes {votes})")
         });
@@ -1520,16 +1664,30 @@ impl Sim {
         a.targeted = targets;
         a.report = report;
         a.cleanup = vec![Outcome::Pending; n];
+        // A waiting call's last cleanup takes it out of its key's lines.
+        let leave = if self.clients[c].w.cancelled {
+            self.clients[c].w.wait_id
+        } else {
+            None
+        };
         if targets != 0 {
             self.stats.releases_after_failure += 1;
             let rop = self.next_op;
             self.next_op += 1;
             for m in 0..n {
                 if targets & (1 << m) != 0 {
-                    let msg = Msg::Release { keys, token };
+                    let msg = Msg::Release { keys, token, leave };
                     self.send(c, m, rop, Req { msg, eval: false });
                 }
             }
+            if matches!(self.clients[c].mode, Mode::Notify { .. }) {
+                // `Machine::cleanup`: the cleanup's own announcements are no news.
+                self.clients[c].w.own = Some(token);
+            }
+        }
+        if self.clients[c].mode != Mode::Try {
+            self.wait_after_failure(c);
+            return;
         }
         self.clients[c].phase = Phase::Idle;
         let d = rules::retry_delay(
@@ -1593,6 +1751,9 @@ impl Sim {
                 t1,
                 votes: fence_votes,
             });
+        }
+        if self.clients[c].mode != Mode::Try {
+            self.call_granted(c);
         }
         let extends = self.cfg.max_extends;
         let cl = &mut self.clients[c];
@@ -1764,8 +1925,9 @@ impl Sim {
         });
         let op = self.next_op;
         self.next_op += 1;
+        let leave = self.clients[c].w.lock_line.take();
         for m in 0..self.cfg.masters {
-            let msg = Msg::Release { keys, token };
+            let msg = Msg::Release { keys, token, leave };
             self.send(c, m, op, Req { msg, eval: false });
         }
         let cl = &mut self.clients[c];
@@ -1837,6 +1999,7 @@ impl Sim {
             let down = self.rng.u64(self.cfg.downtime.0..=self.cfg.downtime.1);
             let keep = self.masters[m].persistent;
             self.masters[m].crash();
+            self.subscriptions_die(m);
             self.stats.restarts += 1;
             if !keep {
                 self.stats.restarts_lost += 1;

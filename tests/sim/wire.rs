@@ -24,6 +24,21 @@ pub fn encode(a: Answer, resp3: bool, buf: &mut [u8; 64]) -> usize {
         Answer::Null if resp3 => put(buf, b"_\r\n"),
         Answer::Null => put(buf, b"$-1\r\n"),
         Answer::NoScript => put(buf, NOSCRIPT),
+        Answer::Waiting { left, holder } => {
+            let mut len = put(buf, b"*2\r\n");
+            let mut int = [0u8; 64];
+            let n = encode(Answer::Int(left), resp3, &mut int);
+            buf[len..len + n].copy_from_slice(&int[..n]);
+            len += n;
+            let value = if holder == 0 {
+                String::new()
+            } else {
+                format!("{holder:016x}")
+            };
+            let bulk = format!("${}\r\n{value}\r\n", value.len());
+            buf[len..len + bulk.len()].copy_from_slice(bulk.as_bytes());
+            len + bulk.len()
+        }
         Answer::Int(n) => {
             let mut digits = [0u8; 24];
             let mut i = digits.len();
@@ -58,6 +73,7 @@ pub fn request(msg: &Msg) -> Option<Request> {
         Msg::Set { keys, .. } if keys.len() == 1 => Some(Request::Acquire),
         Msg::Set { .. } => Some(Request::AcquireMany),
         Msg::Release { .. } => Some(Request::Release),
+        Msg::AcquireWait { .. } => Some(Request::AcquireWait),
         Msg::Extend { .. } => Some(Request::Extend),
         Msg::Draw { .. } => Some(Request::FenceDraw),
         Msg::WriteBack { .. } => Some(Request::FenceWriteBack),
@@ -89,16 +105,36 @@ pub fn classify(msg: &Msg, frame: &Frame<'_>) -> Result<(Outcome, i64), ()> {
     Ok((outcome, value))
 }
 
-/// Encode, parse and classify: the client's view of `a` as a reply to `msg`.
-pub fn read(msg: &Msg, a: Answer, resp3: bool, limits: &Limits) -> (Outcome, i64) {
+/// Encode, parse and classify: the client's view of `a` as a reply to `msg`; with an
+/// `ACQUIRE_WAIT` refusal of one key, the holder's TTL left (as the integer) and its
+/// fingerprint (the token its value starts with; 0 for `''`), read by `rules::holder_left`
+/// as the engine does.
+pub fn read(msg: &Msg, a: Answer, resp3: bool, limits: &Limits) -> (Outcome, i64, Option<u64>) {
     let mut buf = [0u8; 64];
     let len = encode(a, resp3, &mut buf);
     let bytes = &buf[..len];
     match resp::parse(bytes, limits) {
         Ok(Status::Complete((frame, used))) => {
             assert_eq!(used, bytes.len(), "one frame per reply");
+            let holder = match &frame {
+                Frame::Aggregate(agg) => {
+                    let (left, h) = rules::holder_left(agg)
+                        .unwrap_or_else(|| panic!("holder_left rejected {frame:?}"));
+                    let h = std::str::from_utf8(h).expect("hex");
+                    let fp = if h.is_empty() {
+                        0
+                    } else {
+                        u64::from_str_radix(h, 16).expect("hex")
+                    };
+                    Some((left, fp))
+                }
+                _ => None,
+            };
             match classify(msg, &frame) {
-                Ok(o) => o,
+                Ok((o, v)) => match holder {
+                    Some((left, fp)) => (o, left, Some(fp)),
+                    None => (o, v, None),
+                },
                 Err(()) => {
                     panic!("classify({msg:?}) rejected a reply a real master sends: {frame:?}")
                 }
