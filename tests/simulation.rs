@@ -326,6 +326,126 @@ fn old_multi_first_counter(seed: u64) -> Config {
 }
 
 // ---------------------------------------------------------------------------------------
+// Hot resources: waiting calls (lines, announcements, fairness)
+// ---------------------------------------------------------------------------------------
+
+/// Most clients wait (`lock()`): in notify mode, half of those with fairness, some in poll
+/// mode; the rest is the try-lock loop. Every fault of the base family.
+fn hot_within_model(seed: u64) -> Config {
+    let mut c = base(seed);
+    c.hot = Hot {
+        waiting: 0.8,
+        notify: 0.8,
+        fair: 0.5,
+        ..Hot::default()
+    };
+    c
+}
+
+/// The same with restarts that lose keys, lines and waiters, under the amnesia guard.
+fn hot_guarded_amnesia(seed: u64) -> Config {
+    let mut c = guarded_amnesia(seed);
+    c.hot = hot_within_model(seed).hot;
+    c
+}
+
+/// (v)'s bound for a family of fair clients without extends (a hold keeps the key at most
+/// `ttl`: released when the work is done, `work_max < ttl`, or expired):
+///
+/// * a hand-off (the key freed on a quorum, the next waiter's attempt granted) takes at
+///   most `h = retry_base + retry_jitter + 4 round_timeout + slow_max`: the waiter wakes on
+///   the announcement or, if it was lost, at the holder's expiry (`free_in`) or its timed
+///   retry (at most `retry_base + retry_jitter`); then the acquire round and, fenced, the
+///   draw and write-back (3 rounds, a 4th for the cleanup of a split first try);
+/// * a waiter has at most `clients - 1` live waiters ahead (each client makes one call at
+///   a time) and the holder; each costs a hold plus a hand-off, `ttl + h`, counted twice
+///   for an attempt lost to drops / a split vote (`2 h`);
+/// * waiters ahead that stopped asking hold the line up once for the liveness TTL
+///   `alive = retry_base + retry_jitter + 2 round_timeout + 100 ms` (they all expire within
+///   it, at once);
+/// * each transient fault (partition, slow link, pause, restart with persistence) delays
+///   everything by at most its length: `faults * fault_max`.
+///
+/// `bound = clients * (ttl + 2 h) + alive + faults * fault_max`.
+fn starvation_bound(c: &Config) -> u64 {
+    let h = c.retry_base + c.retry_jitter + 4 * c.round_timeout + c.slow_max;
+    let alive = c.retry_base + c.retry_jitter + 2 * c.round_timeout + 100 * MS;
+    let fault_max = c.partition_len.1.max(c.pause_len.1).max(c.downtime.1);
+    c.clients as u64 * (c.ttl + 2 * h) + alive + c.faults as u64 * fault_max
+}
+
+/// (v): every client fair (notify mode, polite), one resource per lock, holds shorter than
+/// the TTL and no extends, transient faults only (short partitions, slow links, pauses,
+/// restarts with persistence, link resets, script flushes, drops), rare cancels.
+fn hot_fair(seed: u64) -> Config {
+    let mut c = base(seed);
+    let mut r = fastrand::Rng::with_seed(seed ^ 0x0fa1_7ea7);
+    c.clients = r.usize(2..=6);
+    c.resources = r.usize(1..=2);
+    c.multi_prob = 0.0;
+    c.max_extends = 0;
+    c.work_max = c.ttl / 2;
+    c.think_max = c.ttl / 4;
+    c.horizon = c.ttl * 40;
+    c.faults = r.usize(0..=4);
+    c.mix.pause = 2;
+    c.mix.isolate = 1;
+    c.partition_len = (MS, c.ttl / 2);
+    c.pause_len = (MS, c.ttl);
+    c.downtime = (0, c.ttl / 2);
+    c.pause_after_acquire = 0.05;
+    // Drops at a constant rate are no transient fault: with 2 masters and fencing (12
+    // messages per grant) most attempts fail, and (v)'s bound is then only probabilistic.
+    c.drop_prob = 0.0;
+    c.cancel_prob = 0.002;
+    c.hot = Hot {
+        waiting: 1.0,
+        notify: 1.0,
+        fair: 1.0,
+        ..Hot::default()
+    };
+    c.hot.starvation_bound = Some(starvation_bound(&c));
+    c
+}
+
+/// (vi): every client fair, no faults at all (no drops, slow messages, pauses, cancels):
+/// grants follow arrival.
+fn hot_fair_no_faults(seed: u64) -> Config {
+    let mut c = hot_fair(seed);
+    c.faults = 0;
+    c.drop_prob = 0.0;
+    c.slow_prob = 0.0;
+    c.pause_after_acquire = 0.0;
+    c.pause_in_round = 0.0;
+    c.cancel_prob = 0.0;
+    // Rounds never time out: a head waiter whose attempts win a minority of masters and time
+    // out elsewhere is not refreshed in line (see the finding below).
+    c.round_timeout = c.round_timeout.max(3 * c.latency.1);
+    c.retry_base = c.retry_base.max(2 * c.round_timeout);
+    c.retry_jitter = c.retry_base / 2;
+    c.hot.check_order = true;
+    c.hot.starvation_bound = Some(starvation_bound(&c));
+    c
+}
+
+/// Hazard: each master orders a line by its own arrival order instead of the client's
+/// score. Waiters that reached the masters in different orders each come first somewhere:
+/// polite attempts split the vote, and nobody is granted until one gives up.
+fn hot_line_by_master_arrival(seed: u64) -> Config {
+    let mut c = hot_fair(seed);
+    c.hot.line_by_master_arrival = true;
+    c
+}
+
+/// Hazard: politeness refuses the first waiter too: nobody takes a free key while a live
+/// waiter stands in line, and every waiter keeps its place alive.
+fn hot_polite_refuses_first(seed: u64) -> Config {
+    let mut c = hot_fair(seed);
+    c.hot.polite_refuses_first = true;
+    c
+}
+
+// ---------------------------------------------------------------------------------------
 // (iii) extend
 // ---------------------------------------------------------------------------------------
 
@@ -695,6 +815,82 @@ fn safe_no_orphan_key_after_cleanup() {
 // Hazards: outside the assumptions, or with an OLD behaviour, a bounded search finds a
 // violation
 // ---------------------------------------------------------------------------------------
+
+#[test]
+fn safe_hot_resources_under_model_assumptions() {
+    let s = expect_safe(
+        "safe_hot_resources_under_model_assumptions",
+        hot_within_model,
+        500,
+    );
+    if !replaying() {
+        assert!(s.calls > 1000 && s.calls_granted > 1000, "{s:?}");
+        assert!(s.woken_by_notice > 100 && s.woken_at_expiry > 0, "{s:?}");
+        assert!(s.notices_turn > 0 && s.notices_released > 0, "{s:?}");
+        assert!(s.notices_lost > 0 && s.subscriptions_lost > 0, "{s:?}");
+        assert!(s.polite_refusals > 0 && s.calls_cancelled > 0, "{s:?}");
+        assert!(s.restarts > 0 && s.pauses > 0 && s.fenced_grants > 100, "{s:?}");
+    }
+}
+
+#[test]
+fn safe_hot_resources_with_amnesia_guard_after_restart_without_persistence() {
+    let s = expect_safe(
+        "safe_hot_resources_with_amnesia_guard_after_restart_without_persistence",
+        hot_guarded_amnesia,
+        500,
+    );
+    if !replaying() {
+        assert!(s.restarts_lost > 100 && s.amnesiac_votes > 0, "{s:?}");
+        assert!(s.calls_granted > 500 && s.subscriptions_lost > 100, "{s:?}");
+    }
+}
+
+#[test]
+fn safe_hot_fair_no_starvation_under_transient_faults() {
+    let s = expect_safe(
+        "safe_hot_fair_no_starvation_under_transient_faults",
+        hot_fair,
+        500,
+    );
+    if !replaying() {
+        assert!(s.calls_granted > 1000 && s.polite_refusals > 100, "{s:?}");
+        assert!(s.notices_turn > 100 && s.woken_by_notice > 100, "{s:?}");
+        assert!(s.restarts > 0 && s.partitions > 0 && s.pauses > 0, "{s:?}");
+    }
+}
+
+#[test]
+fn safe_hot_fair_grants_follow_arrival_without_faults() {
+    let s = expect_safe(
+        "safe_hot_fair_grants_follow_arrival_without_faults",
+        hot_fair_no_faults,
+        500,
+    );
+    if !replaying() {
+        assert!(s.calls_granted > 1000 && s.polite_refusals > 100, "{s:?}");
+    }
+}
+
+#[test]
+fn hazard_hot_lines_ordered_by_master_arrival_starve_polite_waiters() {
+    expect_hazard(
+        "hazard_hot_lines_ordered_by_master_arrival_starve_polite_waiters",
+        hot_line_by_master_arrival,
+        300,
+        Property::NoStarvation,
+    );
+}
+
+#[test]
+fn hazard_hot_politeness_refusing_the_first_waiter_starves_everyone() {
+    expect_hazard(
+        "hazard_hot_politeness_refusing_the_first_waiter_starves_everyone",
+        hot_polite_refuses_first,
+        100,
+        Property::NoStarvation,
+    );
+}
 
 #[test]
 fn hazard_restart_without_persistence_breaks_mutual_exclusion() {
