@@ -434,6 +434,38 @@ fn hot_fair_no_faults(seed: u64) -> Config {
 fn hot_line_by_master_arrival(seed: u64) -> Config {
     let mut c = hot_fair(seed);
     c.hot.line_by_master_arrival = true;
+    // Three or more waiters arriving close together, masters enough to split the vote.
+    c.masters = 3;
+    c.clients = 6;
+    c.think_max = c.ttl / 50;
+    c.cancel_prob = 0.0;
+    // Waiters' requests cross on the way: each master sees its own order.
+    c.latency = (20, 3 * MS);
+    c.round_timeout = c.round_timeout.max(8 * MS);
+    c.hot.starvation_bound = Some(starvation_bound(&c));
+    c
+}
+
+/// `hot_line_by_master_arrival` with lines ordered by the client's score (NEW).
+fn hot_lines_by_score_crossing(seed: u64) -> Config {
+    let mut c = hot_line_by_master_arrival(seed);
+    c.hot.line_by_master_arrival = false;
+    c
+}
+
+/// Finding: (vi) with rounds that time out (round timeout below the slowest round trip).
+/// `ACQUIRE_WAIT` refreshes a waiter's liveness key only when it refuses it: the head of
+/// the line, whose attempts win some masters and time out on others, is never refreshed
+/// there, drops out of line after its liveness TTL although it kept asking, and a later
+/// waiter is granted first.
+fn hot_fair_order_rounds_time_out(seed: u64) -> Config {
+    let mut c = hot_fair(seed);
+    c.faults = 0;
+    c.slow_prob = 0.0;
+    c.pause_after_acquire = 0.0;
+    c.pause_in_round = 0.0;
+    c.cancel_prob = 0.0;
+    c.hot.check_order = true;
     c
 }
 
@@ -829,7 +861,10 @@ fn safe_hot_resources_under_model_assumptions() {
         assert!(s.notices_turn > 0 && s.notices_released > 0, "{s:?}");
         assert!(s.notices_lost > 0 && s.subscriptions_lost > 0, "{s:?}");
         assert!(s.polite_refusals > 0 && s.calls_cancelled > 0, "{s:?}");
-        assert!(s.restarts > 0 && s.pauses > 0 && s.fenced_grants > 100, "{s:?}");
+        assert!(
+            s.restarts > 0 && s.pauses > 0 && s.fenced_grants > 100,
+            "{s:?}"
+        );
     }
 }
 
@@ -874,11 +909,39 @@ fn safe_hot_fair_grants_follow_arrival_without_faults() {
 
 #[test]
 fn hazard_hot_lines_ordered_by_master_arrival_starve_polite_waiters() {
-    expect_hazard(
+    expect_old_hazard(
         "hazard_hot_lines_ordered_by_master_arrival_starve_polite_waiters",
         hot_line_by_master_arrival,
-        300,
+        hot_lines_by_score_crossing,
+        200,
         Property::NoStarvation,
+    );
+}
+
+/// A finding (see `hot_fair_order_rounds_time_out`): a library limitation, not a checker
+/// self-test; `safe_hot_fair_grants_follow_arrival_without_faults` avoids it with rounds
+/// that never time out.
+/// The hazard's configuration (waiters crossing on the way, 6 clients, 3 masters) with the
+/// lines ordered by the client's score: no starvation.
+#[test]
+fn safe_hot_fair_no_starvation_when_waiters_cross() {
+    let s = expect_safe(
+        "safe_hot_fair_no_starvation_when_waiters_cross",
+        hot_lines_by_score_crossing,
+        200,
+    );
+    if !replaying() {
+        assert!(s.calls_granted > 1000 && s.polite_refusals > 100, "{s:?}");
+    }
+}
+
+#[test]
+fn hazard_hot_head_waiter_not_refreshed_when_granted_on_a_minority_loses_its_turn() {
+    expect_hazard(
+        "hazard_hot_head_waiter_not_refreshed_when_granted_on_a_minority_loses_its_turn",
+        hot_fair_order_rounds_time_out,
+        1000,
+        Property::ArrivalOrder,
     );
 }
 

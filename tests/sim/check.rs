@@ -127,7 +127,11 @@ pub enum Violation {
         what: String,
     },
     /// (v): `call` waited `waited` (until its grant, or the end of the run) > `bound`.
-    Starved { call: Call, waited: Us, bound: Us },
+    Starved {
+        call: Call,
+        waited: Us,
+        bound: Us,
+    },
     /// (vi): `second` was granted at `granted_at` (its acquire sent at `t1`) while `first`,
     /// which arrived earlier, stood in line on a quorum since `first.inline_at`.
     OutOfOrder {

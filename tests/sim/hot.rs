@@ -494,7 +494,9 @@ impl Sim {
     /// `Machine::confirmed_after`: some master confirmed after the last attempt was sent.
     fn confirmed_after(&self, c: usize) -> bool {
         let w = &self.clients[c].w;
-        w.sub.iter().any(|s| matches!(s, Sub::Since(s) if *s > w.t1))
+        w.sub
+            .iter()
+            .any(|s| matches!(s, Sub::Since(s) if *s > w.t1))
     }
 
     // ----------------------------------------------------------------------------------
@@ -544,8 +546,8 @@ impl Sim {
         self.stats.notices_heard += 1;
         let cl = &self.clients[c];
         let Some(_) = cl.w.call else { return };
-        let running = cl.phase == Phase::Acquiring
-            && (cl.w.watching || cl.round == Some(Round::Acquire));
+        let running =
+            cl.phase == Phase::Acquiring && (cl.w.watching || cl.round == Some(Round::Acquire));
         if cl.phase != Phase::Sleep && !running {
             return;
         }
@@ -658,9 +660,10 @@ impl Sim {
             return;
         };
         let end = self.now;
-        let starved = self.calls.iter().find(|a| {
-            a.fair && a.ended.is_none() && a.granted.unwrap_or(end) - a.start > bound
-        });
+        let starved = self
+            .calls
+            .iter()
+            .find(|a| a.fair && a.ended.is_none() && a.granted.unwrap_or(end) - a.start > bound);
         if let Some(a) = starved.cloned() {
             let waited = a.granted.unwrap_or(end) - a.start;
             self.found(Violation::Starved {

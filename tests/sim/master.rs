@@ -216,7 +216,10 @@ pub enum Answer {
     NoScript,
     /// `ACQUIRE_WAIT` refused, one key: `{pttl (or -1), first 16 bytes of the holder's
     /// value}`; `holder` 0 is `''` (refused by politeness, the key is free).
-    Waiting { left: i64, holder: u64 },
+    Waiting {
+        left: i64,
+        holder: u64,
+    },
 }
 
 impl fmt::Display for Answer {
@@ -509,7 +512,13 @@ impl Master {
                         let left = (when - now_ms).max(1) as i64;
                         (Answer::Waiting { left, holder }, Effect::None)
                     }
-                    None => (Answer::Waiting { left: -1, holder: 0 }, Effect::None),
+                    None => (
+                        Answer::Waiting {
+                            left: -1,
+                            holder: 0,
+                        },
+                        Effect::None,
+                    ),
                 }
             }
             Msg::AcquireWait {

@@ -1055,7 +1055,13 @@ impl Sim {
             return;
         }
         let (answer, effect) = self.masters[m].execute(req, now, self.sem);
-        if matches!(answer, Answer::Waiting { left: -1, holder: 0 }) {
+        if matches!(
+            answer,
+            Answer::Waiting {
+                left: -1,
+                holder: 0
+            }
+        ) {
             self.stats.polite_refusals += 1;
         }
         let outbox = std::mem::take(&mut self.masters[m].outbox);
