@@ -394,6 +394,15 @@ fn hot_fair(seed: u64) -> Config {
     c.pause_len = (MS, c.ttl);
     c.downtime = (0, c.ttl / 2);
     c.pause_after_acquire = 0.05;
+    // Pauses only as counted faults (and holders' pauses, within a hold's `ttl`).
+    c.pause_in_round = 0.0;
+    // Rounds time out only in a fault (a slow message, a partition): a round timeout below
+    // the normal round trip is a permanent condition in which most attempts fail, and the
+    // head waiter's liveness is not refreshed (see the finding below).
+    c.round_timeout = c.round_timeout.max(3 * c.latency.1);
+    c.retry_base = c.retry_base.max(2 * c.round_timeout);
+    c.retry_jitter = c.retry_base / 2;
+    c.slow_max = c.round_timeout * 2;
     // Drops at a constant rate are no transient fault: with 2 masters and fencing (12
     // messages per grant) most attempts fail, and (v)'s bound is then only probabilistic.
     c.drop_prob = 0.0;
@@ -418,11 +427,6 @@ fn hot_fair_no_faults(seed: u64) -> Config {
     c.pause_after_acquire = 0.0;
     c.pause_in_round = 0.0;
     c.cancel_prob = 0.0;
-    // Rounds never time out: a head waiter whose attempts win a minority of masters and time
-    // out elsewhere is not refreshed in line (see the finding below).
-    c.round_timeout = c.round_timeout.max(3 * c.latency.1);
-    c.retry_base = c.retry_base.max(2 * c.round_timeout);
-    c.retry_jitter = c.retry_base / 2;
     c.hot.check_order = true;
     c.hot.starvation_bound = Some(starvation_bound(&c));
     c
@@ -441,7 +445,10 @@ fn hot_line_by_master_arrival(seed: u64) -> Config {
     c.cancel_prob = 0.0;
     // Waiters' requests cross on the way: each master sees its own order.
     c.latency = (20, 3 * MS);
-    c.round_timeout = c.round_timeout.max(8 * MS);
+    c.round_timeout = base(seed).round_timeout.max(8 * MS);
+    c.retry_base = c.ttl / 8;
+    c.retry_jitter = c.ttl / 16;
+    c.slow_max = c.round_timeout * 2;
     c.hot.starvation_bound = Some(starvation_bound(&c));
     c
 }
@@ -460,6 +467,9 @@ fn hot_lines_by_score_crossing(seed: u64) -> Config {
 /// waiter is granted first.
 fn hot_fair_order_rounds_time_out(seed: u64) -> Config {
     let mut c = hot_fair(seed);
+    let b = base(seed);
+    (c.round_timeout, c.retry_base, c.retry_jitter) =
+        (b.round_timeout, b.retry_base, b.retry_jitter);
     c.faults = 0;
     c.slow_prob = 0.0;
     c.pause_after_acquire = 0.0;
