@@ -467,9 +467,11 @@ fn hot_lines_by_score_crossing(seed: u64) -> Config {
 /// waiter is granted first.
 fn hot_fair_order_rounds_time_out(seed: u64) -> Config {
     let mut c = hot_fair(seed);
-    let b = base(seed);
-    (c.round_timeout, c.retry_base, c.retry_jitter) =
-        (b.round_timeout, b.retry_base, b.retry_jitter);
+    // The round timeout between the fastest and the slowest round trip.
+    c.round_timeout = c.latency.1.max(MS);
+    c.retry_base = c.ttl / 8;
+    c.retry_jitter = c.ttl / 16;
+    c.clients = c.clients.max(4);
     c.faults = 0;
     c.slow_prob = 0.0;
     c.pause_after_acquire = 0.0;
