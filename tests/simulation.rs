@@ -14,7 +14,11 @@
 //!     reports valid;
 //! (iv) no key of an attempt is created on a master after a release of that attempt ran
 //!     there; a failed attempt's key that no release removed is only on masters its cleanup
-//!     was sent to and could not reach (reply missing or a failure).
+//!     was sent to and could not reach (reply missing or a failure);
+//! (v) hot resources, fairness: a fair waiting call that keeps asking is granted within a
+//!     bound derived from the family (`starvation_bound`), in families without permanent
+//!     faults;
+//! (vi) hot resources, fairness, no faults: grants follow arrival (the client's score).
 //!
 //! * Under the model's assumptions no seed may violate any of them (`safe_*`).
 //! * Outside them (restart without persistence and immediate rejoin, a master clock running
