@@ -148,7 +148,10 @@ pub const ACQUIRE_MANY: Script = Script {
 /// the line with its release ([`RELEASE`]'s `ARGV[2]`), not at the grant on one master
 /// (the attempt may fail elsewhere, and its place must stay the same on every master). A
 /// polite waiter does not take a free key while another live waiter comes first in line:
-/// it is refused with `{-1, ''}` (and keeps its place).
+/// it is refused with `{-1, ''}` (and keeps its place). Every attempt of a waiter already
+/// in line refreshes its liveness key and the line's expiry, the ones that take the key
+/// too: a waiter whose attempt wins here but fails the round (a split vote, a timeout
+/// elsewhere) is still asking and keeps its place.
 pub const ACQUIRE_WAIT: Script = Script {
     src: concat!(
         "if #KEYS == 1 then\n",
@@ -168,6 +171,10 @@ pub const ACQUIRE_WAIT: Script = Script {
         "    end\n",
         "  end\n",
         "  if not behind and redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then\n",
+        "    if id and redis.pcall('exists', 'redlock-mux:waiter:' .. id) == 1 then\n",
+        "      redis.pcall('set', 'redlock-mux:waiter:' .. id, '1', 'PX', ARGV[4])\n",
+        "      redis.pcall('pexpire', q, ARGV[4])\n",
+        "    end\n",
         "    return 0\n",
         "  end\n",
         "  if id then\n",
@@ -191,7 +198,7 @@ pub const ACQUIRE_WAIT: Script = Script {
         "for i = 1, #KEYS do redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2]) end\n",
         "return 0"
     ),
-    sha: "8cfcd237ffa6ce1b8a63821c1ce40e1d5ce0bb96",
+    sha: "67a5c4541160eb67c8d51f6de4c28e579edf551c",
 };
 
 /// Fencing draw (read-only): `KEYS` = the lock's n keys, then their n counters. When every

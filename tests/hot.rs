@@ -530,3 +530,60 @@ fn a_dead_first_in_line_drops_out() {
         assert!(took < Duration::from_secs(2), "fair {fair}: {took:?}");
     }
 }
+
+/// A waiter whose attempts win on some masters but not a quorum (the key freed on one
+/// master only) keeps asking, so it keeps its place in line there: each of its attempts
+/// refreshes its liveness key, the ones that take the key included. (Found by the
+/// simulation: the first version refreshed it only at refusals, so after the liveness TTL
+/// the waiter dropped out of line on the masters where it kept winning, and a later
+/// waiter could be granted first.)
+#[test]
+fn a_waiter_winning_a_minority_keeps_its_place_in_line() {
+    let m = masters(3);
+    let key = "fair-minority";
+    hold_by_hand(&m, key);
+    // Liveness TTL: retry delay 50 ms + no jitter + 2 round timeouts of 50 ms + 100 ms.
+    let alive = Duration::from_millis(250);
+    let waiter = Redlock::builder()
+        .masters(m.urls())
+        .node_timeout(Duration::from_millis(50))
+        .retry_delay(Duration::from_millis(50))
+        .retry_jitter(Duration::ZERO)
+        .retry_count(400)
+        .fairness(true)
+        .build()
+        .unwrap();
+    let rx = in_thread(waiter, key);
+    wait_until(
+        "the waiter in line on every master",
+        Duration::from_secs(5),
+        || (0..3).all(|i| in_line(&m, i, key) == 1),
+    );
+    let id = match m[1].cmd(&[b"KEYS", b"redlock-mux:waiter:*"]).unwrap() {
+        AdminReply::Array(a) if a.len() == 1 => a[0].as_str().unwrap().to_string(),
+        other => panic!("one waiter key expected on master 1: {other:?}"),
+    };
+    // Master 0 frees the key: from now on every attempt of the waiter wins there (and its
+    // cleanup deletes the key again), while masters 1 and 2 refuse it.
+    m[0].cmd(&[b"DEL", key.as_bytes()]).unwrap();
+    // Well past the liveness TTL (a waiter key not refreshed would be gone by then), the
+    // waiter still stands in line on master 0, alive.
+    thread::sleep(4 * alive);
+    wait_until("the waiter alive in line on master 0", PROMPT, || {
+        let alive_key = matches!(
+            m[0].cmd(&[b"PTTL", id.as_bytes()]).unwrap(),
+            AdminReply::Int(ms) if ms > 0
+        );
+        alive_key && in_line(&m, 0, key) == 1
+    });
+    assert!(
+        rx.try_recv().is_err(),
+        "the waiter got a lock held on 2 of 3 masters"
+    );
+    free_by_hand(&m, key);
+    let (r, _, mut c) = rx
+        .recv_timeout(PROMPT + FALLBACK)
+        .expect("the waiter's call");
+    c.release(r.expect("the waiter gets the freed lock"))
+        .unwrap();
+}

@@ -48,6 +48,8 @@ pub struct Hot {
     pub line_by_master_arrival: bool,
     /// Hazard: politeness refuses the first live waiter too.
     pub polite_refuses_first: bool,
+    /// OLD: a grant does not refresh the waiter's place in line (see `Semantics`).
+    pub grant_skips_refresh: bool,
 }
 
 impl Hot {

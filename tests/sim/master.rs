@@ -258,6 +258,9 @@ pub struct Semantics {
     /// Hazard: politeness refuses the first live waiter too (a polite attempt takes a free
     /// key only while nobody live stands in line).
     pub polite_refuses_first: bool,
+    /// OLD: `ACQUIRE_WAIT` refreshes a waiter's liveness key (and the line's expiry) only
+    /// when it refuses it. NEW: also when it takes the key for a waiter already in line.
+    pub grant_skips_refresh: bool,
 }
 
 /// A key's line: waiter ids by score (ties by id, as a sorted set orders them), expiring
@@ -482,6 +485,15 @@ impl Master {
                 }
                 if !behind && self.get(r, now_ms).is_none() {
                     self.store[r] = Some((token, now_ms + ttl_ms));
+                    if let Some(l) = line.filter(|_| !sem.grant_skips_refresh) {
+                        if self.waiter_live(l.id, now_ms) {
+                            self.waiters.retain(|&(w, _)| w != l.id);
+                            self.waiters.push((l.id, now_ms + l.alive_ms));
+                            if let Some(q) = self.queue(r, now_ms) {
+                                q.until = now_ms + l.alive_ms;
+                            }
+                        }
+                    }
                     return (Answer::Int(0), Effect::Created(token));
                 }
                 if let Some(l) = line {

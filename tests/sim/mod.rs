@@ -709,6 +709,7 @@ impl Sim {
             fence_all_resources: !cfg.old.fence_first_resource_only,
             line_by_master_arrival: cfg.hot.line_by_master_arrival,
             polite_refuses_first: cfg.hot.polite_refuses_first,
+            grant_skips_refresh: cfg.hot.grant_skips_refresh,
         };
         let mut sim = Sim {
             quorum: rules::quorum(n),
