@@ -417,22 +417,12 @@ fn lost_lock_case(command: &str, extra: &[&str], fault: fn(&mut LocalMasters, us
     .stderr(Stdio::piped())
     .spawn()
     .expect("spawn redlock run");
-    eventually("the command to start", Duration::from_secs(10), || {
-        read_pid(&s.path("pid")).is_some()
-    });
-    let pid = read_pid(&s.path("pid")).unwrap();
+    let pid = await_pid(&s, "pid");
     // Should this test fail, do not leave the command running.
     let _group = KillGroupOnDrop(pid);
     let started = Instant::now();
     // First the lock is kept past its 1 s TTL by extensions.
-    eventually(
-        "the lock extended past its TTL",
-        Duration::from_secs(5),
-        || {
-            started.elapsed() > Duration::from_millis(1500)
-                && holders(&m, key).iter().all(Option::is_some)
-        },
-    );
+    await_extended_past_ttl(&m, key, started);
     let broke = Instant::now();
     fault(&mut m, 0);
     fault(&mut m, 1);
@@ -920,14 +910,7 @@ fn ctrl_z_stops_the_command_too_and_kills_it_if_the_lock_expired_meanwhile() {
     let _run = KillOnDrop(run.id());
     let _group = KillGroupOnDrop(pid);
     let started = Instant::now();
-    eventually(
-        "the lock extended past its TTL",
-        Duration::from_secs(5),
-        || {
-            started.elapsed() > Duration::from_millis(1500)
-                && holders(&m, key).iter().all(Option::is_some)
-        },
-    );
+    await_extended_past_ttl(&m, key, started);
 
     kill(Pid::from_raw(run.id() as i32), Signal::SIGTSTP).unwrap();
     both_stopped(run.id(), pid);
@@ -1022,20 +1005,10 @@ fn lost_lock_with_stderr_a_broken_pipe_still_terminates_the_command() {
     .expect("spawn redlock run");
     // Nobody reads redlock's stderr any more: writes to it fail with EPIPE.
     drop(run.stderr.take());
-    eventually("the command to start", Duration::from_secs(10), || {
-        read_pid(&s.path("pid")).is_some()
-    });
-    let pid = read_pid(&s.path("pid")).unwrap();
+    let pid = await_pid(&s, "pid");
     let _group = KillGroupOnDrop(pid);
     let started = Instant::now();
-    eventually(
-        "the lock extended past its TTL",
-        Duration::from_secs(5),
-        || {
-            started.elapsed() > Duration::from_millis(1500)
-                && holders(&m, key).iter().all(Option::is_some)
-        },
-    );
+    await_extended_past_ttl(&m, key, started);
     m[0].freeze().unwrap();
     m[1].freeze().unwrap();
     let status = wait_exit(&mut run, Duration::from_secs(10));
@@ -1904,5 +1877,26 @@ fn run_waits_in_line_and_is_woken_by_the_release() {
     assert!(
         took[4] < Duration::from_millis(100),
         "release to command start, sorted: {took:?}"
+    );
+}
+
+/// Wait (bounded) until the command under `run` wrote its PID to `name`; return it.
+fn await_pid(s: &Scratch, name: &str) -> u32 {
+    eventually("the command to start", Duration::from_secs(10), || {
+        read_pid(&s.path(name)).is_some()
+    });
+    read_pid(&s.path(name)).unwrap()
+}
+
+/// Wait (bounded) until a lock taken with a 1 s TTL at `started` is still held on every
+/// master 1.5 s later: kept by extensions.
+fn await_extended_past_ttl(m: &LocalMasters, key: &str, started: Instant) {
+    eventually(
+        "the lock extended past its TTL",
+        Duration::from_secs(5),
+        || {
+            started.elapsed() > Duration::from_millis(1500)
+                && holders(m, key).iter().all(Option::is_some)
+        },
     );
 }
