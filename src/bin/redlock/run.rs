@@ -31,7 +31,9 @@ use nix::errno::Errno;
 use nix::sys::signal::{kill, pthread_sigmask, raise, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
-use redlock_mux::{Error, Fault, HoldOptions, Lock, LockSignal, Outcome, Redlock, Report};
+use redlock_mux::{
+    CancelHandle, Error, Fault, HoldOptions, Lock, LockSignal, Outcome, Redlock, Report,
+};
 use signal_hook::consts::{SIGCHLD, SIGCONT, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGTSTP};
 use signal_hook::iterator::Signals;
 
@@ -240,6 +242,9 @@ fn is_terminating(sig: i32) -> bool {
 struct Job {
     /// The lock is being acquired: a terminating signal cancels the attempt.
     acquiring: bool,
+    /// A terminating signal came while acquiring: the client is cancelled again every few
+    /// ms until the acquisition ends (see `recancel`).
+    recancelling: bool,
     /// COMMAND's process group (the PID of its leader, the exec helper), from the spawn
     /// until the group is seen empty; after that its number may be reused: never signal it.
     group: Option<Pid>,
@@ -249,6 +254,23 @@ struct Job {
     /// The group is stopped by redlock and stays so until the supervisor has checked the
     /// lock: from the spawn to the first continue, and again from each Ctrl-Z.
     held: bool,
+}
+
+/// Cancel the client again every 2 ms until the acquisition has ended. A cancel reaches
+/// only the lock call running when it is sent (it never cancels a later, unrelated call),
+/// and acquiring is a few calls in a row: a signal that came between two of them would
+/// otherwise be dropped, and the wait would run on to `--wait`. Bounded: the calls end at
+/// the first cancel they see; the loop gives up after 10 s in any case.
+fn recancel(job: Arc<Mutex<Job>>, cancel: CancelHandle) {
+    thread::spawn(move || {
+        for _ in 0..5_000 {
+            thread::sleep(Duration::from_millis(2));
+            if !lock_job(&job).acquiring {
+                return;
+            }
+            cancel.cancel();
+        }
+    });
 }
 
 fn lock_job(job: &Mutex<Job>) -> MutexGuard<'_, Job> {
@@ -340,6 +362,7 @@ pub fn main(args: RunArgs) -> u8 {
     }));
     let (tx, rx) = mpsc::channel::<i32>();
     {
+        let job_ref = job.clone();
         let job = job.clone();
         let cancel = client.cancel_handle();
         thread::spawn(move || {
@@ -352,6 +375,10 @@ pub fn main(args: RunArgs) -> u8 {
                 }
                 if is_terminating(sig) && job.acquiring {
                     cancel.cancel();
+                    if !job.recancelling {
+                        job.recancelling = true;
+                        recancel(job_ref.clone(), cancel.clone());
+                    }
                 }
                 if tx.send(sig).is_err() {
                     break;
@@ -831,12 +858,14 @@ enum Failed {
 ///
 /// The first attempt is the client's own (`try_lock`) so that its report can be judged:
 /// when masters refuse the client for good, or none accepts a connection, waiting cannot
-/// help (`hopeless`). Then the client waits (`lock_with_deadline`, in slices of at most
-/// [`WAIT_SLICE`] so that each slice's report is judged the same way): a waiter is woken
-/// by the holder's release on the masters (`WaitMode::Notify`: it stands in the resource's
-/// line), and never sleeps past the holder's keys' expiry; otherwise it tries every 200 ms
-/// +- 100 ms. A terminating signal cancels the wait at once (the signal thread cancels the
-/// client while `acquiring`).
+/// help (`hopeless`). Then the client waits (`lock_with_deadline`): it stands in the
+/// resource's line on the masters, is woken by the holder's release (`WaitMode::Notify`)
+/// and never sleeps past the holder's keys' expiry; otherwise it tries every 200 ms +-
+/// 100 ms. One call for the whole wait, so the waiter keeps its place in line. Masters
+/// that start refusing the client meanwhile end the wait at once (`Error::Refused`); a
+/// terminating signal cancels it at once (the signal thread cancels the client while
+/// `acquiring`). At the deadline one more attempt says how things stand (taken, or no
+/// quorum, and what each master did).
 fn acquire(
     args: &RunArgs,
     client: &mut Redlock,
@@ -862,35 +891,21 @@ fn acquire(
     if no_wait || Instant::now() >= deadline {
         return Err(Failed::Error(e));
     }
-    loop {
-        if let Ok(sig) = rx.try_recv() {
-            if is_terminating(sig) {
-                return Err(Failed::Signal(sig));
-            }
-        }
-        let until = (Instant::now() + WAIT_SLICE).min(deadline);
-        match client.lock_with_deadline(&args.resource, args.ttl, until) {
-            Ok(lock) => return Ok(lock),
-            Err(Error::DeadlineExceeded(report)) => {
-                if let Some(code) = report.as_deref().and_then(|r| hopeless(args, r)) {
-                    return Err(Failed::Hopeless(code));
-                }
-            }
-            Err(e) => return Err(Failed::Error(e)),
-        }
-        if Instant::now() >= deadline {
-            // The wait is over; one last attempt says how things stand (taken, or no
-            // quorum, and what each master did).
-            return match client.try_lock(&args.resource, args.ttl) {
-                Ok(lock) => Ok(lock),
-                Err(e) => Err(Failed::Error(judge(e)?)),
-            };
+    if let Ok(sig) = rx.try_recv() {
+        if is_terminating(sig) {
+            return Err(Failed::Signal(sig));
         }
     }
+    match client.lock_with_deadline(&args.resource, args.ttl, deadline) {
+        Ok(lock) => return Ok(lock),
+        Err(Error::DeadlineExceeded(_)) => {}
+        Err(e) => return Err(Failed::Error(e)),
+    }
+    match client.try_lock(&args.resource, args.ttl) {
+        Ok(lock) => Ok(lock),
+        Err(e) => Err(Failed::Error(judge(e)?)),
+    }
 }
-
-/// How long `run` waits between two judgements of the masters' answers (see [`acquire`]).
-const WAIT_SLICE: Duration = Duration::from_secs(1);
 
 /// A master that refuses this client whatever the wait: a handshake refused for who we
 /// are or what we ask (wrong or missing password, unknown user or one without the right
