@@ -14,7 +14,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use support::proxy::{Mode, Proxy};
-use support::{get, masters, wait_until, LocalMasters};
+use support::{get, masters, patient_shared, wait_until, LocalMasters};
 
 use redlock_mux::{Error, HoldOptions, Redlock, SharedRedlock};
 
@@ -139,12 +139,7 @@ fn dropping_a_guard_releases_the_lock() {
 fn a_future_dropped_by_a_timeout_never_leaves_a_lock_behind() {
     let m = masters(3);
     let proxies: Vec<Proxy> = (0..3).map(|i| Proxy::start(m[i].addr()).unwrap()).collect();
-    let c = Redlock::builder()
-        .masters(proxies.iter().map(|p| p.url()))
-        .node_timeout(Duration::from_millis(500))
-        .retry_count(0)
-        .build_shared()
-        .unwrap();
+    let c = patient_shared(proxies.iter().map(|p| p.url()));
     // Connected first, so the slow part is the lock round itself.
     c.try_lock("warm", Duration::from_secs(5)).wait().unwrap();
     let sent: Vec<u64> = proxies.iter().map(|p| p.forwarded_up()).collect();
@@ -387,12 +382,7 @@ fn a_future_dropped_before_it_is_written_leaves_no_key() {
 #[test]
 fn futures_dropped_at_every_stage_leave_no_key() {
     let m = masters(3);
-    let c = Redlock::builder()
-        .masters(m.urls())
-        .node_timeout(Duration::from_millis(500))
-        .retry_count(0)
-        .build_shared()
-        .unwrap();
+    let c = patient_shared(m.urls());
     c.try_lock("warm", Duration::from_secs(5)).wait().unwrap();
     let waker = std::task::Waker::noop();
     let mut cx = std::task::Context::from_waker(waker);
@@ -443,12 +433,7 @@ fn futures_dropped_at_every_stage_leave_no_key() {
 #[test]
 fn a_dropped_guard_is_released_before_the_next_operation() {
     let m = masters(3);
-    let c = Redlock::builder()
-        .masters(m.urls())
-        .node_timeout(Duration::from_millis(500))
-        .retry_count(0)
-        .build_shared()
-        .unwrap();
+    let c = patient_shared(m.urls());
     for i in 0..50 {
         let g = c.try_lock("again", Duration::from_secs(30)).wait().unwrap();
         let t = Instant::now();

@@ -182,16 +182,7 @@ impl Sim {
     /// A waiting client's new lock call.
     pub(super) fn start_call(&mut self, c: usize) {
         let now = self.now;
-        let r = self.cfg.resources;
-        let keys = if r >= 2 && self.rng.f64() < self.cfg.multi_prob {
-            let mut all: Vec<usize> = (0..r).collect();
-            self.rng.shuffle(&mut all);
-            let k = self.rng.usize(2..=r);
-            Keys::of(&all[..k])
-        } else {
-            Keys::one(self.rng.usize(..r))
-        };
-        let fenced = self.rng.f64() < self.cfg.fence_prob;
+        let (keys, fenced) = self.draw_call();
         let fair = matches!(self.clients[c].mode, super::Mode::Notify { fair: true });
         // `Task::start_attempt`: retry delay + jitter + 2 round timeouts + 100 ms.
         let alive = Duration::from_micros(

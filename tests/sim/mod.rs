@@ -1385,14 +1385,8 @@ impl Sim {
         }
     }
 
-    fn start_acquire(&mut self, c: usize) {
-        if self.clients[c].phase != Phase::Idle {
-            return;
-        }
-        if self.clients[c].mode != Mode::Try {
-            self.start_call(c);
-            return;
-        }
+    /// A new lock call's resources (several with `multi_prob`) and whether it is fenced.
+    pub(super) fn draw_call(&mut self) -> (Keys, bool) {
         let r = self.cfg.resources;
         let keys = if r >= 2 && self.rng.f64() < self.cfg.multi_prob {
             let mut all: Vec<usize> = (0..r).collect();
@@ -1402,7 +1396,18 @@ impl Sim {
         } else {
             Keys::one(self.rng.usize(..r))
         };
-        let fenced = self.rng.f64() < self.cfg.fence_prob;
+        (keys, self.rng.f64() < self.cfg.fence_prob)
+    }
+
+    fn start_acquire(&mut self, c: usize) {
+        if self.clients[c].phase != Phase::Idle {
+            return;
+        }
+        if self.clients[c].mode != Mode::Try {
+            self.start_call(c);
+            return;
+        }
+        let (keys, fenced) = self.draw_call();
         let token = self.next_token;
         self.next_token += 1;
         let n = self.cfg.masters;

@@ -149,3 +149,18 @@ pub fn is_transient(e: &io::Error) -> bool {
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
     )
 }
+
+/// A shared client on `urls` with a patient round timeout (500 ms: a loaded machine does
+/// not fail a round) and no retries: what a test that counts attempts or keys wants.
+pub fn patient_shared<I, S>(urls: I) -> redlock_mux::SharedRedlock
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    redlock_mux::Redlock::builder()
+        .masters(urls)
+        .node_timeout(Duration::from_millis(500))
+        .retry_count(0)
+        .build_shared()
+        .expect("shared client")
+}
