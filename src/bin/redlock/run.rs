@@ -408,7 +408,7 @@ fn hold_and_run(args: &RunArgs, client: &mut Redlock, job: &Mutex<Job>, rx: Rece
             }
         );
     }
-    let result = acquire(args, client, started, &rx);
+    let result = acquire(args, client, started);
     // From here on a signal no longer cancels: a cancel would cut short the extend and
     // release rounds.
     lock_job(job).acquiring = false;
@@ -418,10 +418,6 @@ fn hold_and_run(args: &RunArgs, client: &mut Redlock, job: &Mutex<Job>, rx: Rece
         Ok(lock) => lock,
         Err(Failed::Error(Error::Cancelled)) => {
             let sig = early_signal.unwrap_or(SIGINT);
-            say!("got {}, gave up waiting for {resource}", signal_name(sig));
-            return exit::signal(sig);
-        }
-        Err(Failed::Signal(sig)) => {
             say!("got {}, gave up waiting for {resource}", signal_name(sig));
             return exit::signal(sig);
         }
@@ -847,8 +843,6 @@ fn release(args: &RunArgs, client: &mut Redlock, lock: Lock) {
 enum Failed {
     /// The last attempt's error (or a local one).
     Error(Error),
-    /// A terminating signal came between two attempts.
-    Signal(i32),
     /// Retrying could not help; said so, exit with this code.
     Hopeless(u8),
 }
@@ -866,12 +860,7 @@ enum Failed {
 /// terminating signal cancels it at once (the signal thread cancels the client while
 /// `acquiring`). At the deadline one more attempt says how things stand (taken, or no
 /// quorum, and what each master did).
-fn acquire(
-    args: &RunArgs,
-    client: &mut Redlock,
-    started: Instant,
-    rx: &Receiver<i32>,
-) -> Result<Lock, Failed> {
+fn acquire(args: &RunArgs, client: &mut Redlock, started: Instant) -> Result<Lock, Failed> {
     let no_wait = args.no_wait || args.wait.is_zero();
     let deadline = started + args.wait;
     let judge = |e: Error| -> Result<Error, Failed> {
@@ -890,11 +879,6 @@ fn acquire(
     };
     if no_wait || Instant::now() >= deadline {
         return Err(Failed::Error(e));
-    }
-    if let Ok(sig) = rx.try_recv() {
-        if is_terminating(sig) {
-            return Err(Failed::Signal(sig));
-        }
     }
     match client.lock_with_deadline(&args.resource, args.ttl, deadline) {
         Ok(lock) => return Ok(lock),
