@@ -187,6 +187,32 @@ fn warm_shared_operations_allocate_nothing() {
         })
     });
 
+    // The calls that may wait (default retries: the waiting acquire, a waiter id and
+    // score), blocking: lock, lock_with_deadline, lock_many.
+    let w = Redlock::builder()
+        .masters(m.urls())
+        .node_timeout(Duration::from_millis(500))
+        .build_shared()
+        .unwrap();
+    count("lock, lock_with_deadline, lock_many: 300 cycles", 0, || {
+        for _ in 0..300 {
+            w.lock("alloc-wait", TTL)
+                .wait()
+                .unwrap()
+                .release()
+                .wait()
+                .unwrap();
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            let g = w
+                .lock_with_deadline("alloc-wait", TTL, deadline)
+                .wait()
+                .unwrap();
+            drop(g);
+            let g = w.lock_many(["alloc-m0", "alloc-m1"], TTL).wait().unwrap();
+            g.release().wait().unwrap();
+        }
+    });
+
     stop.store(true, Ordering::SeqCst);
     start.wait();
     for w in workers {
