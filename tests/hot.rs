@@ -587,3 +587,35 @@ fn a_waiter_winning_a_minority_keeps_its_place_in_line() {
     c.release(r.expect("the waiter gets the freed lock"))
         .unwrap();
 }
+
+/// A waiting call that ends without the lock (here: its deadline passed while the key was
+/// held) leaves the key's line on every master, so the next release names a waiter that is
+/// still there: one that came later is woken by it, not by its 10 s retry delay. (Before,
+/// the call left the line only where its last attempt may have set the key, that is
+/// nowhere when every master said taken: the release named the one that had gone, and
+/// the others slept on.)
+#[test]
+fn a_waiter_that_gives_up_leaves_the_line() {
+    for (fair, key) in [(false, "quit"), (true, "quit-fair")] {
+        let m = masters(3);
+        let mut holder = builder(m.urls()).build().unwrap();
+        let held = holder.try_lock(key, TTL).unwrap();
+        let mut quitter = builder(m.urls()).fairness(fair).build().unwrap();
+        let r = quitter.lock_with_deadline(key, TTL, Instant::now() + Duration::from_millis(300));
+        assert!(matches!(r, Err(Error::DeadlineExceeded(_))), "{r:?}");
+        wait_until("the call that gave up out of line", PROMPT, || {
+            (0..3).all(|i| in_line(&m, i, key) == 0)
+        });
+        let waiter = builder(m.urls()).fairness(fair).build().unwrap();
+        let rx = in_thread(waiter, key);
+        wait_until("the next waiter in line", PROMPT, || {
+            (0..3).all(|i| in_line(&m, i, key) == 1)
+        });
+        holder.release(held).unwrap();
+        let (r, _, mut c) = rx
+            .recv_timeout(PROMPT)
+            .unwrap_or_else(|_| panic!("fair {fair}: the waiter was not woken by the release"));
+        c.release(r.expect("the waiter gets the lock")).unwrap();
+        drop(quitter);
+    }
+}

@@ -433,9 +433,12 @@ impl Machine {
 
     /// Record a task's result.
     fn finish(&mut self, id: TaskId, result: Result<Done, Error>) {
+        let granted = matches!(result, Ok(Done::Locked(_)));
         if !self.tasks[id.slot as usize].chans.is_empty() {
-            let granted = matches!(result, Ok(Done::Locked(_)));
             self.unwatch(id, granted, Instant::now());
+        }
+        if !granted {
+            self.leave_line(id, Instant::now());
         }
         let t = &mut self.tasks[id.slot as usize];
         #[cfg(feature = "tracing")]

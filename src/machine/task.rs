@@ -599,14 +599,15 @@ impl Machine {
             .map(|x| rules::may_hold(req, *x))
             .collect();
         self.engine.finish(acquire);
-        if !may_hold.iter().any(|b| *b) {
+        let t = &mut self.tasks[id.slot as usize];
+        // The last cleanup of a task that waited in line takes it out of line on every
+        // master (it stands in line where the key was taken, not only where it may hold it).
+        let leave = if last { t.wait_id.take() } else { None };
+        if leave.is_none() && !may_hold.iter().any(|b| *b) {
             return;
         }
-        let t = &self.tasks[id.slot as usize];
         let timeout = self.cfg.round_timeout(t.ttl);
         let (token, ttl_ms) = (t.token, t.ttl.as_millis() as u64);
-        // The last cleanup of a task that waited in line takes it out of line.
-        let leave = if last { t.wait_id } else { None };
         let keys = &t.keys;
         self.engine.start(
             Request::Release,
@@ -616,7 +617,7 @@ impl Machine {
             },
             timeout,
             now,
-            |i| may_hold[i],
+            |i| leave.is_some() || may_hold[i],
             None,
         );
         if self.notify() {
@@ -630,6 +631,34 @@ impl Machine {
                 self.tasks[id.slot as usize].keys = keys;
             }
         }
+    }
+
+    /// A lock call that waited ends without the lock (cancelled, its deadline passed while
+    /// it slept): take it out of its key's line on every master, so that the next release
+    /// names a waiter that is still there. (Compare-and-delete: harmless where the key is
+    /// not ours.) After the last cleanup there is nothing left to do here.
+    pub(super) fn leave_line(&mut self, id: TaskId, now: Instant) {
+        let t = &mut self.tasks[id.slot as usize];
+        if t.kind != Kind::Lock {
+            return;
+        }
+        let Some(leave) = t.wait_id.take() else {
+            return;
+        };
+        let timeout = self.cfg.round_timeout(t.ttl);
+        let (token, ttl_ms) = (t.token, t.ttl.as_millis() as u64);
+        let keys = &t.keys;
+        self.engine.start(
+            Request::Release,
+            |a| {
+                a.set(keys.iter(), token, ttl_ms);
+                a.leave = Some(leave);
+            },
+            timeout,
+            now,
+            |_| true,
+            None,
+        );
     }
 
     /// The release or extend round `op` of task `id` is decided.

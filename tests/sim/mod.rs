@@ -1671,17 +1671,23 @@ impl Sim {
         let (keys, token) = (self.clients[c].keys, self.clients[c].token);
         let report = self.clients[c].tally.outcomes().to_vec();
         let n = self.cfg.masters;
-        let a = self.attempt(token);
-        a.failed = true;
-        a.targeted = targets;
-        a.report = report;
-        a.cleanup = vec![Outcome::Pending; n];
-        // A waiting call's last cleanup takes it out of its key's lines.
+        // A waiting call's last cleanup takes it out of its key's lines, on every master
+        // (`Machine::cleanup` with `last`).
         let leave = if self.clients[c].w.cancelled {
             self.clients[c].w.wait_id
         } else {
             None
         };
+        let targets = if leave.is_some() {
+            (1u16 << n) - 1
+        } else {
+            targets
+        };
+        let a = self.attempt(token);
+        a.failed = true;
+        a.targeted = targets;
+        a.report = report;
+        a.cleanup = vec![Outcome::Pending; n];
         if targets != 0 {
             self.stats.releases_after_failure += 1;
             let rop = self.next_op;
