@@ -112,6 +112,9 @@ impl Builder {
         self
     }
     /// Retries after the first attempt in [`Redlock::lock`](crate::Redlock::lock) (default 10).
+    /// These are the timed retries (one per retry delay, or at the holder's expiry when that
+    /// comes first); with [`WaitMode::Notify`] the attempts made when a release is announced
+    /// come on top (see [`Builder::wait_mode`]).
     pub fn retry_count(mut self, n: u32) -> Self {
         self.retry_count = n;
         self

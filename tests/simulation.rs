@@ -380,7 +380,8 @@ fn starvation_bound(c: &Config) -> u64 {
 
 /// (v): every client fair (notify mode, polite), one resource per lock, holds shorter than
 /// the TTL and no extends, transient faults only (short partitions, slow links, pauses,
-/// restarts with persistence, link resets, script flushes, drops), rare cancels.
+/// restarts with persistence, link resets, script flushes; no drops at a constant rate),
+/// rare cancels.
 fn hot_fair(seed: u64) -> Config {
     let mut c = base(seed);
     let mut r = fastrand::Rng::with_seed(seed ^ 0x0fa1_7ea7);

@@ -98,7 +98,8 @@ impl Redlock {
     /// Every call starts here: read what the masters sent while the client was away, and
     /// release the locks the user dropped unreleased.
     fn enter(&mut self) -> Result<(), Error> {
-        self.m.engine.catch_up()?;
+        let caught_up = self.m.engine.catch_up();
+        // Queued even when catching up failed: the releases go out with the next write.
         self.dropped.take_into(&mut self.orphans);
         if !self.orphans.is_empty() {
             let now = Instant::now();
@@ -106,6 +107,7 @@ impl Redlock {
                 self.m.release_detached(&lock, now);
             }
         }
+        caught_up?;
         Ok(())
     }
 
@@ -343,8 +345,9 @@ impl Redlock {
     /// Release the lock on every master at once (compare-and-delete: only keys that still
     /// hold this lock's token are deleted). `Ok` when a quorum confirmed.
     pub fn release(&mut self, mut lock: Lock) -> Result<(), Error> {
-        lock.dropped = None;
+        // Should `enter` fail, `lock` is dropped still armed: queued for the next call.
         self.enter()?;
+        lock.dropped = None;
         let id = self.m.submit_release(&lock, Instant::now());
         self.run(id, false).map(|_| ())
     }

@@ -436,10 +436,8 @@ fn hold_and_run(args: &RunArgs, client: &mut Redlock, job: &Mutex<Job>, rx: Rece
         );
     }
     if let Some(sig) = early_signal {
-        // The signal may have raised the client's cancel flag after the attempt had
-        // already succeeded. An attempt whose deadline has passed consumes a pending cancel
-        // or returns at once, with no I/O either way; then the release runs normally.
-        let _ = client.lock_with_deadline(resource, ttl, Instant::now());
+        // A cancel raised after the attempt had succeeded reaches nothing (it only ever
+        // reaches the lock call running, and release is not cancellable): release normally.
         release(args, client, lock);
         say!("got {}, did not start the command", signal_name(sig));
         return exit::signal(sig);
@@ -856,7 +854,9 @@ enum Failed {
 /// resource's line on the masters, is woken by the holder's release (`WaitMode::Notify`)
 /// and never sleeps past the holder's keys' expiry; otherwise it tries every 200 ms +-
 /// 100 ms. One call for the whole wait, so the waiter keeps its place in line. Masters
-/// that start refusing the client meanwhile end the wait at once (`Error::Refused`); a
+/// that start refusing this client's credentials meanwhile end the wait at once
+/// (`Error::Refused`; other refusals, e.g. a master no longer durable for `--fencing`, are
+/// judged by the last attempt at the deadline); a
 /// terminating signal cancels it at once (the signal thread cancels the client while
 /// `acquiring`). At the deadline one more attempt says how things stand (taken, or no
 /// quorum, and what each master did).
