@@ -619,3 +619,96 @@ fn a_waiter_that_gives_up_leaves_the_line() {
         drop(quitter);
     }
 }
+
+/// `retry_count` counts the timed retries only: attempts made on an announcement come on
+/// top, so a call woken three times still makes its one timed retry, a retry delay after
+/// it began, before it gives up.
+#[test]
+fn announced_attempts_do_not_use_up_the_retries() {
+    let m = masters(1);
+    let key = "budget";
+    let retry_delay = Duration::from_secs(2);
+    let c = Redlock::builder()
+        .masters(m.urls())
+        .node_timeout(Duration::from_secs(1))
+        .retry_delay(retry_delay)
+        .retry_jitter(Duration::ZERO)
+        .retry_count(1)
+        .build_shared()
+        .unwrap();
+    hold_by_hand(&m, key);
+    let started = Instant::now();
+    let pending = c.lock(key, TTL);
+    sync(&c);
+    wait_subscribed(&m, key, 1);
+    for _ in 0..3 {
+        let before = refused(&c);
+        announce_by_hand(&m, key, FOREIGN);
+        wait_until("the announced attempt", PROMPT, || refused(&c) > before);
+    }
+    match pending.wait() {
+        Err(Error::Taken(report)) => assert!(
+            report.attempts() >= 5,
+            "1 first + 3 announced + 1 timed: {report}"
+        ),
+        other => panic!("expected Taken after the timed retry: {other:?}"),
+    }
+    assert!(
+        started.elapsed() >= retry_delay,
+        "gave up after {:?}, before its timed retry",
+        started.elapsed()
+    );
+    free_by_hand(&m, key);
+}
+
+/// A waiter stays in line while it sleeps between timed attempts: its liveness key lives
+/// its retry delay plus jitter, two round timeouts and 100 ms (here 1000 + 0 + 2 x 50 +
+/// 100 = 1200 ms), longer than any sleep, and each attempt sets it again.
+#[test]
+fn a_sleeping_waiter_stays_in_line() {
+    let m = masters(3);
+    let key = "alive";
+    hold_by_hand(&m, key);
+    let waiter = Redlock::builder()
+        .masters(m.urls())
+        .node_timeout(Duration::from_millis(50))
+        .retry_delay(Duration::from_secs(1))
+        .retry_jitter(Duration::ZERO)
+        .retry_count(3)
+        .fairness(true)
+        .build()
+        .unwrap();
+    let rx = in_thread(waiter, key);
+    wait_until("the waiter in line", PROMPT, || {
+        (0..3).all(|i| in_line(&m, i, key) == 1)
+    });
+    let id = match m[0].cmd(&[b"KEYS", b"redlock-mux:waiter:*"]).unwrap() {
+        AdminReply::Array(a) if a.len() == 1 => a[0].as_str().unwrap().to_string(),
+        other => panic!("one waiter key expected: {other:?}"),
+    };
+    let pttl = |i: usize| match m[i].cmd(&[b"PTTL", id.as_bytes()]).unwrap() {
+        AdminReply::Int(ms) => ms,
+        other => panic!("PTTL: {other:?}"),
+    };
+    let first = pttl(0);
+    assert!((1000..=1200).contains(&first), "liveness PTTL {first} ms");
+    // Through two whole sleeps (2.4 s), it never drops out of line on any master.
+    let until = Instant::now() + Duration::from_millis(2400);
+    while Instant::now() < until {
+        for i in 0..3 {
+            assert!(pttl(i) > 0, "the waiter's key lapsed on master {i}");
+            assert_eq!(
+                in_line(&m, i, key),
+                1,
+                "the waiter left the line on master {i}"
+            );
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    free_by_hand(&m, key);
+    let (r, _, mut c) = rx
+        .recv_timeout(PROMPT + FALLBACK)
+        .expect("the waiter's call");
+    c.release(r.expect("the waiter gets the freed lock"))
+        .unwrap();
+}
