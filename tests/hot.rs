@@ -712,3 +712,50 @@ fn a_sleeping_waiter_stays_in_line() {
     c.release(r.expect("the waiter gets the freed lock"))
         .unwrap();
 }
+
+/// An ACL user without the right to any channel (`resetchannels`): locks and releases
+/// still work (the scripts publish through `pcall`), the refused subscription is reported
+/// (`last_subscription_fault`), and a waiter of the same shared client is still handed the
+/// lock by its client's release at once: the waiter's attempt goes out behind the release,
+/// without any announcement (its retry delay is 10 s).
+#[test]
+fn without_channel_rights_the_shared_client_hands_off_to_its_own_waiter() {
+    let m = masters(3);
+    for i in 0..3 {
+        let r = m[i].cmd(&[
+            b"ACL",
+            b"SETUSER",
+            b"nochan",
+            b"on",
+            b">pw",
+            b"~*",
+            b"resetchannels",
+            b"+@all",
+        ]);
+        assert!(r.unwrap().is_ok());
+    }
+    let urls: Vec<String> = m
+        .addrs()
+        .iter()
+        .map(|a| format!("redis://nochan:pw@{a}"))
+        .collect();
+    let c = builder(urls).build_shared().unwrap();
+    let key = "no-channels";
+    let g = c.try_lock(key, TTL).wait().unwrap();
+    let waiter = c.lock(key, TTL);
+    sync(&c);
+    wait_until("the refused subscription reported", PROMPT, || {
+        c.stats().wait().unwrap().iter().any(|s| {
+            matches!(s.last_subscription_fault(), Some(f) if format!("{f:?}").contains("NOPERM"))
+        })
+    });
+    let released = Instant::now();
+    g.release().wait().unwrap();
+    let g = waiter.wait().expect("the waiter gets the lock");
+    assert!(
+        released.elapsed() < PROMPT,
+        "handed over after {:?} (its retry delay is {FALLBACK:?})",
+        released.elapsed()
+    );
+    g.release().wait().unwrap();
+}
