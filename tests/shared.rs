@@ -628,3 +628,37 @@ fn panicking_callers_do_not_take_the_loop_down() {
         g.release().await.unwrap();
     });
 }
+
+/// Dropping a guard never blocks, even when a release round takes long: behind proxies
+/// adding 200 ms each way, the drop returns at once (the release is queued to the loop)
+/// and the key is gone a round trip later.
+#[test]
+fn dropping_a_guard_never_blocks_on_a_slow_round() {
+    let m = masters(3);
+    let proxies: Vec<Proxy> = (0..3).map(|i| Proxy::start(m[i].addr()).unwrap()).collect();
+    let c = Redlock::builder()
+        .masters(proxies.iter().map(|p| p.url()))
+        .node_timeout(Duration::from_secs(2))
+        .retry_count(0)
+        .build_shared()
+        .unwrap();
+    let g = c
+        .try_lock("slow-drop", Duration::from_secs(30))
+        .wait()
+        .unwrap();
+    for p in &proxies {
+        p.set_mode(Mode::Latency(Duration::from_millis(200)));
+    }
+    let t = Instant::now();
+    drop(g);
+    let took = t.elapsed();
+    assert!(
+        took < Duration::from_millis(50),
+        "drop blocked for {took:?}"
+    );
+    wait_until(
+        "the dropped guard's release",
+        Duration::from_secs(5),
+        || gone(&m, "slow-drop"),
+    );
+}
