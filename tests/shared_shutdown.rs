@@ -67,4 +67,26 @@ fn dropping_the_last_handle_stops_the_loop_releases_and_disconnects() {
             clients(master) == 0
         });
     }
+
+    // Masters that never answer (two of three frozen: the release cannot reach a quorum)
+    // do not keep the loop alive: with releases owed there, the thread still ends within
+    // its 2 s bound.
+    let mut m = m;
+    let c = Redlock::builder().masters(m.urls()).build_shared().unwrap();
+    let g = c.lock("frozen", Duration::from_secs(30)).wait().unwrap();
+    m[1].freeze().unwrap();
+    m[2].freeze().unwrap();
+    let dropped = std::time::Instant::now();
+    drop(g);
+    drop(c);
+    wait_until("the loop's thread to exit", Duration::from_secs(5), || {
+        loop_threads() == 0
+    });
+    let took = dropped.elapsed();
+    m[1].thaw().unwrap();
+    m[2].thaw().unwrap();
+    assert!(
+        took < Duration::from_millis(2500),
+        "the loop took {took:?} to stop with a master frozen (bound: 2 s)"
+    );
 }
