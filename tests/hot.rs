@@ -759,3 +759,51 @@ fn without_channel_rights_the_shared_client_hands_off_to_its_own_waiter() {
     );
     g.release().wait().unwrap();
 }
+
+/// Dropping a waiting `lock()` future (asleep in line, subscribed) ends the call: it leaves
+/// the line on every master, nothing is left behind, and its channel is given up.
+#[test]
+fn a_dropped_waiting_lock_leaves_the_line() {
+    let m = masters(3);
+    let key = "dropped-waiter";
+    let c = builder(m.urls()).fairness(true).build_shared().unwrap();
+    hold_by_hand(&m, key);
+    let waiting = c.lock(key, TTL);
+    sync(&c);
+    wait_until("the waiter in line", PROMPT, || {
+        (0..3).all(|i| in_line(&m, i, key) == 1)
+    });
+    drop(waiting);
+    wait_until("the dropped call out of line", PROMPT, || {
+        (0..3).all(|i| in_line(&m, i, key) == 0)
+    });
+    // The key is still the hand-made holder's: the call took nothing.
+    assert!((0..3).all(|i| get(&m, i, key).as_deref() == Some(FOREIGN.as_bytes())));
+    wait_until("the channel given up", Duration::from_secs(6), || {
+        (0..3).all(|i| subscribers(&m, i, key) == 0)
+    });
+    free_by_hand(&m, key);
+}
+
+/// A multi-resource wait does not stand in any line, and is woken by a release of one of
+/// its keys once the announcements leave room for a quorum (its retry delay is 10 s).
+#[test]
+fn lock_many_is_woken_by_the_release_without_a_line() {
+    let m = masters(3);
+    let mut holder = builder(m.urls()).build().unwrap();
+    let held = holder.try_lock("many-a", TTL).unwrap();
+    let c = builder(m.urls()).build_shared().unwrap();
+    let waiting = c.lock_many(["many-a", "many-b"], TTL);
+    sync(&c);
+    wait_subscribed(&m, "many-a", 1);
+    assert!((0..3).all(|i| in_line(&m, i, "many-a") == 0 && in_line(&m, i, "many-b") == 0));
+    let released = Instant::now();
+    holder.release(held).unwrap();
+    let g = waiting.wait().expect("the multi-resource lock");
+    assert!(
+        released.elapsed() < PROMPT,
+        "woken {:?} after the release (retry delay {FALLBACK:?})",
+        released.elapsed()
+    );
+    g.release().wait().unwrap();
+}
