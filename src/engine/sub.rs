@@ -72,13 +72,12 @@ impl ChanId {
 /// What the subscription connections heard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Notice {
-    /// Master `master` announced a release of the channel's key, with the first bytes of
-    /// the token released, and the first live waiter in the key's line there, if any.
+    /// Master `master` announced a release of the channel's key (nobody stood in its
+    /// line there), with the first bytes of the token released.
     Released {
         chan: ChanId,
         master: usize,
         fp: Fingerprint,
-        next: Option<Fingerprint>,
     },
     /// Master `master` announced a release that makes it the turn of this client's waiter
     /// `id` (the first live waiter in the key's line there), with the released token's
@@ -686,16 +685,13 @@ impl Engine {
             let sub = &mut self.nodes[i].sub;
             sub.in_start += used;
             let ok = match what {
-                SubFrame::Message { key, fp, next } => {
+                SubFrame::Message { key, fp } => {
                     self.nodes[i].stats.notices += 1;
                     if let Some(chan) = self.channel(&key) {
                         let master = i;
-                        self.chans.notices.push_back(Notice::Released {
-                            chan,
-                            master,
-                            fp,
-                            next,
-                        });
+                        self.chans
+                            .notices
+                            .push_back(Notice::Released { chan, master, fp });
                     }
                     true
                 }
@@ -862,12 +858,11 @@ impl Engine {
 
 /// What a frame on a subscription connection is (copied out of the input buffer).
 enum SubFrame {
-    /// A release of `key` announced, with the released token's fingerprint and the next
-    /// waiter in line.
+    /// A release of `key` announced (nobody in line), with the released token's
+    /// fingerprint.
     Message {
         key: SmallVec<[u8; 64]>,
         fp: Fingerprint,
-        next: Option<Fingerprint>,
     },
     /// A release announced on this client's own channel: waiter `id`'s turn.
     Turn {
@@ -894,16 +889,17 @@ fn classify_sub(frame: &Frame<'_>) -> SubFrame {
             };
             match (kind, second, third) {
                 (b"message", Frame::Bulk(ch), Frame::Bulk(payload)) => {
-                    let next = payload
-                        .get(NOTICE_LEN..NOTICE_LEN + WAITER_ID_LEN)
-                        .map(fingerprint);
                     if let Some(key) = ch.strip_prefix(RELEASED_PREFIX) {
                         SubFrame::Message {
                             key: SmallVec::from_slice(key),
                             fp: fingerprint(payload),
-                            next,
                         }
                     } else if ch.starts_with(NEXT_PREFIX) {
+                        // The payload: the released token's fingerprint, then the id of the
+                        // waiter whose turn it is.
+                        let next = payload
+                            .get(NOTICE_LEN..NOTICE_LEN + WAITER_ID_LEN)
+                            .map(fingerprint);
                         match next {
                             Some(id) => SubFrame::Turn {
                                 fp: fingerprint(payload),
@@ -953,21 +949,18 @@ mod tests {
             other => panic!("{other:?}"),
         };
         let f = parse(b"*3\r\n$7\r\nmessage\r\n$23\r\nredlock-mux:released:ab\r\n$3\r\nxyz\r\n");
-        let SubFrame::Message { key, fp, next } = classify_sub(&f) else {
+        let SubFrame::Message { key, fp } = classify_sub(&f) else {
             panic!("not a message")
         };
         assert_eq!(&key[..], b"ab");
         assert_eq!(&fp[..4], b"xyz\0");
-        assert_eq!(next, None);
-        let f = parse(b"*3\r\n$7\r\nmessage\r\n$23\r\nredlock-mux:released:ab\r\n$32\r\n0123456789abcdefwaiter0123456789\r\n");
-        let SubFrame::Message { fp, next, .. } = classify_sub(&f) else {
-            panic!("not a message")
+        // A turn: on a client channel, the fingerprint and then the waiter's id.
+        let f = parse(b"*3\r\n$7\r\nmessage\r\n$25\r\nredlock-mux:next:client01\r\n$32\r\n0123456789abcdefwaiter0123456789\r\n");
+        let SubFrame::Turn { fp, id } = classify_sub(&f) else {
+            panic!("not a turn")
         };
         assert_eq!(&fp, b"0123456789abcdef");
-        assert_eq!(
-            next.as_ref().map(|n| &n[..]),
-            Some(&b"waiter0123456789"[..])
-        );
+        assert_eq!(&id[..], b"waiter0123456789");
         let f = parse(b"*3\r\n$9\r\nsubscribe\r\n$23\r\nredlock-mux:released:ab\r\n:1\r\n");
         assert!(matches!(classify_sub(&f), SubFrame::Subscribed));
         let f = parse(b"*3\r\n$11\r\nunsubscribe\r\n$23\r\nredlock-mux:released:ab\r\n:0\r\n");

@@ -277,12 +277,9 @@ impl Machine {
     pub(super) fn take_notices(&mut self, now: Instant) {
         while let Some(n) = self.engine.take_notice() {
             match n {
-                Notice::Released {
-                    chan,
-                    master,
-                    fp,
-                    next,
-                } => self.on_released(chan, Some(master), fp, next, None, now),
+                Notice::Released { chan, master, fp } => {
+                    self.on_released(chan, Some(master), fp, None, now)
+                }
                 Notice::Turn { master, fp, id } => {
                     if let Some(task) = self.waiter(&id) {
                         self.notify_task(task, Some(master), fp, true, now);
@@ -293,18 +290,18 @@ impl Machine {
         }
     }
 
-    /// A release of channel `chan` (token fingerprint `fp`) was announced by `master`,
-    /// naming `next` as the first live waiter in the key's line there, or made by this
-    /// client (`master` `None`; `except`: the task whose cleanup it is). The waiter whose
-    /// turn it is (the one named; with nobody named, every waiter, or with fairness this
-    /// client's oldest) tries once what it heard leaves room for a quorum; a waiter whose
-    /// attempt runs notes it, to weigh it against that attempt's answers.
+    /// A release of channel `chan` (token fingerprint `fp`) was announced by `master` on
+    /// the key's channel (nobody stood in its line there; a named waiter hears a `Turn`
+    /// instead), or made by this client (`master` `None`; `except`: the task whose cleanup
+    /// it is). The waiters whose turn it is (every waiter, or with fairness this client's
+    /// oldest; for a release made here, this client's oldest) try once what they heard
+    /// leaves room for a quorum; a waiter whose attempt runs notes it, to weigh it against
+    /// that attempt's answers.
     pub(super) fn on_released(
         &mut self,
         chan: ChanId,
         master: Option<usize>,
         fp: Fingerprint,
-        next: Option<Fingerprint>,
         except: Option<TaskId>,
         now: Instant,
     ) {
@@ -341,10 +338,10 @@ impl Machine {
             if t.gen != id.gen || !t.live {
                 continue;
             }
-            let turn = match next {
-                Some(n) => t.wait_id == Some(n),
-                None if master.is_none() => std::mem::take(&mut local_turn),
-                None => self.eligible(id),
+            let turn = if master.is_none() {
+                std::mem::take(&mut local_turn)
+            } else {
+                self.eligible(id)
             };
             self.notify_task(id, master, fp, turn, now);
         }
@@ -437,7 +434,7 @@ impl Machine {
         }
         for key in keys.iter() {
             if let Some(chan) = self.engine.channel(key) {
-                self.on_released(chan, None, fingerprint(token), None, except, now);
+                self.on_released(chan, None, fingerprint(token), except, now);
             }
         }
     }
