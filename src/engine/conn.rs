@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::encode::encode_auth;
 use super::ops::OpId;
 use super::transport::{Conn, Target};
 use crate::resp::{self, Arg, Frame};
@@ -227,21 +228,11 @@ pub(super) fn interpret(setup: Setup, frame: &Frame<'_>) -> SetupReply {
 /// out in the same write (a reconnect costs no extra round trip); with them, requests wait
 /// for their confirmation (see `Node::gate`).
 pub(super) fn write_handshake(node: &mut Node, durability: bool) {
-    if let Some(pw) = &node.password {
-        match &node.user {
-            Some(u) => resp::encode_command(
-                &mut node.out,
-                &[
-                    Arg::Bytes(b"AUTH"),
-                    Arg::Bytes(u.as_bytes()),
-                    Arg::Bytes(pw.as_bytes()),
-                ],
-            ),
-            None => resp::encode_command(
-                &mut node.out,
-                &[Arg::Bytes(b"AUTH"), Arg::Bytes(pw.as_bytes())],
-            ),
-        }
+    if encode_auth(
+        &mut node.out,
+        node.user.as_deref(),
+        node.password.as_deref(),
+    ) {
         node.pending.push_back(Tag::Setup(Setup::Auth));
     }
     if node.db != 0 {

@@ -171,6 +171,26 @@ fn encode_request_general(
     resp::encode_command(out, &v);
 }
 
+/// `AUTH [user] password` when the master URL has a password; whether it was queued.
+/// (The lock connection's handshake and the subscription connection's both start so.)
+pub(super) fn encode_auth(out: &mut Vec<u8>, user: Option<&str>, password: Option<&str>) -> bool {
+    let Some(pw) = password else {
+        return false;
+    };
+    match user {
+        Some(u) => resp::encode_command(
+            out,
+            &[
+                Arg::Bytes(b"AUTH"),
+                Arg::Bytes(u.as_bytes()),
+                Arg::Bytes(pw.as_bytes()),
+            ],
+        ),
+        None => resp::encode_command(out, &[Arg::Bytes(b"AUTH"), Arg::Bytes(pw.as_bytes())]),
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use mio::Token as MioToken;
 use smallvec::SmallVec;
 
+use super::encode::encode_auth;
 use super::transport::{connect_unix, read_some, write_some, Conn, Stream, Target};
 use super::Engine;
 use crate::resp::{self, Frame};
@@ -213,34 +214,14 @@ impl SubConn {
     }
 }
 
-/// `*2 $9 SUBSCRIBE $n <prefix><key>` (or `UNSUBSCRIBE`).
+/// `SUBSCRIBE <prefix><key>` (or `UNSUBSCRIBE`).
 fn encode_channel_command(out: &mut Vec<u8>, command: &[u8], prefix: &[u8], key: &[u8]) {
-    let mut digits = itoa_buf(command.len());
-    out.extend_from_slice(b"*2\r\n$");
-    out.extend_from_slice(digits.as_slice());
-    out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(command);
-    out.extend_from_slice(b"\r\n$");
-    digits = itoa_buf(prefix.len() + key.len());
-    out.extend_from_slice(digits.as_slice());
-    out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(prefix);
-    out.extend_from_slice(key);
-    out.extend_from_slice(b"\r\n");
-}
-
-/// Decimal digits of `v`.
-fn itoa_buf(mut v: usize) -> SmallVec<[u8; 20]> {
-    let mut d: SmallVec<[u8; 20]> = SmallVec::new();
-    loop {
-        d.push(b'0' + (v % 10) as u8);
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    d.reverse();
-    d
+    let mut channel: SmallVec<[u8; 128]> = SmallVec::from_slice(prefix);
+    channel.extend_from_slice(key);
+    resp::encode_command(
+        out,
+        &[resp::Arg::Bytes(command), resp::Arg::Bytes(&channel)],
+    );
 }
 
 impl Engine {
@@ -446,21 +427,7 @@ impl Engine {
         sub.connect_deadline = now + self.cfg.connect_timeout;
         sub.last_progress = now;
         sub.conn = Conn::Connecting(stream);
-        if let Some(pw) = &node.password {
-            match &node.user {
-                Some(u) => resp::encode_command(
-                    &mut sub.out,
-                    &[
-                        resp::Arg::Bytes(b"AUTH"),
-                        resp::Arg::Bytes(u.as_bytes()),
-                        resp::Arg::Bytes(pw.as_bytes()),
-                    ],
-                ),
-                None => resp::encode_command(
-                    &mut sub.out,
-                    &[resp::Arg::Bytes(b"AUTH"), resp::Arg::Bytes(pw.as_bytes())],
-                ),
-            }
+        if encode_auth(&mut sub.out, node.user.as_deref(), node.password.as_deref()) {
             sub.pending.push_back(SubTag::Auth);
         }
         for slot in 0..self.chans.chans.len() {
