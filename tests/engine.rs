@@ -738,3 +738,51 @@ fn stats_name_each_master_and_count_outcomes_and_latency() {
     assert!(s.iter().map(|x| x.ok()).sum::<u64>() >= 4, "{s:?}");
     assert!(s.iter().all(|x| x.ok() == x.latency().count()), "{s:?}");
 }
+
+/// A request is counted once in the stats: one that timed out is not counted again when
+/// its reply comes late. Each request the master ran (`INFO commandstats`: SET, EVALSHA,
+/// EVAL) has exactly one outcome.
+#[test]
+fn a_late_reply_is_not_counted_twice() {
+    use support::proxy::{Mode, Proxy};
+    let m = masters(1);
+    let proxy = Proxy::start(m[0].addr()).unwrap();
+    let mut c = Redlock::builder()
+        .masters([proxy.url()])
+        .node_timeout(Duration::from_millis(50))
+        .retry_count(0)
+        .build()
+        .unwrap();
+    let l = c.try_lock("late-warm", Duration::from_secs(5)).unwrap();
+    c.release(l).unwrap();
+    let ran_before = lock_commands_run(&m);
+    // The reply (and the request) wait in the proxy past the round timeout.
+    proxy.set_mode(Mode::Hold);
+    assert!(c.try_lock("late", Duration::from_secs(5)).is_err());
+    proxy.set_mode(Mode::PassThrough);
+    // More rounds: they read the late replies first.
+    for _ in 0..3 {
+        let l = c.try_lock("late-after", Duration::from_secs(5)).unwrap();
+        c.release(l).unwrap();
+    }
+    let s = &c.stats()[0];
+    assert!(s.timed_out() >= 1, "{s}");
+    let outcomes = s.ok() + s.refused() + s.failed() + s.timed_out();
+    let ran = lock_commands_run(&m);
+    // The warm-up cycle's two requests were counted before `ran_before` was read.
+    assert_eq!(outcomes - 2, ran - ran_before, "{s}");
+}
+
+/// Lock requests `m[0]` has run: SET, EVALSHA and EVAL calls.
+fn lock_commands_run(m: &LocalMasters) -> u64 {
+    let info = m[0].cmd(&[b"INFO", b"commandstats"]).unwrap();
+    let text = info.as_str().unwrap().to_string();
+    ["cmdstat_set:", "cmdstat_evalsha:", "cmdstat_eval:"]
+        .iter()
+        .filter_map(|name| {
+            let line = text.lines().find(|l| l.starts_with(name))?;
+            let calls = line.split("calls=").nth(1)?.split(',').next()?;
+            calls.parse::<u64>().ok()
+        })
+        .sum()
+}

@@ -381,8 +381,10 @@ impl Engine {
         if op.gen != id.gen || op.state == OpState::Free {
             return;
         }
-        // Faults count; a master not asked (`NotHeld` from `start`) did nothing.
-        if let Outcome::Failed(_) = outcome {
+        // Faults count (once: not for a request its round already counted as timed out);
+        // a master not asked (`NotHeld` from `start`) did nothing.
+        let first = op.tally.outcomes().get(node) == Some(&Outcome::Pending);
+        if let (true, Outcome::Failed(_)) = (first, outcome) {
             self.nodes[node].stats.outcome(outcome);
         }
         op.tally.record(node, outcome);
@@ -1201,9 +1203,17 @@ impl Engine {
         let latency_us = self
             .micros(now)
             .saturating_sub(self.ops[id.slot as usize].started_us);
+        // Counted once per request: not again when its round already counted it as timed
+        // out (a late reply still tells the latency).
+        let first = {
+            let op = &self.ops[id.slot as usize];
+            op.state != OpState::Free && op.tally.outcomes().get(i) == Some(&Outcome::Pending)
+        };
         let stats = &mut self.nodes[i].stats;
         stats.latency.record_us(latency_us);
-        stats.outcome(outcome);
+        if first {
+            stats.outcome(outcome);
+        }
         let op = &mut self.ops[id.slot as usize];
         op.outstanding = op.outstanding.saturating_sub(1);
         if op.state != OpState::Free {
