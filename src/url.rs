@@ -239,11 +239,17 @@ fn percent_decode(s: &str, url: &str) -> Result<String, String> {
 
 /// `url` with its password hidden (`user:password@` and `password=` in a query string).
 fn redact(url: &str) -> String {
-    let url = match url.find("password=").or_else(|| url.find("pass=")) {
-        Some(at) => {
-            let value = at + url[at..].find('=').map_or(0, |k| k + 1);
-            let end = url[value..].find('&').map_or(url.len(), |k| value + k);
-            format!("{}***{}", &url[..value], &url[end..])
+    // Every `password=` / `pass=` parameter of the query, however many.
+    let url = match url.split_once('?') {
+        Some((base, query)) => {
+            let params: Vec<String> = query
+                .split('&')
+                .map(|p| match p.split_once('=') {
+                    Some((k, _)) if k == "password" || k == "pass" => format!("{k}=***"),
+                    _ => p.to_string(),
+                })
+                .collect();
+            format!("{base}?{}", params.join("&"))
         }
         None => url.to_string(),
     };
@@ -291,6 +297,18 @@ impl fmt::Debug for MasterSpec {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn redact_hides_every_password_parameter() {
+        let r = super::redact("unix:///r.sock?password=a1&password=b2&pass=c3&x=1");
+        assert!(
+            !r.contains("a1") && !r.contains("b2") && !r.contains("c3"),
+            "{r}"
+        );
+        assert!(r.ends_with("x=1"), "{r}");
+        let r = super::redact("redis://user:s3cret@h:6379/0?password=p4");
+        assert!(!r.contains("s3cret") && !r.contains("p4"), "{r}");
+    }
+
     use super::*;
 
     fn tcp(m: &MasterSpec) -> (&str, u16) {
