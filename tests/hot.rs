@@ -402,6 +402,22 @@ fn subscriptions_end_after_the_last_wait() {
     });
 }
 
+/// The one waiter liveness key on master `i` (`redlock-mux:waiter:<id>`).
+fn the_waiter_key(m: &LocalMasters, i: usize) -> String {
+    match m[i].cmd(&[b"KEYS", b"redlock-mux:waiter:*"]).unwrap() {
+        AdminReply::Array(a) if a.len() == 1 => a[0].as_str().unwrap().to_string(),
+        other => panic!("one waiter key expected on master {i}: {other:?}"),
+    }
+}
+
+/// `PTTL key` on master `i`.
+fn pttl(m: &LocalMasters, i: usize, key: &str) -> i64 {
+    match m[i].cmd(&[b"PTTL", key.as_bytes()]).unwrap() {
+        AdminReply::Int(ms) => ms,
+        other => panic!("PTTL {key}: {other:?}"),
+    }
+}
+
 /// Waiters in line on a key, by hand-counted entries of its line on master `i`.
 fn in_line(m: &LocalMasters, i: usize, key: &str) -> i64 {
     let q = format!("redlock-mux:queue:{key}");
@@ -559,10 +575,7 @@ fn a_waiter_winning_a_minority_keeps_its_place_in_line() {
         Duration::from_secs(5),
         || (0..3).all(|i| in_line(&m, i, key) == 1),
     );
-    let id = match m[1].cmd(&[b"KEYS", b"redlock-mux:waiter:*"]).unwrap() {
-        AdminReply::Array(a) if a.len() == 1 => a[0].as_str().unwrap().to_string(),
-        other => panic!("one waiter key expected on master 1: {other:?}"),
-    };
+    let id = the_waiter_key(&m, 1);
     // Master 0 frees the key: from now on every attempt of the waiter wins there (and its
     // cleanup deletes the key again), while masters 1 and 2 refuse it.
     m[0].cmd(&[b"DEL", key.as_bytes()]).unwrap();
@@ -570,11 +583,7 @@ fn a_waiter_winning_a_minority_keeps_its_place_in_line() {
     // waiter still stands in line on master 0, alive.
     thread::sleep(4 * alive);
     wait_until("the waiter alive in line on master 0", PROMPT, || {
-        let alive_key = matches!(
-            m[0].cmd(&[b"PTTL", id.as_bytes()]).unwrap(),
-            AdminReply::Int(ms) if ms > 0
-        );
-        alive_key && in_line(&m, 0, key) == 1
+        pttl(&m, 0, &id) > 0 && in_line(&m, 0, key) == 1
     });
     assert!(
         rx.try_recv().is_err(),
@@ -682,14 +691,8 @@ fn a_sleeping_waiter_stays_in_line() {
     wait_until("the waiter in line", PROMPT, || {
         (0..3).all(|i| in_line(&m, i, key) == 1)
     });
-    let id = match m[0].cmd(&[b"KEYS", b"redlock-mux:waiter:*"]).unwrap() {
-        AdminReply::Array(a) if a.len() == 1 => a[0].as_str().unwrap().to_string(),
-        other => panic!("one waiter key expected: {other:?}"),
-    };
-    let pttl = |i: usize| match m[i].cmd(&[b"PTTL", id.as_bytes()]).unwrap() {
-        AdminReply::Int(ms) => ms,
-        other => panic!("PTTL: {other:?}"),
-    };
+    let id = the_waiter_key(&m, 0);
+    let pttl = |i: usize| pttl(&m, i, &id);
     let first = pttl(0);
     assert!((1000..=1200).contains(&first), "liveness PTTL {first} ms");
     // Through two whole sleeps (2.4 s), it never drops out of line on any master.

@@ -606,20 +606,8 @@ impl Machine {
         if leave.is_none() && !may_hold.iter().any(|b| *b) {
             return;
         }
-        let timeout = self.cfg.round_timeout(t.ttl);
-        let (token, ttl_ms) = (t.token, t.ttl.as_millis() as u64);
-        let keys = &t.keys;
-        self.engine.start(
-            Request::Release,
-            |a| {
-                a.set(keys.iter(), token, ttl_ms);
-                a.leave = leave;
-            },
-            timeout,
-            now,
-            |i| leave.is_some() || may_hold[i],
-            None,
-        );
+        let token = t.token;
+        self.release_attempt(id, leave, |i| leave.is_some() || may_hold[i], now);
         if self.notify() {
             // The cleanup announces itself where it deletes a key: no news to this task;
             // this client's other waiters try behind it if our keys were in their way.
@@ -642,9 +630,21 @@ impl Machine {
         if t.kind != Kind::Lock {
             return;
         }
-        let Some(leave) = t.wait_id.take() else {
-            return;
-        };
+        if let Some(leave) = t.wait_id.take() {
+            self.release_attempt(id, Some(leave), |_| true, now);
+        }
+    }
+
+    /// Release the task's current attempt (its keys, its token) on the masters `to`
+    /// selects, leaving the keys' lines with `leave`; nobody waits for the answers.
+    fn release_attempt(
+        &mut self,
+        id: TaskId,
+        leave: Option<Fingerprint>,
+        to: impl Fn(usize) -> bool,
+        now: Instant,
+    ) {
+        let t = &self.tasks[id.slot as usize];
         let timeout = self.cfg.round_timeout(t.ttl);
         let (token, ttl_ms) = (t.token, t.ttl.as_millis() as u64);
         let keys = &t.keys;
@@ -652,11 +652,11 @@ impl Machine {
             Request::Release,
             |a| {
                 a.set(keys.iter(), token, ttl_ms);
-                a.leave = Some(leave);
+                a.leave = leave;
             },
             timeout,
             now,
-            |_| true,
+            to,
             None,
         );
     }
