@@ -216,7 +216,8 @@ impl Builder {
     /// **Woken on release** ([`WaitMode::Notify`]): a refused call of one resource takes its
     /// place in the resource's *line* on each master (`redlock-mux:queue:<resource>`,
     /// ordered by the call's arrival on its client's clock, so every master orders it
-    /// alike; a waiter stays in line while it keeps asking, and leaves with its release).
+    /// alike; a waiter stays in line while it keeps asking, and leaves with its release, or
+    /// on every master when the call ends without the lock).
     /// The release script names the first live waiter in line and announces the release on
     /// that waiter's client's channel only (`redlock-mux:next:<client>`): one waiter is
     /// woken, not every client with a waiter. With nobody in line (several resources, or a
