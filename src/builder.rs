@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::engine::{Engine, NetConfig, Node, Target};
+use crate::core::{Core, Master, NetConfig, Rounds, Settings, WaitMode};
+use crate::driver::{Driver, Peer, Target};
 use crate::error::Error;
 use crate::lock::MAX_TTL;
-use crate::machine::{Machine, Settings, WaitMode};
 use crate::token::TokenSource;
 use crate::url::{Endpoint, MasterSpec};
 
@@ -294,7 +294,7 @@ impl Builder {
     }
 
     /// Check the configuration and make the engine and the lock logic.
-    pub(crate) fn machine(self) -> Result<Machine, Error> {
+    pub(crate) fn machine(self) -> Result<(Core, Driver), Error> {
         if self.masters.is_empty() {
             return Err(Error::Config("no masters given".into()));
         }
@@ -380,7 +380,8 @@ impl Builder {
             require_durable: self.fencing && !self.assume_durable,
             ..NetConfig::default()
         };
-        let mut nodes = Vec::with_capacity(specs.len());
+        let mut masters = Vec::with_capacity(specs.len());
+        let mut ends = Vec::with_capacity(specs.len());
         for s in specs {
             let target = match (&s.endpoint, s.literal_addr()) {
                 (_, Some(addr)) => Target::Addr(addr),
@@ -390,26 +391,26 @@ impl Builder {
                 },
                 (Endpoint::Unix(path), None) => Target::Unix(path.clone()),
             };
-            #[allow(unused_mut)]
-            let mut node = Node::new(
+            masters.push(Master::new(
                 Arc::from(s.to_string()),
-                target,
                 s.user.clone(),
                 s.password.clone(),
                 s.db,
-                net.limits,
-                now,
-            );
+            ));
+            #[allow(unused_mut)]
+            let mut end = Peer::new(target);
             #[cfg(feature = "tls")]
             if let (true, Some(config), Endpoint::Tcp { host, .. }) = (s.tls, &tls, &s.endpoint) {
-                let target = crate::engine::TlsTarget::new(config.clone(), host)
+                let target = crate::driver::TlsTarget::new(config.clone(), host)
                     .map_err(|e| Error::Config(format!("master {s}: {e}")))?;
-                node.set_tls(target);
+                end.tls = Some(target);
             }
-            nodes.push(node);
+            ends.push(end);
         }
         let _ = &tls;
-        let engine = Engine::new(nodes, net)?;
+        let busy_poll = net.busy_poll;
+        let rounds = Rounds::new(masters, net, now);
+        let driver = Driver::new(ends, busy_poll, now)?;
         let settings = Settings {
             retry_count: self.retry_count,
             retry_delay: self.retry_delay,
@@ -422,12 +423,18 @@ impl Builder {
             wait_mode: self.wait_mode,
             fairness: self.fairness,
         };
-        Ok(Machine::new(
-            engine,
+        let wall_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
+        let core = Core::new(
+            rounds,
             settings,
             TokenSource::new()?,
             self.seed,
-        )?)
+            now,
+            wall_us,
+        )?;
+        Ok((core, driver))
     }
 
     /// The TLS configuration the `rediss://` masters share, if any master is one. Without
@@ -460,7 +467,7 @@ impl Builder {
             .tls_client_cert
             .as_ref()
             .map(|(c, k)| (c.as_path(), k.as_path()));
-        crate::engine::client_config(self.tls_ca_file.as_deref(), cert)
+        crate::driver::client_config(self.tls_ca_file.as_deref(), cert)
             .map(Some)
             .map_err(Error::Config)
     }

@@ -174,16 +174,19 @@ pub mod resp;
 
 #[cfg(feature = "client")]
 mod builder;
+// The sans-IO core: public (hidden) only for the simulation and the fuzz targets, which
+// drive the code users run.
 #[cfg(feature = "client")]
-mod engine;
+#[doc(hidden)]
+pub mod core;
+#[cfg(feature = "client")]
+mod driver;
 #[cfg(feature = "client")]
 mod error;
 #[cfg(feature = "client")]
 mod keep;
 #[cfg(feature = "client")]
 mod lock;
-#[cfg(feature = "client")]
-mod machine;
 // The rules and the scripts are the engine's internals, public (hidden) only for the
 // simulation, the fuzz targets and the benches' floor client.
 #[cfg(feature = "client")]
@@ -204,6 +207,8 @@ mod token;
 mod url;
 
 #[cfg(feature = "client")]
+pub use crate::core::WaitMode;
+#[cfg(feature = "client")]
 pub use builder::Builder;
 #[cfg(feature = "client")]
 pub use error::{Error, Operation, Report};
@@ -211,8 +216,6 @@ pub use error::{Error, Operation, Report};
 pub use keep::HoldOptions;
 #[cfg(feature = "client")]
 pub use lock::Lock;
-#[cfg(feature = "client")]
-pub use machine::WaitMode;
 #[cfg(feature = "client")]
 pub use rules::{ErrorText, Fault, Outcome, TlsFault};
 #[cfg(feature = "client")]

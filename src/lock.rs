@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
-use crate::engine::KeyList;
+use crate::core::KeyList;
 use crate::token::Token;
 
 /// Longest resource name accepted, in bytes.
@@ -38,7 +38,7 @@ pub struct Lock {
     pub(crate) attempts: u32,
     /// Its id in its key's line of waiters on the masters, if it waited there: the release
     /// takes it out of line.
-    pub(crate) line: Option<crate::engine::Fingerprint>,
+    pub(crate) line: Option<crate::core::Fingerprint>,
     /// Where this lock goes if it is dropped unreleased (`None`: not handed to a user).
     pub(crate) dropped: Option<Arc<Dropped>>,
 }

@@ -1,5 +1,5 @@
 //! What each master did, for monitoring: counters and a fixed-size latency histogram,
-//! named by master ([`MasterStats`]). Kept by the engine at a few instructions per reply.
+//! named by master ([`MasterStats`]). Kept by the core (the driver adds its syscalls) at a few instructions per reply.
 
 use std::fmt;
 use std::sync::Arc;
@@ -106,7 +106,7 @@ fn upper_edge(i: usize) -> u64 {
     ((4 + sub + 1) << (exp - 2)) - 1
 }
 
-/// The engine's counters of one master (plain numbers, updated in place).
+/// The core's counters of one master (plain numbers, updated in place).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Counters {
     pub connects: u64,
@@ -154,6 +154,11 @@ pub struct MasterStats {
 impl MasterStats {
     pub(crate) fn new(name: Arc<str>, c: Counters) -> Self {
         MasterStats { name, c }
+    }
+    /// The driver's syscalls for this master, added to the core's counters.
+    pub(crate) fn add_io(&mut self, writes: u64, reads: u64) {
+        self.c.writes += writes;
+        self.c.reads += reads;
     }
     /// The master, as `host:port[/db]` (never a password).
     pub fn name(&self) -> &str {

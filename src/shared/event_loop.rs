@@ -1,5 +1,5 @@
 //! One turn of the shared client's loop: take the queued commands, run the tasks (the same
-//! [`Machine`] the single owner drives), hand each result to its [`Slot`], keep
+//! [`Core`] the single owner drives), hand each result to its [`Slot`], keep
 //! auto-extended locks alive and wake `lost()` futures, all from one `mio::Poll`. Who
 //! drives it, and when, is `driver.rs`'s business.
 
@@ -10,9 +10,10 @@ use std::time::{Duration, Instant};
 use super::pending::{Out, Slot};
 use super::state::LockState;
 use super::Command;
+use crate::core::{Core, Done, TaskId};
+use crate::driver::Driver;
 use crate::error::Error;
 use crate::keep::{AfterExtend, KeepAlive};
-use crate::machine::{Done, Machine, TaskId};
 
 /// Who waits for a task.
 enum Waiter {
@@ -35,7 +36,8 @@ struct Keeper {
 }
 
 pub(crate) struct Loop {
-    m: Machine,
+    m: Core,
+    driver: Driver,
     /// By task slot.
     waiters: Vec<Option<(TaskId, Waiter)>>,
     live: usize,
@@ -53,10 +55,11 @@ pub(crate) struct Loop {
 const MAX_SPARE_STATES: usize = 1024;
 
 impl Loop {
-    pub(crate) fn new(mut m: Machine) -> Loop {
+    pub(crate) fn new(mut m: Core, driver: Driver) -> Loop {
         m.track_finished = true;
         Loop {
             m,
+            driver,
             waiters: Vec::with_capacity(64),
             live: 0,
             keepers: Vec::new(),
@@ -91,8 +94,8 @@ impl Loop {
     /// Start driving (after a pause, read what the masters sent meanwhile); returns the
     /// time.
     pub(crate) fn enter(&mut self) -> io::Result<Instant> {
-        let now = self.m.engine.enter();
-        self.m.engine.catch_up()?;
+        let now = self.driver.enter(&mut self.m);
+        self.driver.catch_up(&mut self.m)?;
         Ok(now)
     }
 
@@ -110,9 +113,10 @@ impl Loop {
         self.deliver(now);
         self.keep_alive(now);
         self.watch(now);
-        // What the results and keepers started (releases, extensions) goes out now.
-        self.m.engine.flush();
-        [self.m.next_timer(None), self.next_wake(now)]
+        // What the tasks, results and keepers started (releases, extensions) goes out now.
+        self.driver.apply_actions(&mut self.m, now);
+        self.driver.flush(&mut self.m, now);
+        [self.driver.next_wake(&self.m, None), self.next_wake(now)]
             .into_iter()
             .flatten()
             .min()
@@ -120,7 +124,7 @@ impl Loop {
 
     /// Wait for the masters until `wake` at the latest.
     pub(crate) fn wait(&mut self, now: Instant, wake: Option<Instant>) -> io::Result<Instant> {
-        self.m.engine.wait(now, wake)
+        self.driver.wait(&mut self.m, now, wake)
     }
 
     /// Something is in flight or scheduled that needs the loop.
@@ -132,12 +136,12 @@ impl Loop {
     /// wait (their connections are read, and closed when the linger ends). Not a reason
     /// to delay the loop's end once the client is gone.
     pub(crate) fn wants_loop(&self) -> bool {
-        self.has_work() || self.m.engine.listening()
+        self.has_work() || self.m.listening()
     }
 
-    /// No round of the engine is undecided (cleanup releases included).
-    pub(crate) fn engine_idle(&self) -> bool {
-        self.m.engine.is_idle()
+    /// No round is undecided (cleanup releases included).
+    pub(crate) fn rounds_idle(&self) -> bool {
+        self.m.is_idle()
     }
 
     /// Take every command queued since the last time round.
@@ -205,7 +209,7 @@ impl Loop {
                 }
             }
             Command::Stats(slot) => {
-                let stats = Ok(Out::Stats(self.m.engine.stats()));
+                let stats = Ok(Out::Stats(self.driver.stats(&self.m)));
                 slot.complete(stats);
             }
             Command::Cancel(slot) => {
@@ -369,6 +373,6 @@ impl Loop {
         for k in self.keepers.drain(..) {
             k.state.mark_lost(Some(&err()));
         }
-        self.m.engine.flush();
+        self.driver.flush(&mut self.m, Instant::now());
     }
 }

@@ -1,13 +1,13 @@
-//! The shared client: one loop thread owns the engine and the connections; cloneable
+//! The shared client: one loop thread owns the core, the driver and the connections; cloneable
 //! handles ([`SharedRedlock`]) submit lock operations from any thread or task. Whatever is
 //! submitted while the loop is busy goes out in its next write to each master (natural
 //! batching: nobody forms batches). Results come back as [`Pending`] operations, awaited
 //! as futures or waited for on a thread; locks come as [`LockGuard`]s, released when
 //! dropped.
 
-mod driver;
 mod event_loop;
 mod guard;
+mod hub;
 mod pending;
 mod state;
 
@@ -19,12 +19,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::builder::Builder;
-use crate::engine::KeyList;
+use crate::core::{Core, KeyList, Settings};
+use crate::driver::Driver;
 use crate::error::Error;
 use crate::keep::HoldOptions;
-use crate::machine::{Machine, Settings};
 use crate::single::{check_distinct, check_resources};
-use driver::Core;
+use hub::Hub;
 use pending::{Out, Slot, SlotPool};
 use state::LockState;
 
@@ -61,7 +61,7 @@ pub(crate) enum Command {
 
 /// What the handles share; dropped with the last handle, guard and pending operation.
 pub(crate) struct Inner {
-    core: Arc<Core>,
+    hub: Arc<Hub>,
     /// Completion slots, reused (shared with the loop).
     pub(crate) slots: Arc<SlotPool>,
     settings: Settings,
@@ -74,18 +74,18 @@ impl Inner {
     /// Queue `cmd` and make sure the loop runs it soon (a dropped guard's release, a
     /// cancel, auto-extension): wakes whoever drives, or the loop's thread.
     pub(crate) fn submit(&self, cmd: Command) {
-        self.core.submit(cmd, true);
+        self.hub.submit(cmd, true);
     }
 
     /// Queue `cmd` for a [`Pending`]: it runs no later than when the `Pending` is first
     /// awaited or waited for (or dropped), and earlier if the loop runs meanwhile. No
     /// wake-up now: a caller about to wait drives the loop itself, without a hand-off.
     pub(crate) fn queue(&self, cmd: Command) {
-        self.core.submit(cmd, false);
+        self.hub.submit(cmd, false);
     }
 
-    pub(crate) fn core(&self) -> &Core {
-        &self.core
+    pub(crate) fn hub(&self) -> &Hub {
+        &self.hub
     }
 }
 
@@ -97,7 +97,7 @@ pub(crate) fn wake(w: std::task::Waker) {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        self.core.close();
+        self.hub.close();
     }
 }
 
@@ -151,16 +151,17 @@ impl fmt::Debug for SharedRedlock {
 }
 
 impl SharedRedlock {
-    pub(crate) fn start(m: Machine) -> Result<SharedRedlock, Error> {
-        let busy_poll = m.engine.cfg.busy_poll;
-        let settings = m.cfg.clone();
-        let masters = m.engine.nodes.iter().map(|n| n.name.clone()).collect();
-        let quorum = m.engine.quorum();
+    pub(crate) fn start(parts: (Core, Driver)) -> Result<SharedRedlock, Error> {
+        let core = &parts.0;
+        let busy_poll = core.rounds.cfg.busy_poll;
+        let settings = core.cfg.clone();
+        let masters = core.rounds.masters.iter().map(|n| n.name.clone()).collect();
+        let quorum = core.rounds.quorum();
         let slots = Arc::new(SlotPool::new());
-        let core = Core::start(m)?;
+        let hub = Hub::start(parts)?;
         Ok(SharedRedlock {
             inner: Arc::new(Inner {
-                core,
+                hub,
                 slots,
                 settings,
                 masters,

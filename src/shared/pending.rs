@@ -208,7 +208,7 @@ impl<T> Pending<T> {
     /// nobody else does (no hand-off), otherwise park until the driver has it.
     pub(crate) fn wait_out(&mut self) -> Result<Out, Error> {
         if !self.slot.is_ready() {
-            self.inner.core().drive_for(&self.slot);
+            self.inner.hub().drive_for(&self.slot);
         }
         if self.inner.busy_poll {
             let until = Instant::now() + SPIN;
@@ -233,7 +233,7 @@ impl<T> Pending<T> {
     pub(crate) fn poll_out(&mut self, cx: &mut Context<'_>) -> Poll<Result<Out, Error>> {
         if !self.kicked {
             self.kicked = true;
-            self.inner.core().kick();
+            self.inner.hub().kick();
         }
         let mut st = lock(&self.slot.state);
         if let Some(r) = st.result.take() {

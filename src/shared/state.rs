@@ -6,7 +6,7 @@ use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::task::Waker;
 use std::time::{Duration, Instant};
 
-use crate::engine::KeyList;
+use crate::core::KeyList;
 use crate::error::Error;
 use crate::lock::Lock;
 use crate::token::Token;
@@ -19,7 +19,7 @@ pub(crate) struct LockState {
     pub acquired_at: Instant,
     pub attempts: u32,
     /// The line this lock's call stood in, left by its release (hot resources).
-    pub line: Option<crate::engine::Fingerprint>,
+    pub line: Option<crate::core::Fingerprint>,
     /// The clock's origin for the atomics below.
     base: Instant,
     valid_until_ns: AtomicU64,

@@ -11,11 +11,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::builder::Builder;
-use crate::engine::KeyList;
+use crate::core::{Core, Done, KeyList, TaskId};
+use crate::driver::Driver;
 use crate::error::Error;
 use crate::lock::MAX_RESOURCE_LEN;
 use crate::lock::{Dropped, Lock};
-use crate::machine::{Done, Machine, TaskId};
 
 /// Cancels the lock attempt running on the client it came from, from any thread.
 ///
@@ -62,7 +62,8 @@ impl fmt::Debug for CancelHandle {
 /// # Ok::<(), redlock_mux::Error>(())
 /// ```
 pub struct Redlock {
-    m: Machine,
+    core: Core,
+    driver: Driver,
     cancel: CancelHandle,
     scratch_keys: KeyList,
     batch: Vec<TaskId>,
@@ -81,13 +82,14 @@ impl fmt::Debug for Redlock {
 }
 
 impl Redlock {
-    pub(crate) fn from_machine(m: Machine) -> Redlock {
+    pub(crate) fn from_parts((core, driver): (Core, Driver)) -> Redlock {
         Redlock {
             cancel: CancelHandle {
                 flag: Arc::new(AtomicBool::new(false)),
-                waker: m.engine.waker(),
+                waker: driver.waker(),
             },
-            m,
+            core,
+            driver,
             scratch_keys: KeyList::default(),
             batch: Vec::with_capacity(64),
             dropped: Arc::default(),
@@ -98,13 +100,13 @@ impl Redlock {
     /// Every call starts here: read what the masters sent while the client was away, and
     /// release the locks the user dropped unreleased.
     fn enter(&mut self) -> Result<(), Error> {
-        let caught_up = self.m.engine.catch_up();
+        let caught_up = self.driver.catch_up(&mut self.core);
         // Queued even when catching up failed: the releases go out with the next write.
         self.dropped.take_into(&mut self.orphans);
         if !self.orphans.is_empty() {
             let now = Instant::now();
             for lock in self.orphans.drain(..) {
-                self.m.release_detached(&lock, now);
+                self.core.release_detached(&lock, now);
             }
         }
         caught_up?;
@@ -133,12 +135,12 @@ impl Redlock {
 
     /// The masters, as `host:port[/db]`.
     pub fn masters(&self) -> impl Iterator<Item = &str> + '_ {
-        self.m.engine.nodes.iter().map(|n| &*n.name)
+        self.core.rounds.masters.iter().map(|n| &*n.name)
     }
 
     /// OK answers needed: N/2 + 1.
     pub fn quorum(&self) -> usize {
-        self.m.engine.quorum()
+        self.core.rounds.quorum()
     }
 
     /// A handle that cancels this client's current lock attempt from another thread.
@@ -148,7 +150,7 @@ impl Redlock {
 
     /// The round timeout used for a TTL.
     pub fn round_timeout(&self, ttl: Duration) -> Duration {
-        self.m.cfg.round_timeout(ttl)
+        self.core.cfg.round_timeout(ttl)
     }
 
     /// One attempt to take `resource` for `ttl`: write `SET resource token NX PX ttl` to
@@ -173,7 +175,7 @@ impl Redlock {
     /// Take `resource` for `ttl`, retrying after a random delay while it is taken or no
     /// quorum answers, up to the configured retry count.
     pub fn lock(&mut self, resource: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
-        let retries = self.m.cfg.retry_count;
+        let retries = self.core.cfg.retry_count;
         self.with_key(resource.as_ref(), |this, keys| {
             this.lock_keys(keys, ttl, None, retries)
         })
@@ -187,7 +189,7 @@ impl Redlock {
         ttl: Duration,
         deadline: Instant,
     ) -> Result<Lock, Error> {
-        let retries = self.m.cfg.retry_count;
+        let retries = self.core.cfg.retry_count;
         self.with_key(resource.as_ref(), |this, keys| {
             this.lock_keys(keys, ttl, Some(deadline), retries)
         })
@@ -205,7 +207,7 @@ impl Redlock {
             keys.push(r.as_ref());
         }
         check_distinct(&keys)?;
-        let retries = self.m.cfg.retry_count;
+        let retries = self.core.cfg.retry_count;
         self.lock_keys(&keys, ttl, None, retries)
     }
 
@@ -220,11 +222,11 @@ impl Redlock {
             return Err(Error::InvalidArgument("no resource given".into()));
         }
         check_resources(keys.iter())?;
-        let ttl = self.m.cfg.check_ttl(ttl)?;
+        let ttl = self.core.cfg.check_ttl(ttl)?;
         self.arm_cancel();
         self.enter()?;
         let id = self
-            .m
+            .core
             .submit_lock(keys.iter(), ttl, deadline, retries, Instant::now());
         match self.run(id, true)? {
             Done::Locked(lock) => Ok(self.hand_out(lock)),
@@ -241,21 +243,22 @@ impl Redlock {
     fn run(&mut self, id: TaskId, cancellable: bool) -> Result<Done, Error> {
         loop {
             let flag = &self.cancel.flag;
-            let done = self.m.drive(
+            let done = self.driver.drive(
+                &mut self.core,
                 None,
-                |m| m.is_done(id),
+                |c| c.is_done(id),
                 || cancellable && flag.load(Ordering::Relaxed),
             );
             match done {
-                Ok(true) => return self.m.take(id),
+                Ok(true) => return self.core.take(id),
                 Ok(false) => {
                     self.cancel.flag.store(false, Ordering::SeqCst);
-                    self.m.cancel(id, Instant::now());
+                    self.core.cancel(id, Instant::now());
                 }
                 Err(e) => {
-                    self.m.cancel(id, Instant::now());
-                    if self.m.is_done(id) {
-                        let _ = self.m.take(id);
+                    self.core.cancel(id, Instant::now());
+                    if self.core.is_done(id) {
+                        let _ = self.core.take(id);
                     }
                     return Err(e.into());
                 }
@@ -268,9 +271,10 @@ impl Redlock {
         loop {
             let flag = &self.cancel.flag;
             let batch = &self.batch;
-            let done = self.m.drive(
+            let done = self.driver.drive(
+                &mut self.core,
                 None,
-                |m| batch.iter().all(|id| m.is_done(*id)),
+                |c| batch.iter().all(|id| c.is_done(*id)),
                 || cancellable && flag.load(Ordering::Relaxed),
             )?;
             if done {
@@ -279,7 +283,7 @@ impl Redlock {
             self.cancel.flag.store(false, Ordering::SeqCst);
             let now = Instant::now();
             for id in self.batch.iter() {
-                self.m.cancel(*id, now);
+                self.core.cancel(*id, now);
             }
         }
     }
@@ -297,19 +301,19 @@ impl Redlock {
     ) -> Result<(), Error> {
         out.clear();
         check_resources(resources.iter().map(AsRef::as_ref))?;
-        let ttl = self.m.cfg.check_ttl(ttl)?;
+        let ttl = self.core.cfg.check_ttl(ttl)?;
         self.arm_cancel();
         self.enter()?;
         let now = Instant::now();
         self.batch.clear();
         for r in resources {
-            let id = self.m.submit_lock([r.as_ref()], ttl, None, 0, now);
+            let id = self.core.submit_lock([r.as_ref()], ttl, None, 0, now);
             self.batch.push(id);
         }
         let driven = self.run_batch(true);
         for k in 0..self.batch.len() {
             let id = self.batch[k];
-            let r = self.m.take(id).map(|d| match d {
+            let r = self.core.take(id).map(|d| match d {
                 Done::Locked(lock) => self.hand_out(lock),
                 other => unreachable!("a lock task ended with {other:?}"),
             });
@@ -331,13 +335,13 @@ impl Redlock {
         self.batch.clear();
         for mut lock in locks {
             lock.dropped = None;
-            let id = self.m.submit_release(&lock, now);
+            let id = self.core.submit_release(&lock, now);
             self.batch.push(id);
         }
         let driven = self.run_batch(false);
         for k in 0..self.batch.len() {
             let id = self.batch[k];
-            out.push(self.m.take(id).map(|_| ()));
+            out.push(self.core.take(id).map(|_| ()));
         }
         driven
     }
@@ -348,7 +352,7 @@ impl Redlock {
         // Should `enter` fail, `lock` is dropped still armed: queued for the next call.
         self.enter()?;
         lock.dropped = None;
-        let id = self.m.submit_release(&lock, Instant::now());
+        let id = self.core.submit_release(&lock, Instant::now());
         self.run(id, false).map(|_| ())
     }
 
@@ -359,12 +363,12 @@ impl Redlock {
     /// deadline then becomes the later of the old one and the new one. On failure the lock
     /// keeps its old deadline, which still holds: no master's key was cut short.
     pub fn extend(&mut self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
-        let ttl = self.m.cfg.check_ttl(ttl)?;
+        let ttl = self.core.cfg.check_ttl(ttl)?;
         if !lock.is_valid() {
             return Err(Error::Expired);
         }
         self.enter()?;
-        let id = self.m.submit_extend(lock, ttl, Instant::now());
+        let id = self.core.submit_extend(lock, ttl, Instant::now());
         match self.run(id, false)? {
             Done::Extended { valid_until, ttl } => {
                 lock.valid_until = valid_until;
@@ -377,7 +381,7 @@ impl Redlock {
 
     /// What each master did so far, by name: connections, outcomes, answer latency.
     pub fn stats(&self) -> Vec<crate::stats::MasterStats> {
-        self.m.engine.stats()
+        self.driver.stats(&self.core)
     }
 }
 
@@ -385,7 +389,7 @@ impl Builder {
     /// Check the configuration and build the single-owner client. Connections are opened
     /// lazily, by the first operation.
     pub fn build(self) -> Result<Redlock, Error> {
-        Ok(Redlock::from_machine(self.machine()?))
+        Ok(Redlock::from_parts(self.machine()?))
     }
 }
 
@@ -430,6 +434,6 @@ impl Drop for Redlock {
         // Push out the releases still queued (dropped locks, cleanup after a failed
         // attempt) before closing.
         let _ = self.enter();
-        self.m.engine.flush();
+        self.driver.turn(&mut self.core, Instant::now());
     }
 }

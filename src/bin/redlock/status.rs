@@ -283,7 +283,7 @@ fn probe(spec: &MasterSpec, key: &[u8], timeout: Duration, tls: &Tls) -> State {
 
 /// The rustls configuration for `rediss://` masters (the library's own code).
 #[cfg(feature = "tls")]
-#[path = "../../engine/tls_config.rs"]
+#[path = "../../driver/tls_config.rs"]
 mod tls_config;
 
 /// TLS for the probes: the client configuration, made once.

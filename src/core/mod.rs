@@ -1,14 +1,31 @@
-//! The Redlock logic, once, for both front-ends: a *task* is one lock operation as a user
-//! asked for it (take a lock with retries and a deadline, release one, extend one), run as
-//! a state machine over the engine's fan-out rounds.
+//! The whole Redlock client as a state machine, without I/O (quinn-proto's shape): the
+//! same code for both front-ends, the deterministic simulation and the fuzzer.
+//!
+//! A *task* is one lock operation as a user asked for it (take a lock with retries and a
+//! deadline, release one, extend one), run over fan-out *rounds* (`rounds.rs`) on the
+//! masters' links (`link.rs`, `chans.rs` for the release announcements).
+//!
+//! In: submissions ([`Core::submit_lock`], ...), the bytes the driver read per link
+//! ([`Core::recv_buf`], [`Core::received`]), what its sockets did
+//! ([`Core::handle_connected`], [`Core::handle_closed`]), and the time with every call.
+//! Out: the bytes to write per link ([`Core::send_buf`], [`Core::sent`]), what to do with
+//! the sockets ([`Core::take_action`]), the next timer ([`Core::next_timer`]) and the
+//! finished tasks ([`Core::is_done`], [`Core::take`]). Nothing here reads a clock, opens a
+//! socket or sleeps; randomness comes from a seed (and the lock tokens from the token
+//! source the core was built with).
 //!
 //! The single-owner [`crate::Redlock`] submits a task and drives the loop on the caller's
 //! thread until it is done; the shared client's loop thread drives many tasks at once and
 //! hands each result to whoever waits for it. Either way the same code decides: `task.rs`
 //! holds every step (acquire, fencing draw and write-back, cleanup release, retry delay,
-//! deadline, cancellation); this file holds the table of tasks and the loop that feeds them
-//! the engine's decisions and timers.
+//! deadline, cancellation), `wait.rs` how waiting tasks hear of releases; this file holds
+//! the table of tasks and the step that feeds them the rounds' decisions and timers.
 
+mod chans;
+mod encode;
+mod link;
+mod ops;
+mod rounds;
 mod task;
 mod wait;
 
@@ -17,13 +34,17 @@ use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
-use crate::engine::{Engine, KeyList, OpId, Owner};
 use crate::error::{Error, Operation, Report};
 use crate::lock::Lock;
 use crate::rules;
 use crate::token::{Token, TokenSource};
 
-pub(crate) use task::Done;
+pub(crate) use chans::{fingerprint, ChanId, Fingerprint, Notice};
+pub(crate) use link::Master;
+pub use link::{Action, ConnectPhase, LinkId};
+pub(crate) use ops::{KeyList, Line, OpId};
+pub(crate) use rounds::{NetConfig, Owner, Rounds, IDLE_SHIFT_MIN};
+pub use task::Done;
 use task::Task;
 pub use wait::WaitMode;
 
@@ -106,7 +127,7 @@ impl Settings {
 
 /// A task's handle: slot plus generation, so a stale handle never aliases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct TaskId {
+pub struct TaskId {
     slot: u32,
     gen: u32,
 }
@@ -127,22 +148,22 @@ impl TaskId {
     }
 }
 
-/// The engine, the tasks, and what they need: the token source, the jitter generator,
+/// The rounds, the tasks, and what they need: the token source, the jitter generator,
 /// the settings.
-pub(crate) struct Machine {
-    pub engine: Engine,
-    pub cfg: Settings,
+pub struct Core {
+    pub(crate) rounds: Rounds,
+    pub(crate) cfg: Settings,
     tasks: Vec<Task>,
     free: Vec<u32>,
     /// Slots of the tasks sleeping between attempts.
     sleeping: Vec<u32>,
     /// No sleeping task wakes before this (a lower bound; `None`: none sleeps).
     next_wake: Option<Instant>,
-    /// Tasks finished since the front-end last took them (see [`Machine::take_finished`]),
+    /// Tasks finished since the front-end last took them (see [`Core::take_finished`]),
     /// kept only when `track_finished` (the shared client's loop; the single owner waits
     /// for one task at a time and asks it directly).
     finished: Vec<TaskId>,
-    pub track_finished: bool,
+    pub(crate) track_finished: bool,
     tokens: TokenSource,
     rng: fastrand::Rng,
     /// Scratch for the fencing rounds' key list (lock keys, then their counters).
@@ -154,21 +175,27 @@ pub(crate) struct Machine {
     /// This client's id (hex): the start of its waiters' ids in the lines on the masters,
     /// and the name of its own channel there (see `scripts::NEXT_PREFIX`).
     client_id: [u8; crate::scripts::CLIENT_ID_LEN],
+    /// The client's wall clock (µs since the epoch) at an instant: the arrival scores in
+    /// the lines of waiters are read from it and the monotonic clock (a step of the wall
+    /// clock later does not reorder this client's waiters).
+    wall: (u64, Instant),
 }
 
-impl Machine {
+impl Core {
     pub(crate) fn new(
-        engine: Engine,
+        rounds: Rounds,
         cfg: Settings,
         mut tokens: TokenSource,
         seed: Option<u64>,
+        now: Instant,
+        wall_us: u64,
     ) -> io::Result<Self> {
         let seed = match seed {
             Some(s) => s,
             None => tokens.seed()?,
         };
-        let mut m = Machine {
-            engine,
+        let mut m = Core {
+            rounds,
             cfg,
             tasks: Vec::with_capacity(64),
             free: Vec::with_capacity(64),
@@ -182,27 +209,27 @@ impl Machine {
             waitlists: Vec::new(),
             next_seq: 0,
             client_id: [0; crate::scripts::CLIENT_ID_LEN],
+            wall: (wall_us, now),
         };
         let id = m.tokens.next()?;
         m.client_id
             .copy_from_slice(&id.as_bytes()[..crate::scripts::CLIENT_ID_LEN]);
         for _ in 0..4 {
-            m.new_slot();
+            m.new_slot(now);
         }
         Ok(m)
     }
 
-    fn new_slot(&mut self) {
-        let now = Instant::now();
+    fn new_slot(&mut self, now: Instant) {
         self.tasks.push(Task::new(now));
         self.free.push((self.tasks.len() - 1) as u32);
     }
 
-    fn alloc(&mut self) -> TaskId {
+    fn alloc(&mut self, now: Instant) -> TaskId {
         let slot = match self.free.pop() {
             Some(s) => s,
             None => {
-                self.new_slot();
+                self.new_slot(now);
                 self.free.pop().expect("slot just pushed")
             }
         };
@@ -219,13 +246,13 @@ impl Machine {
 
     /// Whether the task has its result.
     #[inline]
-    pub(crate) fn is_done(&self, id: TaskId) -> bool {
+    pub fn is_done(&self, id: TaskId) -> bool {
         let t = &self.tasks[id.slot as usize];
         t.gen == id.gen && t.result.is_some()
     }
 
     /// Take a finished task's result and free it.
-    pub(crate) fn take(&mut self, id: TaskId) -> Result<Done, Error> {
+    pub fn take(&mut self, id: TaskId) -> Result<Done, Error> {
         let t = &mut self.tasks[id.slot as usize];
         debug_assert!(t.gen == id.gen && t.live);
         let r = t.result.take().unwrap_or(Err(Error::Cancelled));
@@ -242,7 +269,7 @@ impl Machine {
     /// Take `keys` for `ttl` (whole ms, checked): one attempt, then up to `retries` more
     /// after a random delay while the lock is taken or no quorum answers, never past
     /// `deadline`.
-    pub(crate) fn submit_lock<'k>(
+    pub fn submit_lock<'k>(
         &mut self,
         keys: impl IntoIterator<Item = &'k [u8]>,
         ttl: Duration,
@@ -250,7 +277,7 @@ impl Machine {
         retries: u32,
         now: Instant,
     ) -> TaskId {
-        let id = self.alloc();
+        let id = self.alloc(now);
         let t = &mut self.tasks[id.slot as usize];
         t.begin(task::Kind::Lock, ttl, now);
         t.keys.clear();
@@ -272,24 +299,22 @@ impl Machine {
         t.seq = self.next_seq;
         self.next_seq += 1;
         // Arrival on the client's clock: every master orders a key's line by it alike.
-        t.score = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as u64);
+        t.score = self.wall.0 + now.saturating_duration_since(self.wall.1).as_micros() as u64;
         self.start_attempt(id, now);
         id
     }
 
     /// Release `lock` on every master.
-    pub(crate) fn submit_release(&mut self, lock: &Lock, now: Instant) -> TaskId {
+    pub fn submit_release(&mut self, lock: &Lock, now: Instant) -> TaskId {
         self.submit_on_lock(task::Kind::Release, lock, lock.ttl, now)
     }
 
     /// Release `lock` on every master, fire and forget (a lock its user dropped).
-    pub(crate) fn release_detached(&mut self, lock: &Lock, now: Instant) {
+    pub fn release_detached(&mut self, lock: &Lock, now: Instant) {
         let timeout = self.cfg.round_timeout(lock.ttl);
         let (token, ttl_ms) = (lock.token, lock.ttl.as_millis() as u64);
         let leave = lock.line;
-        self.engine.start(
+        self.rounds.start(
             crate::rules::Request::Release,
             |a| {
                 a.set(lock.keys.iter(), token, ttl_ms);
@@ -304,7 +329,7 @@ impl Machine {
     }
 
     /// Extend `lock` to live at least `ttl` (whole ms, checked) from now.
-    pub(crate) fn submit_extend(&mut self, lock: &Lock, ttl: Duration, now: Instant) -> TaskId {
+    pub fn submit_extend(&mut self, lock: &Lock, ttl: Duration, now: Instant) -> TaskId {
         self.submit_on_lock(task::Kind::Extend, lock, ttl, now)
     }
 
@@ -315,7 +340,7 @@ impl Machine {
         ttl: Duration,
         now: Instant,
     ) -> TaskId {
-        let id = self.alloc();
+        let id = self.alloc(now);
         let t = &mut self.tasks[id.slot as usize];
         t.begin(kind, ttl, now);
         t.keys.assign(&lock.keys);
@@ -335,59 +360,134 @@ impl Machine {
         id
     }
 
-    /// Drive the loop until `done` holds (`Ok(true)`), `until` passes or `interrupted`
-    /// says so (`Ok(false)`). Every step runs the due timers, hands each decided round
-    /// to its task, wakes the tasks whose retry delay is over, and writes what they
-    /// queued: whatever was submitted or advanced in one step goes out in one write per
-    /// master.
-    pub(crate) fn drive(
-        &mut self,
-        until: Option<Instant>,
-        mut done: impl FnMut(&Machine) -> bool,
-        mut interrupted: impl FnMut() -> bool,
-    ) -> io::Result<bool> {
-        let mut now = self.engine.enter();
-        loop {
-            self.step(now);
-            if done(self) {
-                return Ok(true);
-            }
-            if interrupted() {
-                return Ok(false);
-            }
-            if until.is_some_and(|u| now >= u) {
-                return Ok(false);
-            }
-            now = self.engine.wait(now, self.next_timer(until))?;
-        }
-    }
-
-    /// The earliest of the engine's timers, the sleeping tasks' and `until`.
-    pub(crate) fn next_timer(&self, until: Option<Instant>) -> Option<Instant> {
-        [self.engine.next_due(), self.next_wake, until]
+    /// The earliest of the rounds' timers, the sleeping tasks' and `until`.
+    pub fn next_timer(&self, until: Option<Instant>) -> Option<Instant> {
+        [self.rounds.next_due(), self.next_wake, until]
             .into_iter()
             .flatten()
             .min()
     }
 
-    /// One step of the loop at `now` (see [`Machine::drive`]).
-    pub(crate) fn step(&mut self, now: Instant) {
-        self.engine.tick_if_due(now);
+    /// One step at `now`: run the due timers, hand each decided round to its task, wake the
+    /// tasks whose retry delay is over, hand the announcements heard to the waiters.
+    /// Whatever was submitted or advanced in one step goes out in the driver's next flush,
+    /// in one write per master.
+    pub fn step(&mut self, now: Instant) {
+        self.rounds.tick_if_due(now);
         if self.next_wake.is_some_and(|w| now >= w) {
             self.wake_sleepers(now);
         }
         loop {
-            while let Some((owner, op)) = self.engine.take_decided() {
+            while let Some((owner, op)) = self.rounds.take_decided() {
                 self.on_decided(TaskId::from_owner(owner), op, now);
             }
             // Releases announced, subscriptions confirmed: waiters try (an attempt can be
             // decided at once, e.g. every master down: round again).
             self.take_notices(now);
-            if !self.engine.has_decided() {
+            if !self.rounds.has_decided() {
                 break;
             }
         }
-        self.engine.flush();
+    }
+
+    /// Something the last [`Core::step`] did not see is waiting for the next one (a round
+    /// decided by a socket's failure, an announcement read): step again before sleeping.
+    #[inline]
+    pub fn has_news(&self) -> bool {
+        self.rounds.has_decided() || self.rounds.chans.has_notices()
+    }
+
+    // ---- The driver's side: sockets, bytes, the clock ----------------------------------
+
+    /// The masters (`n`): links `0..n` are their lock links, `n..2n` their sub links.
+    #[inline]
+    pub fn masters(&self) -> usize {
+        self.rounds.n()
+    }
+
+    /// The next thing the driver must do with a socket, in order.
+    #[inline]
+    pub fn take_action(&mut self) -> Option<Action> {
+        self.rounds.take_action()
+    }
+
+    /// A connect of link `l` has come as far as `phase` (what its timeout will mean).
+    pub fn handle_connect_phase(&mut self, l: LinkId, phase: ConnectPhase) {
+        self.rounds.handle_connect_phase(l, phase);
+    }
+
+    /// Link `l` is connected (TLS handshake included): its queued bytes may go out.
+    pub fn handle_connected(&mut self, l: LinkId) {
+        self.rounds.handle_connected(l);
+    }
+
+    /// Link `l`'s connect failed, or its connection broke or was closed by the master.
+    pub fn handle_closed(&mut self, l: LinkId, fault: rules::Fault, now: Instant) {
+        self.rounds.handle_closed(l, fault, now);
+    }
+
+    /// Where the driver reads link `l`'s next bytes to; `None` when it is not up (or its
+    /// input outgrew the limits: then it was closed).
+    #[inline]
+    pub fn recv_buf(&mut self, l: LinkId, now: Instant) -> Option<&mut [u8]> {
+        self.rounds.recv_buf(l, now)
+    }
+
+    /// `len` bytes were read into [`Core::recv_buf`]: handle every complete reply.
+    /// `false`: the link was closed (a protocol error, a refused handshake...).
+    #[inline]
+    pub fn received(&mut self, l: LinkId, len: usize, now: Instant) -> bool {
+        self.rounds.received(l, len, now)
+    }
+
+    /// Link `l` is up and has bytes that may be written now.
+    #[inline]
+    pub fn has_output(&self, l: LinkId) -> bool {
+        self.rounds.has_output(l)
+    }
+
+    /// The bytes link `l` may write now; report the bytes written with [`Core::sent`].
+    #[inline]
+    pub fn send_buf(&mut self, l: LinkId) -> &[u8] {
+        self.rounds.send_buf(l)
+    }
+
+    /// `written` bytes of [`Core::send_buf`] went out (0: the socket would block).
+    #[inline]
+    pub fn sent(&mut self, l: LinkId, written: usize) {
+        self.rounds.sent(l, written);
+    }
+
+    /// Which links may have bytes to write since the last flush: (lock links, sub links).
+    #[inline]
+    pub fn flush_wanted(&self) -> (bool, bool) {
+        self.rounds.flush_wanted()
+    }
+
+    /// The driver's flush is over (what a link could not write stays queued in it).
+    #[inline]
+    pub fn flushed(&mut self) {
+        self.rounds.flushed();
+    }
+
+    /// The client was away from the loop for `idle` until `now` (see `Rounds::shift_clocks`).
+    pub fn shift_clocks(&mut self, idle: Duration, now: Instant) {
+        self.rounds.shift_clocks(idle, now);
+    }
+
+    /// No round is undecided (cleanup releases included).
+    pub fn is_idle(&self) -> bool {
+        self.rounds.is_idle()
+    }
+
+    /// Some channel is held or lingers: the sub links want the loop run.
+    pub fn listening(&self) -> bool {
+        self.rounds.listening()
+    }
+
+    /// What every master did so far, by name (the driver adds its syscall counts).
+    pub fn stats(&self) -> Vec<crate::stats::MasterStats> {
+        self.rounds.stats()
     }
 
     /// Start the timed retries that are due (with fairness, polite ones: see
@@ -432,13 +532,13 @@ impl Machine {
     }
 
     /// Record a task's result.
-    fn finish(&mut self, id: TaskId, result: Result<Done, Error>) {
+    fn finish(&mut self, id: TaskId, result: Result<Done, Error>, now: Instant) {
         let granted = matches!(result, Ok(Done::Locked(_)));
         if !self.tasks[id.slot as usize].chans.is_empty() {
-            self.unwatch(id, granted, Instant::now());
+            self.unwatch(id, granted, now);
         }
         if !granted {
-            self.leave_line(id, Instant::now());
+            self.leave_line(id, now);
         }
         let t = &mut self.tasks[id.slot as usize];
         #[cfg(feature = "tracing")]
@@ -462,10 +562,10 @@ impl Machine {
         began: Instant,
         attempts: u32,
     ) -> Box<Report> {
-        let o = self.engine.op(op);
+        let o = self.rounds.op(op);
         Box::new(Report::new(
             what,
-            self.engine.nodes.iter().map(|n| n.name.clone()),
+            self.rounds.masters.iter().map(|n| n.name.clone()),
             &o.tally,
             o.decided_at.saturating_duration_since(started),
             attempts,

@@ -10,7 +10,7 @@
 //!   the first live waiter in line and announces itself on that waiter's client's channel
 //!   (`Notice::Turn`): only the named task tries. With nobody in line the release is
 //!   announced on the key's channel to every waiter (`Notice::Released`).
-//! * **What an announcement frees** ([`Machine::hear`]): where the last attempt found the
+//! * **What an announcement frees** ([`Core::hear`]): where the last attempt found the
 //!   key held, that holder's release frees that master (the copies of an older release are
 //!   ignored; those of the release that woke the task still count from the masters it had
 //!   not reached yet); any other release but our own cleanup's frees its master too (the
@@ -35,8 +35,8 @@ use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
-use super::{Machine, TaskId};
-use crate::engine::{fingerprint, ChanId, Fingerprint, KeyList, Notice, OpId};
+use super::{Core, TaskId};
+use crate::core::{fingerprint, ChanId, Fingerprint, KeyList, Notice, OpId};
 use crate::rules::{self, Outcome, Request};
 
 use super::Phase;
@@ -66,7 +66,7 @@ pub(super) struct Hint {
     pub holders: SmallVec<[Option<Fingerprint>; 8]>,
 }
 
-impl Machine {
+impl Core {
     /// Whether waiting tasks listen for releases.
     #[inline]
     pub(super) fn notify(&self) -> bool {
@@ -75,7 +75,7 @@ impl Machine {
 
     /// What acquire round `op` tells a waiter (read before the round is finished).
     pub(super) fn wait_hint(&self, op: OpId) -> Hint {
-        let o = self.engine.op(op);
+        let o = self.rounds.op(op);
         let mut taken = 0u64;
         for (i, x) in o.tally.outcomes().iter().enumerate().take(64) {
             if *x == Outcome::Taken {
@@ -120,8 +120,8 @@ impl Machine {
     /// no shorter hand-off, the release not having reached enough masters yet).
     /// This client's own release frees everything it held: its waiters try at once.
     pub(super) fn hear(&mut self, id: TaskId, master: Option<usize>, fp: &Fingerprint) -> bool {
-        let n = self.engine.nodes.len();
-        let quorum = self.engine.quorum();
+        let n = self.rounds.n();
+        let quorum = self.rounds.quorum();
         let t = &mut self.tasks[id.slot as usize];
         let fresh = t.woken_by.as_ref() != Some(fp) && t.own.as_ref() != Some(fp);
         let Some(m) = master else {
@@ -156,14 +156,14 @@ impl Machine {
             std::mem::take(&mut self.tasks[id.slot as usize].chans);
         let keys = std::mem::take(&mut self.tasks[id.slot as usize].keys);
         for key in keys.iter() {
-            chans.push(self.engine.subscribe(key, now));
+            chans.push(self.rounds.subscribe(key, now));
         }
         self.tasks[id.slot as usize].keys = keys;
         if self.tasks[id.slot as usize].wait_id.is_some() {
             // It stands in a line: the releases that make it its turn come on the client's
             // own channel.
             let client_id = self.client_id;
-            let direct = self.engine.subscribe_direct(&client_id, now);
+            let direct = self.rounds.subscribe_direct(&client_id, now);
             self.tasks[id.slot as usize].direct = Some(direct);
         }
         let seq = self.tasks[id.slot as usize].seq;
@@ -198,11 +198,11 @@ impl Machine {
                     }
                 }
             }
-            self.engine.unsubscribe(chan, now);
+            self.rounds.unsubscribe(chan, now);
         }
         self.tasks[id.slot as usize].chans = chans;
         if let Some(direct) = self.tasks[id.slot as usize].direct.take() {
-            self.engine.unsubscribe(direct, now);
+            self.rounds.unsubscribe(direct, now);
         }
         if self.cfg.fairness {
             for head in next {
@@ -237,12 +237,12 @@ impl Machine {
     pub(super) fn covered(&self, id: TaskId, t1: Instant) -> bool {
         let t = &self.tasks[id.slot as usize];
         let before = |c: ChanId, i: usize| {
-            self.engine
+            self.rounds
                 .subscribed_since(c, i)
                 .is_some_and(|since| since <= t1)
         };
         t.chans.iter().any(|&c| {
-            (0..self.engine.nodes.len().min(64)).any(|i| {
+            (0..self.rounds.n().min(64)).any(|i| {
                 t.taken & (1 << i) != 0 && before(c, i) && t.direct.is_none_or(|d| before(d, i))
             })
         })
@@ -253,8 +253,7 @@ impl Machine {
     pub(super) fn confirmed_after(&self, id: TaskId, t1: Instant) -> bool {
         let t = &self.tasks[id.slot as usize];
         t.chans.iter().chain(t.direct.iter()).any(|&c| {
-            (0..self.engine.nodes.len())
-                .any(|i| self.engine.subscribed_since(c, i).is_some_and(|s| s > t1))
+            (0..self.rounds.n()).any(|i| self.rounds.subscribed_since(c, i).is_some_and(|s| s > t1))
         })
     }
 
@@ -275,7 +274,7 @@ impl Machine {
 
     /// Hand what the subscription connections heard to the waiters.
     pub(super) fn take_notices(&mut self, now: Instant) {
-        while let Some(n) = self.engine.take_notice() {
+        while let Some(n) = self.rounds.take_notice() {
             match n {
                 Notice::Released { chan, master, fp } => {
                     self.on_released(chan, Some(master), fp, None, now)
@@ -318,7 +317,7 @@ impl Machine {
                     && t.phase == Phase::Acquire
                     && t.chans.is_empty()
                     && t.waits()
-                    && t.keys.iter().any(|k| self.engine.channel(k) == Some(chan))
+                    && t.keys.iter().any(|k| self.rounds.channel(k) == Some(chan))
                 {
                     list.push(TaskId {
                         slot: slot as u32,
@@ -433,7 +432,7 @@ impl Machine {
             return;
         }
         for key in keys.iter() {
-            if let Some(chan) = self.engine.channel(key) {
+            if let Some(chan) = self.rounds.channel(key) {
                 self.on_released(chan, None, fingerprint(token), except, now);
             }
         }

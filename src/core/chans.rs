@@ -29,21 +29,20 @@ use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::time::{Duration, Instant};
 
-use mio::Token as MioToken;
 use smallvec::SmallVec;
 
 use super::encode::encode_auth;
-use super::transport::{connect_unix, read_some, write_some, Conn, Stream, Target};
-use super::Engine;
+use super::link::{Action, ConnectPhase, LinkId, State, Tag};
+use super::rounds::Rounds;
 use crate::resp::{self, Frame};
-use crate::rules::{ErrorText, Fault, TlsFault};
+use crate::rules::{ErrorText, Fault};
 use crate::scripts::{NEXT_PREFIX, NOTICE_LEN, RELEASED_PREFIX, WAITER_ID_LEN};
 
 /// How long a channel stays subscribed after its last waiter left.
 pub(crate) const LINGER: Duration = Duration::from_secs(2);
 
 /// Input buffer of a subscription connection (notices are small).
-const SUB_INBUF: usize = 4096;
+pub(super) const SUB_INBUF: usize = 4096;
 
 /// The first bytes of a released token, as published: they name one release.
 pub(crate) type Fingerprint = [u8; NOTICE_LEN];
@@ -134,30 +133,12 @@ pub(super) struct Channels {
     pub(super) dirty: bool,
 }
 
-/// What a pending command of a subscription connection was.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SubTag {
-    Auth,
-    Subscribe(ChanId),
-    Unsubscribe,
-}
-
-/// One master's subscription connection.
-pub(super) struct SubConn {
-    conn: Conn,
-    out: Vec<u8>,
-    out_pos: usize,
-    inbuf: Vec<u8>,
-    in_start: usize,
-    in_end: usize,
-    parser: resp::Parser,
-    resuming: bool,
-    pending: VecDeque<SubTag>,
-    failures: u32,
-    answered: bool,
-    retry_at: Option<Instant>,
-    connect_deadline: Instant,
-    last_progress: Instant,
+impl Channels {
+    /// Announcements or confirmations wait for the task layer.
+    #[inline]
+    pub(super) fn has_notices(&self) -> bool {
+        !self.notices.is_empty()
+    }
 }
 
 impl Channel {
@@ -166,50 +147,6 @@ impl Channel {
             NEXT_PREFIX
         } else {
             RELEASED_PREFIX
-        }
-    }
-}
-
-impl SubConn {
-    pub(super) fn new(limits: resp::Limits, now: Instant) -> SubConn {
-        SubConn {
-            conn: Conn::Down,
-            out: Vec::new(),
-            out_pos: 0,
-            inbuf: Vec::new(),
-            in_start: 0,
-            in_end: 0,
-            parser: resp::Parser::new(limits),
-            resuming: false,
-            pending: VecDeque::new(),
-            failures: 0,
-            answered: false,
-            retry_at: None,
-            connect_deadline: now,
-            last_progress: now,
-        }
-    }
-
-    fn clear_streams(&mut self) {
-        self.out.clear();
-        self.out_pos = 0;
-        self.in_start = 0;
-        self.in_end = 0;
-        self.parser.reset();
-        self.resuming = false;
-        self.pending.clear();
-    }
-
-    /// Shift its clocks by an idle gap of the client's (see `Engine::shift_stall_clocks`).
-    pub(super) fn shift(&mut self, idle: Duration, entered: Instant) {
-        self.last_progress = (self.last_progress + idle).min(entered);
-        let connecting = match &self.conn {
-            Conn::Connecting(_) | Conn::Resolving => true,
-            Conn::Up(s) => s.tls_handshaking(),
-            Conn::Down => false,
-        };
-        if connecting {
-            self.connect_deadline += idle;
         }
     }
 }
@@ -224,9 +161,9 @@ fn encode_channel_command(out: &mut Vec<u8>, command: &[u8], prefix: &[u8], key:
     );
 }
 
-impl Engine {
+impl Rounds {
     /// A lock task waits for `key` to be released: hold its channel (subscribing on every
-    /// master if it is new). Pair with [`Engine::unsubscribe`].
+    /// master if it is new). Pair with [`Rounds::unsubscribe`].
     pub(crate) fn subscribe(&mut self, key: &[u8], now: Instant) -> ChanId {
         let found = self.chans.by_key.get(key).copied();
         let (slot, new) = match found {
@@ -255,7 +192,7 @@ impl Engine {
     }
 
     fn new_channel(&mut self, key: &[u8], direct: bool) -> u32 {
-        let n = self.nodes.len();
+        let n = self.n();
         let slot = match self.chans.free.pop() {
             Some(s) => s,
             None => {
@@ -286,7 +223,7 @@ impl Engine {
     }
 
     fn hold_channel(&mut self, slot: u32, new: bool, now: Instant) -> ChanId {
-        let n = self.nodes.len();
+        let n = self.n();
         let c = &mut self.chans.chans[slot as usize];
         if c.idle_since.take().is_some() {
             self.chans.idle -= 1;
@@ -357,78 +294,60 @@ impl Engine {
         self.chans.notices.pop_front()
     }
 
-    /// Ask master `i` for channel `id`: on its subscription connection if it has one (or is
+    /// Ask master `i` for channel `id`: on its sub link if it has a connection (or is
     /// opening one), else by opening one, unless it is backing off (then the reconnect
     /// subscribes every channel).
     fn sub_ask(&mut self, i: usize, id: ChanId, now: Instant) {
-        match self.nodes[i].sub.conn {
-            Conn::Up(_) | Conn::Connecting(_) => {
-                self.sub_write_subscribe(i, id);
+        let l = self.n() + i;
+        match self.links[l].state {
+            State::Up | State::Connecting(_) => {
+                self.sub_write_subscribe(i, id, now);
                 self.chans.dirty = true;
             }
-            Conn::Resolving => {}
-            Conn::Down => {
-                if self.nodes[i].sub.retry_at.is_none_or(|t| now >= t) {
+            State::Down => {
+                if self.links[l].retry_at.is_none_or(|t| now >= t) {
                     self.sub_connect(i, now);
-                } else if let Some(t) = self.nodes[i].sub.retry_at {
+                } else if let Some(t) = self.links[l].retry_at {
                     self.due_by(t);
                 }
             }
         }
     }
 
-    fn sub_write_subscribe(&mut self, i: usize, id: ChanId) {
+    fn sub_write_subscribe(&mut self, i: usize, id: ChanId, now: Instant) {
+        let l = self.n() + i;
         let c = &mut self.chans.chans[id.slot as usize];
-        let sub = &mut self.nodes[i].sub;
+        let sub = &mut self.links[l];
         encode_channel_command(&mut sub.out, b"SUBSCRIBE", c.prefix(), &c.key);
         if sub.pending.is_empty() {
-            sub.last_progress = Instant::now();
+            sub.last_progress = now;
         }
-        sub.pending.push_back(SubTag::Subscribe(id));
+        sub.pending.push_back(Tag::Subscribe(id));
         c.on[i] = On::Asked;
     }
 
-    /// Open master `i`'s subscription connection (to the address its lock connection
+    /// Open master `i`'s sub link (the driver connects it to the address its lock link
     /// uses), queue AUTH and a `SUBSCRIBE` of every channel. A failure backs off.
     fn sub_connect(&mut self, i: usize, now: Instant) {
-        let node = &self.nodes[i];
-        let stream = match &node.target {
-            &Target::Addr(addr) => self.open_tcp(i, addr),
-            Target::Host { .. } => match node.addr {
-                Some(addr) => self.open_tcp(i, addr),
-                // The lock connection has not resolved the name yet: try again later.
-                None => Err(Fault::Down),
-            },
-            Target::Unix(path) => connect_unix(path)
-                .map(Stream::Unix)
-                .map_err(|e| Fault::Connect(e.kind())),
-        };
-        let n = self.nodes.len();
-        let registered = stream.and_then(|mut s| {
-            s.register(self.poll.registry(), MioToken(n + i))
-                .map(|()| s)
-                .map_err(|e| Fault::Connect(e.kind()))
-        });
-        let stream = match registered {
-            Ok(s) => s,
-            Err(f) => {
-                self.sub_backoff(i, f, now);
-                return;
-            }
-        };
-        let node = &mut self.nodes[i];
-        node.stats.sub_connects += 1;
-        let sub = &mut node.sub;
+        let l = self.n() + i;
+        let master = &mut self.masters[i];
+        master.stats.sub_connects += 1;
+        let sub = &mut self.links[l];
         sub.clear_streams();
-        if sub.inbuf.is_empty() {
-            sub.inbuf.resize(SUB_INBUF, 0);
+        if sub.input.inbuf.is_empty() {
+            sub.input.inbuf.resize(SUB_INBUF, 0);
         }
+        sub.pending.clear();
         sub.answered = false;
         sub.connect_deadline = now + self.cfg.connect_timeout;
         sub.last_progress = now;
-        sub.conn = Conn::Connecting(stream);
-        if encode_auth(&mut sub.out, node.user.as_deref(), node.password.as_deref()) {
-            sub.pending.push_back(SubTag::Auth);
+        sub.state = State::Connecting(ConnectPhase::Connecting);
+        if encode_auth(
+            &mut sub.out,
+            master.user.as_deref(),
+            master.password.as_deref(),
+        ) {
+            sub.pending.push_back(Tag::Setup(super::link::Setup::Auth));
         }
         for slot in 0..self.chans.chans.len() {
             let c = &self.chans.chans[slot];
@@ -437,38 +356,34 @@ impl Engine {
                     slot: slot as u32,
                     gen: c.gen,
                 };
-                self.sub_write_subscribe(i, id);
+                self.sub_write_subscribe(i, id, now);
             }
         }
+        self.actions_push(Action::Connect(LinkId(l)));
+        self.chans.dirty = true;
         self.due_by(now + self.cfg.connect_timeout.min(self.cfg.stall_timeout));
     }
 
-    /// A subscription connection could not be opened, or broke before answering: back off
-    /// as the lock connection does.
+    /// A sub link could not be opened, or broke before answering: back off as the lock
+    /// link does.
     fn sub_backoff(&mut self, i: usize, fault: Fault, now: Instant) {
-        let sub = &mut self.nodes[i].sub;
-        sub.failures = sub.failures.saturating_add(1);
-        let shift = (sub.failures - 1).min(16);
-        let backoff = self
-            .cfg
-            .backoff_min
-            .saturating_mul(1 << shift)
-            .min(self.cfg.backoff_max);
-        sub.retry_at = Some(now + backoff);
-        self.nodes[i].stats.last_sub_fault = Some(fault);
-        self.due_by(now + backoff);
+        let l = self.n() + i;
+        self.backoff(l, fault, now);
+        self.masters[i].stats.last_sub_fault = Some(fault);
+        if let Some(t) = self.links[l].retry_at {
+            self.due_by(t);
+        }
     }
 
-    /// Close master `i`'s subscription connection: every channel is unheard there until the
-    /// next connection (reopened at once if it had worked, else after a backoff).
+    /// Close master `i`'s sub link: every channel is unheard there until the next
+    /// connection (reopened at once if it had worked, else after a backoff).
     #[cold]
-    fn sub_fail(&mut self, i: usize, fault: Fault, now: Instant) {
-        let sub = &mut self.nodes[i].sub;
-        let conn = std::mem::replace(&mut sub.conn, Conn::Down);
-        if let Conn::Up(s) | Conn::Connecting(s) = conn {
-            s.close(self.poll.registry(), false);
-        }
+    pub(super) fn sub_fail(&mut self, i: usize, fault: Fault, now: Instant) {
+        let l = self.n() + i;
+        self.drop_connection_quietly(l);
+        let sub = &mut self.links[l];
         sub.clear_streams();
+        sub.pending.clear();
         let answered = sub.answered;
         for c in self.chans.chans.iter_mut().filter(|c| c.live) {
             c.on[i] = On::Off;
@@ -477,10 +392,10 @@ impl Engine {
             return;
         }
         if answered {
-            let sub = &mut self.nodes[i].sub;
+            let sub = &mut self.links[l];
             sub.failures = 0;
             sub.retry_at = None;
-            self.nodes[i].stats.last_sub_fault = Some(fault);
+            self.masters[i].stats.last_sub_fault = Some(fault);
             // Reopened by the next tick.
             self.due_by(now);
         } else {
@@ -488,172 +403,38 @@ impl Engine {
         }
     }
 
-    /// Close every subscription connection: no channel is left.
+    /// Close every sub link: no channel is left.
     fn sub_close_all(&mut self) {
-        for i in 0..self.nodes.len() {
-            let sub = &mut self.nodes[i].sub;
-            let conn = std::mem::replace(&mut sub.conn, Conn::Down);
-            if let Conn::Up(s) | Conn::Connecting(s) = conn {
-                s.close(self.poll.registry(), false);
-            }
+        let n = self.n();
+        for i in 0..n {
+            self.drop_connection_quietly(n + i);
+            let sub = &mut self.links[n + i];
             sub.clear_streams();
+            sub.pending.clear();
             sub.retry_at = None;
             sub.failures = 0;
         }
     }
 
-    /// Write what the subscription connections have queued (from [`Engine::flush`]).
-    #[cold]
-    pub(super) fn sub_flush_all(&mut self) {
-        self.chans.dirty = false;
-        for i in 0..self.nodes.len() {
-            self.sub_flush(i);
-        }
-    }
-
-    fn sub_flush(&mut self, i: usize) {
-        let node = &mut self.nodes[i];
-        let sub = &mut node.sub;
-        let Conn::Up(stream) = &mut sub.conn else {
-            return;
-        };
-        while sub.out_pos < sub.out.len() {
-            match write_some(stream, &sub.out[sub.out_pos..], &mut node.stats) {
-                Ok(0) => break,
-                Ok(n) => sub.out_pos += n,
-                Err(f) => {
-                    self.sub_fail(i, f, Instant::now());
-                    return;
-                }
-            }
-        }
-        if sub.out_pos == sub.out.len() {
-            sub.out.clear();
-            sub.out_pos = 0;
-        }
-        #[cfg(feature = "tls")]
-        if let Stream::Tls(t) = stream {
-            if let Err(f) = t.flush(&mut node.stats) {
-                self.sub_fail(i, f, Instant::now());
-            }
-        }
-    }
-
-    /// A readiness event of master `i`'s subscription connection.
-    pub(super) fn sub_event(&mut self, i: usize, ev: &mio::event::Event, now: Instant) {
-        let error = ev.is_error();
-        let closed = ev.is_read_closed() || error;
-        let readable = ev.is_readable() || closed;
-        let writable = ev.is_writable() || ev.is_write_closed() || error;
-        let sub = &mut self.nodes[i].sub;
-        if let Conn::Connecting(stream) = &mut sub.conn {
-            if !writable && !readable {
-                return;
-            }
-            match stream.connected() {
-                Ok(true) => {
-                    let Conn::Connecting(s) = std::mem::replace(&mut sub.conn, Conn::Down) else {
-                        unreachable!()
-                    };
-                    sub.conn = Conn::Up(s);
-                    self.sub_flush(i);
-                }
-                Ok(false) => return,
-                Err(f) => {
-                    self.sub_fail(i, f, now);
-                    return;
-                }
-            }
-        } else if writable && (sub.out_pos < sub.out.len() || sub.conn.tls_wants_write()) {
-            self.sub_flush(i);
-        }
-        if readable && matches!(self.nodes[i].sub.conn, Conn::Up(_)) {
-            self.sub_read(i, closed, now);
-            #[cfg(feature = "tls")]
-            if self.nodes[i].sub.conn.tls_wants_write() {
-                self.sub_flush(i);
-            }
-        }
-    }
-
-    fn sub_read(&mut self, i: usize, closed: bool, now: Instant) {
+    /// Handle every complete frame of master `i`'s sub link; `false` if the connection
+    /// was closed.
+    pub(super) fn sub_process(&mut self, i: usize, now: Instant) -> bool {
+        let l = self.n() + i;
         loop {
-            let node = &mut self.nodes[i];
-            let sub = &mut node.sub;
-            if sub.in_end == sub.inbuf.len() {
-                if sub.in_start > 0 {
-                    sub.inbuf.copy_within(sub.in_start..sub.in_end, 0);
-                    sub.in_end -= sub.in_start;
-                    sub.in_start = 0;
-                } else {
-                    let cap = sub.parser.limits().max_bulk_len + 64 * 1024;
-                    if sub.inbuf.len() >= cap {
-                        let f = Fault::Protocol(resp::Error::BulkTooLong);
-                        self.sub_fail(i, f, now);
-                        return;
-                    }
-                    let new_len = (sub.inbuf.len() * 2).clamp(SUB_INBUF, cap);
-                    sub.inbuf.resize(new_len, 0);
-                }
-            }
-            let Conn::Up(stream) = &mut sub.conn else {
-                return;
-            };
-            let space = sub.inbuf.len() - sub.in_end;
-            let drains = stream.short_read_drains();
-            match read_some(stream, &mut sub.inbuf[sub.in_end..], &mut node.stats) {
-                Ok(0) => return,
-                Ok(n) => {
-                    sub.in_end += n;
-                    sub.last_progress = now;
-                    if !self.sub_process(i, now) {
-                        return;
-                    }
-                    if n < space && !closed && drains {
-                        return;
-                    }
-                }
-                Err(f) => {
-                    self.sub_fail(i, f, now);
-                    return;
-                }
-            }
-        }
-    }
-
-    /// Handle every complete frame; `false` if the connection was closed.
-    fn sub_process(&mut self, i: usize, now: Instant) -> bool {
-        loop {
-            let sub = &mut self.nodes[i].sub;
-            if sub.in_start == sub.in_end {
-                sub.in_start = 0;
-                sub.in_end = 0;
-                return true;
-            }
-            let buf = &sub.inbuf[sub.in_start..sub.in_end];
-            let parsed = if sub.resuming {
-                sub.parser.parse(buf)
-            } else {
-                match resp::parse(buf, sub.parser.limits()) {
-                    Ok(resp::Status::Partial(_)) => sub.parser.parse(buf),
-                    other => other,
-                }
-            };
-            sub.resuming = matches!(parsed, Ok(resp::Status::Partial(_)));
-            let (frame, used) = match parsed {
-                Ok(resp::Status::Complete(c)) => c,
-                Ok(resp::Status::Partial(_)) => return true,
+            let sub = &mut self.links[l];
+            let (frame, used) = match sub.input.next_frame() {
+                Ok(Some(c)) => c,
+                Ok(None) => return true,
                 Err(e) => {
                     self.sub_fail(i, Fault::Protocol(e), now);
                     return false;
                 }
             };
             let what = classify_sub(&frame);
-            let sub = &mut self.nodes[i].sub;
-            sub.in_start += used;
+            sub.input.in_start += used;
             let ok = match what {
                 SubFrame::Message { key, fp } => {
-                    self.nodes[i].stats.notices += 1;
+                    self.masters[i].stats.notices += 1;
                     if let Some(chan) = self.channel(&key) {
                         let master = i;
                         self.chans
@@ -663,7 +444,7 @@ impl Engine {
                     true
                 }
                 SubFrame::Turn { fp, id } => {
-                    self.nodes[i].stats.notices += 1;
+                    self.masters[i].stats.notices += 1;
                     if self.chans.direct.is_some() {
                         let master = i;
                         self.chans
@@ -673,7 +454,7 @@ impl Engine {
                     true
                 }
                 SubFrame::Subscribed => match sub.pending.pop_front() {
-                    Some(SubTag::Subscribe(id)) => {
+                    Some(Tag::Subscribe(id)) => {
                         sub.answered = true;
                         sub.failures = 0;
                         sub.retry_at = None;
@@ -689,29 +470,30 @@ impl Engine {
                     }
                     _ => false,
                 },
-                SubFrame::Unsubscribed => {
-                    matches!(sub.pending.pop_front(), Some(SubTag::Unsubscribe))
-                }
-                SubFrame::Ok => matches!(sub.pending.pop_front(), Some(SubTag::Auth)),
+                SubFrame::Unsubscribed => matches!(sub.pending.pop_front(), Some(Tag::Unsubscribe)),
+                SubFrame::Ok => matches!(
+                    sub.pending.pop_front(),
+                    Some(Tag::Setup(super::link::Setup::Auth))
+                ),
                 SubFrame::Error(text) => match sub.pending.pop_front() {
-                    Some(SubTag::Auth) => {
+                    Some(Tag::Setup(_)) => {
                         let f = Fault::Handshake(text);
                         // Refused: back off as for a connection that never answered.
                         sub.answered = false;
                         self.sub_fail(i, f, now);
                         return false;
                     }
-                    Some(SubTag::Subscribe(id)) => {
+                    Some(Tag::Subscribe(id)) => {
                         if let Some(c) = self.chans.chans.get_mut(id.slot as usize) {
                             if c.live && c.gen == id.gen {
                                 c.on[i] = On::Refused;
                             }
                         }
-                        self.nodes[i].stats.last_sub_fault = Some(Fault::Redis(text));
+                        self.masters[i].stats.last_sub_fault = Some(Fault::Redis(text));
                         true
                     }
-                    Some(SubTag::Unsubscribe) => true,
-                    None => false,
+                    Some(Tag::Unsubscribe) => true,
+                    Some(Tag::Op { .. }) | None => false,
                 },
                 SubFrame::Other => false,
             };
@@ -722,8 +504,8 @@ impl Engine {
         }
     }
 
-    /// The subscription connections' timers: connects and stalls, reconnects, channels
-    /// whose linger ran out. `due` learns the next instant each needs the loop.
+    /// The sub links' timers: connects and stalls, reconnects, channels whose linger ran
+    /// out. `due` learns the next instant each needs the loop.
     #[cold]
     pub(super) fn sub_tick(&mut self, now: Instant, due: &mut impl FnMut(Instant)) {
         if self.chans.idle > 0 {
@@ -731,20 +513,21 @@ impl Engine {
                 due(t);
             }
         }
-        for i in 0..self.nodes.len() {
-            let sub = &self.nodes[i].sub;
-            match &sub.conn {
-                Conn::Connecting(_) if now >= sub.connect_deadline => {
-                    let f = Fault::Connect(io::ErrorKind::TimedOut);
+        let n = self.n();
+        for i in 0..n {
+            let sub = &self.links[n + i];
+            match sub.state {
+                State::Connecting(phase) if now >= sub.connect_deadline => {
+                    let f = match phase {
+                        ConnectPhase::Tls => Fault::Tls(crate::rules::TlsFault::Other(
+                            ErrorText::new(b"handshake timed out"),
+                        )),
+                        _ => Fault::Connect(io::ErrorKind::TimedOut),
+                    };
                     self.sub_fail(i, f, now);
                 }
-                Conn::Connecting(_) => due(sub.connect_deadline),
-                Conn::Up(s) if s.tls_handshaking() && now >= sub.connect_deadline => {
-                    let f = Fault::Tls(TlsFault::Other(ErrorText::new(b"handshake timed out")));
-                    self.sub_fail(i, f, now);
-                }
-                Conn::Up(s) if s.tls_handshaking() => due(sub.connect_deadline),
-                Conn::Up(_) if !sub.pending.is_empty() => {
+                State::Connecting(_) => due(sub.connect_deadline),
+                State::Up if !sub.pending.is_empty() => {
                     let stall = sub.last_progress + self.cfg.stall_timeout;
                     if now >= stall {
                         self.sub_fail(i, Fault::Closed(io::ErrorKind::TimedOut), now);
@@ -755,27 +538,25 @@ impl Engine {
                 _ => {}
             }
             // Wanted but down: reconnect once the backoff is over.
-            let sub = &self.nodes[i].sub;
-            if self.chans.live > 0 && matches!(sub.conn, Conn::Down) {
+            let sub = &self.links[n + i];
+            if self.chans.live > 0 && sub.state == State::Down {
                 match sub.retry_at {
                     Some(t) if now < t => due(t),
                     _ => {
                         self.sub_connect(i, now);
-                        if let Some(t) = self.nodes[i].sub.retry_at.filter(|t| *t > now) {
+                        if let Some(t) = self.links[n + i].retry_at.filter(|t| *t > now) {
                             due(t);
                         }
                     }
                 }
             }
         }
-        if self.chans.dirty {
-            self.sub_flush_all();
-        }
     }
 
     /// Drop the channels nobody waited on for [`LINGER`] (`UNSUBSCRIBE`; the connections
     /// close when no channel is left); returns when the next one's linger ends.
     pub(super) fn expire_idle_channels(&mut self, now: Instant) -> Option<Instant> {
+        let n = self.n();
         let mut next: Option<Instant> = None;
         for slot in 0..self.chans.chans.len() {
             let c = &self.chans.chans[slot];
@@ -788,16 +569,16 @@ impl Engine {
                 continue;
             }
             let key = std::mem::take(&mut self.chans.chans[slot].key);
-            for i in 0..self.nodes.len() {
+            for i in 0..n {
                 let asked = matches!(self.chans.chans[slot].on[i], On::Asked | On::Since(_));
-                let sub = &mut self.nodes[i].sub;
-                if asked && matches!(sub.conn, Conn::Up(_) | Conn::Connecting(_)) {
+                let sub = &mut self.links[n + i];
+                if asked && sub.state != State::Down {
                     let prefix = self.chans.chans[slot].prefix();
                     encode_channel_command(&mut sub.out, b"UNSUBSCRIBE", prefix, &key);
                     if sub.pending.is_empty() {
                         sub.last_progress = now;
                     }
-                    sub.pending.push_back(SubTag::Unsubscribe);
+                    sub.pending.push_back(Tag::Unsubscribe);
                     self.chans.dirty = true;
                 }
             }

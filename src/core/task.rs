@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
-use super::{Machine, Phase, TaskId};
-use crate::engine::{fingerprint, ChanId, Fingerprint, KeyList, Line, OpId};
+use super::{Core, Phase, TaskId};
+use crate::core::{fingerprint, ChanId, Fingerprint, KeyList, Line, OpId};
 use crate::error::{Error, Operation, Report};
 use crate::lock::Lock;
 use crate::rules::{self, AcquireVerdict, Decision, Outcome, Request};
@@ -21,7 +21,7 @@ use crate::token::Token;
 /// allocation per lock.)
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)]
-pub(crate) enum Done {
+pub enum Done {
     /// A lock task: the lock.
     Locked(Lock),
     /// A release task: a quorum confirmed.
@@ -182,7 +182,7 @@ impl Task {
     }
 }
 
-impl Machine {
+impl Core {
     /// The round timeout for `ttl`, cut short by the deadline.
     fn timeout(&self, ttl: Duration, deadline: Option<Instant>, now: Instant) -> Duration {
         let t = self.cfg.round_timeout(ttl);
@@ -203,13 +203,13 @@ impl Machine {
                 r.total = now.saturating_duration_since(began);
                 r
             });
-            self.finish(id, Err(Error::DeadlineExceeded(last)));
+            self.finish(id, Err(Error::DeadlineExceeded(last)), now);
             return;
         }
         let token = match self.next_token() {
             Ok(tok) => tok,
             Err(e) => {
-                self.finish(id, Err(e.into()));
+                self.finish(id, Err(e.into()), now);
                 return;
             }
         };
@@ -244,7 +244,7 @@ impl Machine {
             }
         });
         let keys = &self.tasks[id.slot as usize].keys;
-        let op = self.engine.start(
+        let op = self.rounds.start(
             req,
             |a| {
                 a.set(keys.iter(), token, ttl_ms);
@@ -274,7 +274,7 @@ impl Machine {
         let t = &self.tasks[id.slot as usize];
         let req = match t.kind {
             Kind::Extend if now >= t.valid_until => {
-                self.finish(id, Err(Error::Expired));
+                self.finish(id, Err(Error::Expired), now);
                 return;
             }
             Kind::Extend => Request::Extend,
@@ -288,7 +288,7 @@ impl Machine {
             None
         };
         let keys = &t.keys;
-        let op = self.engine.start(
+        let op = self.rounds.start(
             req,
             |a| {
                 a.set(keys.iter(), token, ttl_ms);
@@ -318,7 +318,7 @@ impl Machine {
             return;
         }
         let (phase, ttl, t1, cancelled) = (t.phase, t.ttl, t.t1, t.cancelled);
-        let o = self.engine.op(op);
+        let o = self.rounds.op(op);
         let decided_at = o.decided_at;
         #[cfg(feature = "tracing")]
         {
@@ -326,7 +326,7 @@ impl Machine {
             for (i, outcome) in o.tally.outcomes().iter().enumerate() {
                 tracing::trace!(
                     parent: span,
-                    master = &*self.engine.nodes[i].name,
+                    master = &*self.rounds.masters[i].name,
                     request = ?o.req,
                     %outcome,
                     "answer"
@@ -358,11 +358,11 @@ impl Machine {
                     // The largest answer so far: at least every answer of the deciding quorum.
                     let fence = o.max_value.max(1) as u64;
                     self.tasks[id.slot as usize].fence = Some(fence);
-                    self.engine.finish(op);
+                    self.rounds.finish(op);
                     self.start_fence_round(id, Request::FenceWriteBack, now);
                     return;
                 }
-                self.engine.finish(op);
+                self.rounds.finish(op);
                 // Validity counts all three rounds.
                 let verdict = match rules::validity(
                     ttl,
@@ -375,7 +375,7 @@ impl Machine {
                 let acquire = self.tasks[id.slot as usize].acquire_op.unwrap_or(op);
                 self.conclude(id, verdict, acquire, decided_at, now);
             }
-            Phase::OnLock => self.conclude_on_lock(id, op),
+            Phase::OnLock => self.conclude_on_lock(id, op, now),
             Phase::Sleep | Phase::Done => {}
         }
     }
@@ -398,7 +398,7 @@ impl Machine {
         }
         let timeout = self.timeout(t.ttl, t.deadline, now);
         let (token, ttl_ms, value) = (t.token, t.ttl.as_millis() as u64, t.fence.unwrap_or(0));
-        let op = self.engine.start(
+        let op = self.rounds.start(
             req,
             |a| {
                 a.set(fk.iter(), token, ttl_ms);
@@ -446,14 +446,14 @@ impl Machine {
                 line: t.wait_id,
                 dropped: None,
             };
-            self.engine.finish(acquire);
-            self.finish(id, Ok(Done::Locked(lock)));
+            self.rounds.finish(acquire);
+            self.finish(id, Ok(Done::Locked(lock)), now);
             return;
         }
         let (t1, began, attempt) = (t.t1, t.began, t.attempt);
         let report = self.report(Operation::Acquire, failed, t1, began, attempt);
         if failed != acquire {
-            self.engine.finish(failed);
+            self.rounds.finish(failed);
         }
         // What the round says about waiting (who said taken and who holds it there, when
         // the holder's keys expire), read before the cleanup finishes the round.
@@ -463,7 +463,7 @@ impl Machine {
             Err(e) => {
                 // The last cleanup: it takes the task out of its key's line.
                 self.cleanup(id, acquire, true, now);
-                self.finish(id, Err(e));
+                self.finish(id, Err(e), now);
                 return;
             }
         };
@@ -545,8 +545,8 @@ impl Machine {
                 .filter(|(_, o)| matches!(o, Outcome::Failed(f) if f.is_configuration()))
                 .count()
         });
-        let n = self.engine.nodes.len();
-        if refused > n - self.engine.quorum() {
+        let n = self.rounds.n();
+        if refused > n - self.rounds.quorum() {
             let report = err.report().cloned().map(Box::new).expect("a report");
             return Err(Error::Refused(report));
         }
@@ -587,7 +587,7 @@ impl Machine {
     /// (`rules::may_hold`); the round is finished.
     /// `last`: the task ends here; its release takes it out of its key's line.
     fn cleanup(&mut self, id: TaskId, acquire: OpId, last: bool, now: Instant) {
-        let o = self.engine.op(acquire);
+        let o = self.rounds.op(acquire);
         let req = o.req;
         // Our keys stood in anyone's way only where a master said yes; a cleanup that may
         // only reach masters that had not answered yet frees nothing worth a wake-up.
@@ -598,7 +598,7 @@ impl Machine {
             .iter()
             .map(|x| rules::may_hold(req, *x))
             .collect();
-        self.engine.finish(acquire);
+        self.rounds.finish(acquire);
         let t = &mut self.tasks[id.slot as usize];
         // The last cleanup of a task that waited in line takes it out of line on every
         // master (it stands in line where the key was taken, not only where it may hold it).
@@ -648,7 +648,7 @@ impl Machine {
         let timeout = self.cfg.round_timeout(t.ttl);
         let (token, ttl_ms) = (t.token, t.ttl.as_millis() as u64);
         let keys = &t.keys;
-        self.engine.start(
+        self.rounds.start(
             Request::Release,
             |a| {
                 a.set(keys.iter(), token, ttl_ms);
@@ -662,10 +662,10 @@ impl Machine {
     }
 
     /// The release or extend round `op` of task `id` is decided.
-    fn conclude_on_lock(&mut self, id: TaskId, op: OpId) {
+    fn conclude_on_lock(&mut self, id: TaskId, op: OpId, now: Instant) {
         let t = &self.tasks[id.slot as usize];
         let (kind, t1, ttl, valid_until) = (t.kind, t.t1, t.ttl, t.valid_until);
-        let o = self.engine.op(op);
+        let o = self.rounds.op(op);
         let what = if kind == Kind::Extend {
             Operation::Extend
         } else {
@@ -701,16 +701,16 @@ impl Machine {
                 _ => Err(Error::NoQuorum(self.report(what, op, t1, t1, 1))),
             }
         };
-        self.engine.finish(op);
+        self.rounds.finish(op);
         self.tasks[id.slot as usize].op = None;
-        self.finish(id, result);
+        self.finish(id, result, now);
     }
 
     /// Cancel lock task `id`: an acquire round in flight is abandoned (its partial lock
     /// released), a sleep ends; a fencing round runs to its end and a lock it would grant
     /// is released instead. The task ends with [`Error::Cancelled`]. Release and extend
     /// tasks are not cancelled.
-    pub(crate) fn cancel(&mut self, id: TaskId, now: Instant) {
+    pub fn cancel(&mut self, id: TaskId, now: Instant) {
         let Some(t) = self.task(id) else { return };
         if t.kind != Kind::Lock {
             return;
@@ -718,12 +718,12 @@ impl Machine {
         t.cancelled = true;
         match (t.phase, t.op) {
             (Phase::Acquire, Some(op)) => {
-                let decided_at = self.engine.op(op).decided_at;
+                let decided_at = self.rounds.op(op).decided_at;
                 self.conclude(id, AcquireVerdict::NoQuorum, op, decided_at, now);
             }
             (Phase::Sleep, _) => {
                 self.sleeping.retain(|s| *s != id.slot);
-                self.finish(id, Err(Error::Cancelled));
+                self.finish(id, Err(Error::Cancelled), now);
             }
             _ => {}
         }

@@ -12,8 +12,8 @@ use mio::net::TcpStream;
 use rustls::pki_types::ServerName;
 use rustls::{CertificateError, ClientConfig, ClientConnection};
 
+use super::transport::IoCounts;
 use crate::rules::{ErrorText, Fault, TlsFault};
-use crate::stats::Counters;
 
 #[path = "tls_config.rs"]
 mod tls_config;
@@ -55,8 +55,28 @@ impl TlsStream {
         })
     }
 
-    pub(super) fn is_handshaking(&self) -> bool {
-        self.conn.is_handshaking()
+    /// Read and process handshake records until the socket would block, write what they
+    /// call for; `Ok(true)` once the handshake is done (bounded by the core's connect
+    /// timeout).
+    #[inline(never)]
+    pub(super) fn handshake(&mut self, stats: &mut IoCounts) -> Result<bool, Fault> {
+        while self.conn.is_handshaking() {
+            if self.eof {
+                return Err(Fault::Closed(io::ErrorKind::UnexpectedEof));
+            }
+            stats.reads += 1;
+            match self.conn.read_tls(&mut self.tcp) {
+                Ok(0) => self.eof = true,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(Fault::Closed(e.kind())),
+            }
+            self.conn.process_new_packets().map_err(tls_fault)?;
+            self.flush(stats)?;
+        }
+        self.flush(stats)?;
+        Ok(!self.conn.is_handshaking())
     }
 
     #[inline]
@@ -68,7 +88,7 @@ impl TlsStream {
     /// what records the socket takes.
     // Out of line: the plain-TCP path that shares the match stays small enough to inline.
     #[inline(never)]
-    pub(super) fn write(&mut self, bytes: &[u8], stats: &mut Counters) -> Result<usize, Fault> {
+    pub(super) fn write(&mut self, bytes: &[u8], stats: &mut IoCounts) -> Result<usize, Fault> {
         let n = self
             .conn
             .writer()
@@ -82,7 +102,7 @@ impl TlsStream {
     /// event then calls again).
     // Out of line: the plain-TCP path that shares the match stays small enough to inline.
     #[inline(never)]
-    pub(super) fn flush(&mut self, stats: &mut Counters) -> Result<(), Fault> {
+    pub(super) fn flush(&mut self, stats: &mut IoCounts) -> Result<(), Fault> {
         while self.conn.wants_write() {
             stats.writes += 1;
             match self.conn.write_tls(&mut self.tcp) {
@@ -101,7 +121,7 @@ impl TlsStream {
     /// records to send: the caller checks [`TlsStream::wants_write`].
     // Out of line: the plain-TCP path that shares the match stays small enough to inline.
     #[inline(never)]
-    pub(super) fn read(&mut self, buf: &mut [u8], stats: &mut Counters) -> Result<usize, Fault> {
+    pub(super) fn read(&mut self, buf: &mut [u8], stats: &mut IoCounts) -> Result<usize, Fault> {
         loop {
             match self.conn.reader().read(buf) {
                 Ok(0) => return Err(Fault::Closed(io::ErrorKind::UnexpectedEof)), // close_notify

@@ -22,13 +22,14 @@ use std::time::{Duration, Instant};
 use super::event_loop::Loop;
 use super::pending::Slot;
 use super::Command;
+use crate::core::Core;
+use crate::driver::Driver;
 use crate::error::Error;
-use crate::machine::Machine;
 
 /// How long the loop goes on after the last handle is gone, finishing what is in flight.
 const DRAIN: Duration = Duration::from_secs(2);
 
-pub(crate) struct Core {
+pub(crate) struct Hub {
     queue: Mutex<Queue>,
     /// The loop's thread parks here when nobody needs it.
     cv: Condvar,
@@ -56,10 +57,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-impl Core {
-    /// The core of a new shared client, and its loop thread started.
-    pub(crate) fn start(m: Machine) -> io::Result<Arc<Core>> {
-        let core = Arc::new(Core {
+impl Hub {
+    /// The hub of a new shared client, and its loop thread started.
+    pub(crate) fn start((core, driver): (Core, Driver)) -> io::Result<Arc<Hub>> {
+        let busy_poll = core.rounds.cfg.busy_poll;
+        let hub = Arc::new(Hub {
             queue: Mutex::new(Queue {
                 commands: Vec::with_capacity(64),
                 driving: false,
@@ -68,16 +70,16 @@ impl Core {
                 dead: false,
             }),
             cv: Condvar::new(),
-            waker: m.engine.waker(),
-            busy_poll: m.engine.cfg.busy_poll,
-            lp: Mutex::new(Loop::new(m)),
+            waker: driver.waker(),
+            busy_poll,
+            lp: Mutex::new(Loop::new(core, driver)),
             closed: AtomicBool::new(false),
         });
-        let c = core.clone();
+        let h = hub.clone();
         std::thread::Builder::new()
             .name("redlock-mux".into())
-            .spawn(move || c.background())?;
-        Ok(core)
+            .spawn(move || h.background())?;
+        Ok(hub)
     }
 
     /// Queue `cmd`; with `wake`, make sure someone drives the loop to run it.
@@ -235,7 +237,7 @@ impl Core {
             }
             let mut wake = lp.iterate(|into| self.take_commands(into), now);
             if let Some(end) = *closing {
-                if (!lp.has_work() && lp.engine_idle()) || now >= end {
+                if (!lp.has_work() && lp.rounds_idle()) || now >= end {
                     return Ok(false);
                 }
                 wake = Some(wake.map_or(end, |w| w.min(end)));

@@ -26,14 +26,14 @@ pub(crate) struct OpArgs {
     /// An `AcquireWait` of one key: the waiter's place in the key's line.
     pub line: Option<Line>,
     /// A release: the lock's id in its keys' lines, which it leaves.
-    pub leave: Option<crate::engine::Fingerprint>,
+    pub leave: Option<crate::core::Fingerprint>,
 }
 
 /// A waiter's place in a key's line (see `scripts::QUEUE_PREFIX`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Line {
     /// The waiter's id (hex, `scripts::WAITER_ID_LEN` bytes).
-    pub id: crate::engine::Fingerprint,
+    pub id: crate::core::Fingerprint,
     /// How long it stays in line without asking again.
     pub alive_ms: u64,
     /// Its arrival (µs on the client's clock): every master orders the line alike.
@@ -74,7 +74,7 @@ pub(crate) struct Op {
     pub req: Request,
     pub tally: Tally,
     pub started: Instant,
-    /// `started` in the engine's microseconds (for latencies).
+    /// `started` in the rounds' microseconds (for latencies).
     pub(super) started_us: u64,
     pub deadline: Instant,
     pub decided_at: Instant,
@@ -92,7 +92,7 @@ pub(crate) struct Op {
     /// Told when the op is decided; `None`: nobody collects the result (cleanup releases).
     pub(super) owner: Option<super::Owner>,
     pub(super) collected: bool,
-    /// Where this op sits in [`Engine::active`] while `Active`: removal without a search
+    /// Where this op sits in `Rounds::active` while `Active`: removal without a search
     /// (many locks in flight make that list long).
     pub(super) active_at: u32,
 }

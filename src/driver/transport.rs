@@ -13,15 +13,23 @@ use mio::{Interest, Registry, Token};
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::rules::Fault;
-use crate::stats::Counters;
 
-/// Where a master's connection stands.
+/// Syscalls made for one master (both its links).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct IoCounts {
+    pub writes: u64,
+    pub reads: u64,
+}
+
+/// Where a link's socket stands.
 pub(super) enum Conn {
     Down,
-    /// Its host name is being resolved on a helper thread (see `Engine::take_resolved`);
-    /// requests queue meanwhile, as while connecting.
+    /// Its host name is being resolved on a helper thread (see `Driver::take_resolved`);
+    /// requests queue in the core meanwhile, as while connecting.
     Resolving,
     Connecting(Stream),
+    /// Connected; the TLS handshake is under way.
+    Handshaking(Stream),
     Up(Stream),
 }
 
@@ -31,7 +39,7 @@ impl Conn {
     pub(super) fn tls_wants_write(&self) -> bool {
         match self {
             #[cfg(feature = "tls")]
-            Conn::Up(Stream::Tls(t)) => t.wants_write(),
+            Conn::Up(Stream::Tls(t)) | Conn::Handshaking(Stream::Tls(t)) => t.wants_write(),
             _ => false,
         }
     }
@@ -68,7 +76,7 @@ impl Stream {
     }
 
     /// Deregister and close. `reset`: requests are owed, so a TCP connection closes with a
-    /// reset rather than a FIN (see `Engine::fail_node`).
+    /// reset rather than a FIN (see `Rounds::fail_node`).
     pub(super) fn close(mut self, registry: &Registry, reset: bool) {
         let tcp = match &mut self {
             Stream::Tcp(s) => s,
@@ -79,7 +87,7 @@ impl Stream {
             #[cfg(feature = "tls")]
             Stream::Tls(t) => {
                 // Best effort: an alert rustls queued (after a TLS error) tells the master why.
-                let _ = t.flush(&mut Counters::default());
+                let _ = t.flush(&mut IoCounts::default());
                 &mut t.tcp
             }
         };
@@ -107,12 +115,12 @@ impl Stream {
         }
     }
 
-    /// A TLS session whose handshake is not done yet (bounded by the connect timeout).
+    /// A TLS session (its handshake comes after the connect).
     #[inline]
-    pub(super) fn tls_handshaking(&self) -> bool {
+    pub(super) fn is_tls(&self) -> bool {
         match self {
             #[cfg(feature = "tls")]
-            Stream::Tls(t) => t.is_handshaking(),
+            Stream::Tls(_) => true,
             _ => false,
         }
     }
@@ -140,7 +148,7 @@ const EINPROGRESS: i32 = 36;
 pub(super) fn write_some(
     stream: &mut Stream,
     bytes: &[u8],
-    stats: &mut Counters,
+    stats: &mut IoCounts,
 ) -> Result<usize, Fault> {
     loop {
         stats.writes += 1;
@@ -166,7 +174,7 @@ pub(super) fn write_some(
 pub(super) fn read_some(
     stream: &mut Stream,
     buf: &mut [u8],
-    stats: &mut Counters,
+    stats: &mut IoCounts,
 ) -> Result<usize, Fault> {
     loop {
         stats.reads += 1;

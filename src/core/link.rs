@@ -1,0 +1,405 @@
+//! One connection's protocol state, without its socket: the byte queues both ways, the
+//! requests it still owes answers to, where its connect stands, and the handshake. Every
+//! master has two: the *lock link* (rounds) and the *sub link* (release announcements,
+//! `chans.rs`). The driver owns the sockets; it moves bytes between them and these queues
+//! ([`super::Core::send_buf`], [`super::Core::recv_buf`]) and reports what the sockets did.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::chans::ChanId;
+use super::encode::encode_auth;
+use super::ops::OpId;
+use crate::resp::{self, Arg, Frame};
+use crate::rules::{ErrorText, Fault, Request};
+use crate::scripts;
+use crate::stats::Counters;
+
+pub(super) const INBUF_START: usize = 16 * 1024;
+
+/// A connection of a master: `index < n` is master `index`'s lock link, `n + i` master
+/// `i`'s sub link (n masters). The driver keys its sockets by it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LinkId(pub usize);
+
+/// What the driver is asked to do with a link's socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Open a connection (resolve, connect, TLS) and report how it went:
+    /// [`super::Core::handle_connected`], [`super::Core::handle_closed`].
+    Connect(LinkId),
+    /// Close the socket. `reset`: requests were owed, so a TCP connection closes with a reset
+    /// rather than a FIN (requests still unread by the master are dropped rather than run
+    /// later, behind a cleanup sent on the next connection).
+    Close { link: LinkId, reset: bool },
+}
+
+/// How far a connect has come (the driver tells): what its timeout means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnectPhase {
+    /// The host name is being resolved.
+    Resolving,
+    /// The TCP (or Unix) connect is under way.
+    Connecting,
+    /// The TLS handshake is under way.
+    Tls,
+}
+
+/// Where a link's connection stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum State {
+    Down,
+    /// The driver was asked to connect; not confirmed yet.
+    Connecting(ConnectPhase),
+    Up,
+}
+
+/// What a pending request was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Tag {
+    /// Part of the connection's handshake.
+    Setup(Setup),
+    /// A round's request.
+    Op { id: OpId, req: Request, eval: bool },
+    /// A sub link's `SUBSCRIBE` of a channel.
+    Subscribe(ChanId),
+    /// A sub link's `UNSUBSCRIBE`.
+    Unsubscribe,
+}
+
+/// The handshake requests written ahead of the first op on a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Setup {
+    Auth,
+    Select,
+    ScriptLoad(usize),
+    Info,
+    /// `CONFIG GET append*` (fencing's durability check).
+    Durability,
+}
+
+/// One connection's queues and state.
+pub(super) struct Link {
+    pub state: State,
+    pub out: Vec<u8>,
+    pub out_pos: usize,
+    /// Requests queued for this link that still sit in the rounds' shared buffer, from
+    /// this offset on (see `Rounds::shared`); `out` is empty meanwhile.
+    pub shared_from: Option<usize>,
+    /// While `Some(n)`: the connection's AUTH or SELECT is not confirmed yet, and only the
+    /// first `n` bytes of `out` (the handshake) may be written. A request written before a
+    /// refused AUTH or SELECT would still run, as another user or in database 0.
+    pub gate: Option<usize>,
+    pub input: Input,
+    pub pending: VecDeque<Tag>,
+    /// Consecutive connections that failed before answering anything.
+    pub failures: u32,
+    /// The connection has answered at least one request.
+    pub answered: bool,
+    pub retry_at: Option<Instant>,
+    /// Why the last connection failed (reported at once while backing off).
+    pub last_fault: Option<Fault>,
+    pub connect_deadline: Instant,
+    pub last_progress: Instant,
+}
+
+impl Link {
+    pub(super) fn new(limits: resp::Limits, inbuf: usize, pending: usize, now: Instant) -> Link {
+        Link {
+            state: State::Down,
+            out: Vec::with_capacity(if inbuf > 0 { 4096 } else { 0 }),
+            out_pos: 0,
+            shared_from: None,
+            gate: None,
+            input: Input {
+                inbuf: vec![0; inbuf],
+                in_start: 0,
+                in_end: 0,
+                parser: resp::Parser::new(limits),
+                resuming: false,
+            },
+            pending: VecDeque::with_capacity(pending),
+            failures: 0,
+            answered: false,
+            retry_at: None,
+            last_fault: None,
+            connect_deadline: now,
+            last_progress: now,
+        }
+    }
+
+    #[inline]
+    pub(super) fn is_up(&self) -> bool {
+        self.state == State::Up
+    }
+
+    pub(super) fn is_connecting(&self) -> bool {
+        matches!(self.state, State::Connecting(_))
+    }
+
+    /// How much of `out` may be written now (all of it, unless the handshake is gated).
+    pub(super) fn writable_end(&self) -> usize {
+        self.gate.map_or(self.out.len(), |g| g.min(self.out.len()))
+    }
+
+    /// Forget every byte queued or buffered for the (old) connection.
+    pub(super) fn clear_streams(&mut self) {
+        self.out.clear();
+        self.out_pos = 0;
+        self.shared_from = None;
+        self.gate = None;
+        self.input.clear();
+    }
+}
+
+/// A link's input: the bytes read and not parsed yet, and the parser.
+pub(super) struct Input {
+    pub inbuf: Vec<u8>,
+    pub in_start: usize,
+    pub in_end: usize,
+    pub parser: resp::Parser,
+    /// The resumable parser holds a partial frame: continue with it, not the fast path.
+    pub resuming: bool,
+}
+
+impl Input {
+    fn clear(&mut self) {
+        self.in_start = 0;
+        self.in_end = 0;
+        self.parser.reset();
+        self.resuming = false;
+    }
+
+    /// Room at the end of the input buffer: compacted, or grown up to the largest frame the
+    /// limits allow (`Err` past that: a frame too large to be ours).
+    #[inline]
+    pub(super) fn make_room(&mut self, floor: usize) -> Result<(), Fault> {
+        if self.in_end < self.inbuf.len() {
+            return Ok(());
+        }
+        if self.in_start > 0 {
+            self.inbuf.copy_within(self.in_start..self.in_end, 0);
+            self.in_end -= self.in_start;
+            self.in_start = 0;
+            return Ok(());
+        }
+        let cap = self.parser.limits().max_bulk_len + 64 * 1024;
+        if self.inbuf.len() >= cap {
+            return Err(Fault::Protocol(resp::Error::BulkTooLong));
+        }
+        let new_len = (self.inbuf.len() * 2).clamp(floor, cap);
+        self.inbuf.resize(new_len, 0);
+        Ok(())
+    }
+
+    /// The next complete frame of the input, parsed (a whole small reply takes the
+    /// stateless fast path; once a frame is seen partial, the resumable parser takes over
+    /// until it completes, so a large reply arriving in pieces is still scanned once).
+    /// `Ok(None)`: no complete frame yet.
+    #[inline]
+    pub(super) fn next_frame(&mut self) -> Result<Option<(Frame<'_>, usize)>, resp::Error> {
+        if self.in_start == self.in_end {
+            self.in_start = 0;
+            self.in_end = 0;
+            return Ok(None);
+        }
+        let buf = &self.inbuf[self.in_start..self.in_end];
+        let parsed = if self.resuming {
+            self.parser.parse(buf)
+        } else {
+            match resp::parse(buf, self.parser.limits()) {
+                Ok(resp::Status::Partial(_)) => self.parser.parse(buf),
+                other => other,
+            }
+        };
+        self.resuming = matches!(parsed, Ok(resp::Status::Partial(_)));
+        match parsed? {
+            resp::Status::Complete(c) => Ok(Some(c)),
+            resp::Status::Partial(_) => Ok(None),
+        }
+    }
+}
+
+/// One master: who it is, how to log in, what its handshake said, what it did.
+pub(crate) struct Master {
+    pub name: Arc<str>,
+    pub(super) user: Option<String>,
+    pub(super) password: Option<String>,
+    pub(super) db: u32,
+    /// Amnesia guard: yes votes count only from this instant (set from `INFO server`).
+    pub(super) votes_from: Option<Instant>,
+    /// The master's `run_id` as of the last handshake.
+    pub(super) run_id: Option<[u8; 40]>,
+    /// Same `run_id` as a master listed before this one: one server reached twice.
+    pub(super) same_server: bool,
+    /// `CONFIG GET append*` said `appendonly yes` and `appendfsync always` (last handshake).
+    pub(super) durable: bool,
+    /// Counters, for tests and benchmarks.
+    pub stats: Counters,
+}
+
+impl Master {
+    pub(crate) fn new(
+        name: Arc<str>,
+        user: Option<String>,
+        password: Option<String>,
+        db: u32,
+    ) -> Self {
+        Master {
+            name,
+            user,
+            password,
+            db,
+            votes_from: None,
+            run_id: None,
+            same_server: false,
+            durable: false,
+            stats: Counters::default(),
+        }
+    }
+}
+
+/// What a handshake reply means.
+pub(super) enum SetupReply {
+    /// Accepted, or refused with this fault.
+    Done(Result<(), Fault>),
+    /// `INFO server`: how long the master has been up, and its run id.
+    Info { uptime: u64, run_id: [u8; 40] },
+    /// `INFO server` refused or unreadable.
+    InfoRefused(Fault),
+    /// `CONFIG GET append*`: whether every write is persisted (a refusal reads as no).
+    Durable(bool),
+}
+
+pub(super) fn interpret(setup: Setup, frame: &Frame<'_>) -> SetupReply {
+    let refused = |f: &Frame<'_>| match f {
+        Frame::Error(m) | Frame::BulkError(m) => Fault::Handshake(ErrorText::new(m)),
+        _ => Fault::Unexpected,
+    };
+    match setup {
+        Setup::Auth | Setup::Select => match frame {
+            Frame::Simple(b"OK") => SetupReply::Done(Ok(())),
+            f => SetupReply::Done(Err(refused(f))),
+        },
+        Setup::ScriptLoad(k) => match frame {
+            Frame::Bulk(sha) if sha.eq_ignore_ascii_case(scripts::ALL[k].sha.as_bytes()) => {
+                SetupReply::Done(Ok(()))
+            }
+            Frame::Bulk(_) => SetupReply::Done(Err(Fault::Handshake(ErrorText::new(
+                b"SCRIPT LOAD returned an unexpected SHA1",
+            )))),
+            f => SetupReply::Done(Err(refused(f))),
+        },
+        Setup::Info => match frame {
+            Frame::Bulk(text) | Frame::Verbatim { text, .. } => match parse_info(text) {
+                Some((uptime, run_id)) => SetupReply::Info { uptime, run_id },
+                None => SetupReply::InfoRefused(Fault::Handshake(ErrorText::new(
+                    b"INFO server lacks uptime_in_seconds or run_id",
+                ))),
+            },
+            f @ (Frame::Error(_) | Frame::BulkError(_)) => SetupReply::InfoRefused(refused(f)),
+            f => SetupReply::Done(Err(refused(f))),
+        },
+        Setup::Durability => match frame {
+            Frame::Aggregate(a) => SetupReply::Durable(config_is_durable(a)),
+            Frame::Error(_) | Frame::BulkError(_) => SetupReply::Durable(false),
+            f => SetupReply::Done(Err(refused(f))),
+        },
+    }
+}
+
+/// The lock link's handshake: AUTH, SELECT, SCRIPT LOAD, `INFO server` (uptime for the
+/// amnesia guard, `run_id` to catch one server listed twice) and, for fencing, `CONFIG GET
+/// append*`. Queued ahead of whatever the first round sends. Without AUTH or SELECT the
+/// requests go out in the same write (a reconnect costs no extra round trip); with them,
+/// requests wait for their confirmation (see `Link::gate`).
+pub(super) fn write_handshake(link: &mut Link, master: &Master, durability: bool) {
+    if encode_auth(
+        &mut link.out,
+        master.user.as_deref(),
+        master.password.as_deref(),
+    ) {
+        link.pending.push_back(Tag::Setup(Setup::Auth));
+    }
+    if master.db != 0 {
+        resp::encode_command(
+            &mut link.out,
+            &[Arg::Bytes(b"SELECT"), Arg::Uint(master.db as u64)],
+        );
+        link.pending.push_back(Tag::Setup(Setup::Select));
+    }
+    for (k, s) in scripts::ALL.iter().enumerate() {
+        resp::encode_command(
+            &mut link.out,
+            &[
+                Arg::Bytes(b"SCRIPT"),
+                Arg::Bytes(b"LOAD"),
+                Arg::Bytes(s.src.as_bytes()),
+            ],
+        );
+        link.pending.push_back(Tag::Setup(Setup::ScriptLoad(k)));
+    }
+    resp::encode_command(&mut link.out, &[Arg::Bytes(b"INFO"), Arg::Bytes(b"server")]);
+    link.pending.push_back(Tag::Setup(Setup::Info));
+    if durability {
+        resp::encode_command(
+            &mut link.out,
+            &[
+                Arg::Bytes(b"CONFIG"),
+                Arg::Bytes(b"GET"),
+                Arg::Bytes(b"append*"),
+            ],
+        );
+        link.pending.push_back(Tag::Setup(Setup::Durability));
+    }
+    link.gate = (master.password.is_some() || master.db != 0).then_some(link.out.len());
+}
+
+/// Whether a `CONFIG GET append*` reply (pairs of name and value, as an array or a map)
+/// says `appendonly yes` and `appendfsync always`.
+fn config_is_durable(reply: &resp::Aggregate<'_>) -> bool {
+    let (mut aof, mut always) = (false, false);
+    let mut it = reply.iter();
+    while let (Some(name), Some(value)) = (it.next(), it.next()) {
+        let (Frame::Bulk(name), Frame::Bulk(value)) = (name, value) else {
+            continue;
+        };
+        if name.eq_ignore_ascii_case(b"appendonly") {
+            aof = value.eq_ignore_ascii_case(b"yes");
+        } else if name.eq_ignore_ascii_case(b"appendfsync") {
+            always = value.eq_ignore_ascii_case(b"always");
+        }
+    }
+    aof && always
+}
+
+/// `uptime_in_seconds` and `run_id` from an `INFO server` reply.
+fn parse_info(text: &[u8]) -> Option<(u64, [u8; 40])> {
+    let mut uptime = None;
+    let mut run_id = None;
+    for line in text.split(|b| *b == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if let Some(v) = line.strip_prefix(b"uptime_in_seconds:") {
+            uptime = std::str::from_utf8(v).ok().and_then(|v| v.parse().ok());
+        } else if let Some(v) = line.strip_prefix(b"run_id:") {
+            run_id = v.try_into().ok();
+        }
+    }
+    Some((uptime?, run_id?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn info_server_parsing() {
+        let text = b"# Server\r\nredis_version:7.0.15\r\nrun_id:0123456789abcdef0123456789abcdef01234567\r\nuptime_in_seconds:42\r\n";
+        let (up, id) = parse_info(text).unwrap();
+        assert_eq!(up, 42);
+        assert_eq!(&id, b"0123456789abcdef0123456789abcdef01234567");
+        assert_eq!(parse_info(b"# Server\r\nuptime_in_seconds:x\r\n"), None);
+        assert_eq!(parse_info(b"run_id:short\r\nuptime_in_seconds:1\r\n"), None);
+    }
+}

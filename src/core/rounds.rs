@@ -1,0 +1,1020 @@
+//! Fan-out rounds over the masters' links, without I/O.
+//!
+//! An *op* is one fan-out round (acquire, release or extend of one lock). Starting an op
+//! encodes its request into every master's output queue; the driver writes the queues
+//! (one `write` per master when the kernel takes it all) and hands back what it read, and
+//! the replies are fed to the op's [`Tally`] until it is decided.
+//!
+//! Every link has a FIFO of pending requests; a reply is always matched to the oldest
+//! one, so a late reply is credited to the op that asked for it, never to a newer one.
+//! An op's slot stays alive until every reply it is owed has arrived (or its connection
+//! died), even after the op was decided: a late `-NOSCRIPT` is then still retried with
+//! `EVAL`, so a release never silently misses a master. (The single-owner client has no
+//! background thread: replies that arrive after an operation returned are read, and such
+//! retries sent, by the client's next operation. Until then the key's TTL bounds it.)
+//!
+//! Reconnect policy: a connection that worked and then broke is reconnected on the next
+//! request. A connect that fails, or a connection that breaks before answering anything,
+//! backs off: 25 ms, 50 ms, ... up to 1 s. During backoff the master is reported as
+//! [`Fault::Down`] at once, so a dead master costs a round nothing, not a connect timeout.
+//! A connection with requests outstanding and no byte received for `stall_timeout` is
+//! closed (a hung or frozen master), which also bounds the memory its FIFO can take.
+//!
+//! Nothing here reads a clock or touches a socket: the time comes with every call, and
+//! what the sockets must do goes out as [`Action`]s.
+
+use std::collections::VecDeque;
+use std::io;
+use std::time::{Duration, Instant};
+
+use super::chans::{self, Channels, Fingerprint};
+use super::encode::encode_request;
+use super::link::{interpret, write_handshake, Action, ConnectPhase, Link, LinkId, Master};
+use super::link::{Setup, SetupReply, State, Tag, INBUF_START};
+use super::ops::{Op, OpArgs, OpId, OpState};
+use crate::resp::{self, Frame};
+use crate::rules::{self, Decision, ErrorText, Fault, Outcome, Request, Tally, TlsFault};
+use crate::stats::MasterStats;
+
+/// Op slots the table has room for before it allocates.
+const OPS_RESERVED: usize = 256;
+/// Idle gaps between `drive` calls shorter than this do not shift the stall clocks.
+pub(crate) const IDLE_SHIFT_MIN: Duration = Duration::from_millis(1);
+
+/// Tuning of the connections (set from the builder).
+#[derive(Debug, Clone)]
+pub(crate) struct NetConfig {
+    pub connect_timeout: Duration,
+    pub stall_timeout: Duration,
+    pub backoff_min: Duration,
+    pub backoff_max: Duration,
+    pub busy_poll: bool,
+    /// A master with this many requests in flight is not asked to grant (acquire or
+    /// extend) until it catches up: back-pressure, so a slow master's queue stays bounded.
+    pub backlog_limit: usize,
+    /// Hard limit: past it the connection is closed (only reachable by releases alone).
+    pub max_pending: usize,
+    pub limits: resp::Limits,
+    /// The amnesia guard: a master up for less than this does not vote yes.
+    pub amnesia_guard: Option<Duration>,
+    /// Fencing: only masters that persist every write (`appendonly yes`, `appendfsync
+    /// always`, checked with `CONFIG GET` at connect) vote yes to a grant.
+    pub require_durable: bool,
+}
+
+impl Default for NetConfig {
+    fn default() -> Self {
+        NetConfig {
+            connect_timeout: Duration::from_secs(1),
+            stall_timeout: Duration::from_secs(2),
+            backoff_min: Duration::from_millis(25),
+            backoff_max: Duration::from_secs(1),
+            busy_poll: false,
+            backlog_limit: 1024,
+            max_pending: 4096,
+            // Our replies are tiny; INFO is a few KiB. Anything larger is hostile.
+            limits: resp::Limits {
+                max_bulk_len: 1024 * 1024,
+                max_elements: 1024,
+                max_depth: 4,
+                max_line_len: 4096,
+            },
+            amnesia_guard: None,
+            require_durable: false,
+        }
+    }
+}
+
+/// The masters, their links and the op table.
+pub(crate) struct Rounds {
+    pub masters: Vec<Master>,
+    /// `2 n` links: master `i`'s lock link at `i`, its sub link at `n + i`.
+    pub(super) links: Vec<Link>,
+    ops: Vec<Op>,
+    free: Vec<u32>,
+    /// Requests encoded once for every master that takes them. A master whose own queue
+    /// was empty is written straight from here (no per-master copy); one that already had
+    /// bytes queued, or misses a request, gets its share copied into its own queue.
+    /// [`Rounds::flushed`] empties it.
+    shared: Vec<u8>,
+    pub cfg: NetConfig,
+    quorum: usize,
+    /// Slots of the ops in the `Active` state (undecided): all `tick` has to look at.
+    active: Vec<u32>,
+    /// No timer is due before this instant (`None`: no timer at all). A lower bound: every
+    /// place that creates a deadline lowers it, progress only moves deadlines later, and
+    /// `tick` recomputes it exactly. The loop skips `tick` until it passes.
+    next_due: Option<Instant>,
+    /// The owners of ops decided since the task layer last looked
+    /// (see [`Rounds::take_decided`]).
+    decided: Vec<(Owner, OpId)>,
+    /// The origin of [`Rounds::micros`], and its last answer: replies of one read share
+    /// their `now`, so latencies cost one clock subtraction per read, not one per reply.
+    base: Instant,
+    clock: (Instant, u64),
+    /// What the driver must do with the sockets, in order.
+    actions: VecDeque<Action>,
+    /// The channels waiters listen on for releases (see `chans.rs`).
+    pub(super) chans: Channels,
+}
+
+/// Whoever started an op and wants to hear when it is decided (a task of the layer
+/// above, as an opaque number). Ops without one are fire-and-forget (cleanup releases).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Owner(pub u64);
+
+impl Rounds {
+    pub(crate) fn new(masters: Vec<Master>, cfg: NetConfig, now: Instant) -> Self {
+        let n = masters.len();
+        let quorum = rules::quorum(n);
+        let mut links = Vec::with_capacity(2 * n);
+        for _ in 0..n {
+            links.push(Link::new(cfg.limits, INBUF_START, 256, now));
+        }
+        for _ in 0..n {
+            links.push(Link::new(cfg.limits, 0, 0, now));
+        }
+        let mut r = Rounds {
+            masters,
+            links,
+            // Reserved, not touched: the table grows into it without an allocation when a
+            // lagging master keeps many ops waiting for its replies (the pages are only
+            // mapped when used).
+            ops: Vec::with_capacity(OPS_RESERVED),
+            free: Vec::with_capacity(OPS_RESERVED),
+            shared: Vec::with_capacity(1024),
+            cfg,
+            quorum,
+            active: Vec::with_capacity(OPS_RESERVED),
+            next_due: None,
+            decided: Vec::with_capacity(OPS_RESERVED),
+            base: now,
+            clock: (now, 0),
+            actions: VecDeque::with_capacity(16),
+            chans: Channels::default(),
+        };
+        // Pre-build a few slots so the first cycles do not allocate either.
+        for _ in 0..4 {
+            r.new_slot();
+        }
+        r
+    }
+
+    pub(crate) fn quorum(&self) -> usize {
+        self.quorum
+    }
+
+    /// The number of masters.
+    #[inline]
+    pub(crate) fn n(&self) -> usize {
+        self.masters.len()
+    }
+
+    /// `t` in microseconds since the origin (cached for the last `t` asked).
+    #[inline]
+    fn micros(&mut self, t: Instant) -> u64 {
+        if t != self.clock.0 {
+            let us = t.saturating_duration_since(self.base);
+            self.clock = (t, us.as_secs() * 1_000_000 + u64::from(us.subsec_micros()));
+        }
+        self.clock.1
+    }
+
+    /// A timer at `t` exists now: make sure the loop looks at it.
+    pub(super) fn due_by(&mut self, t: Instant) {
+        self.next_due = Some(self.next_due.map_or(t, |n| n.min(t)));
+    }
+
+    fn new_slot(&mut self) -> u32 {
+        let n = self.n();
+        let t = self.base;
+        self.ops.push(Op {
+            gen: 0,
+            state: OpState::Free,
+            req: Request::Acquire,
+            tally: Tally::new(n, self.quorum),
+            started: t,
+            started_us: 0,
+            deadline: t,
+            decided_at: t,
+            args: OpArgs::default(),
+            max_value: 0,
+            left_ms: smallvec::SmallVec::new(),
+            holders: smallvec::SmallVec::new(),
+            outstanding: 0,
+            owner: None,
+            collected: false,
+            active_at: 0,
+        });
+        let slot = (self.ops.len() - 1) as u32;
+        self.free.push(slot);
+        slot
+    }
+
+    pub(crate) fn op(&self, id: OpId) -> &Op {
+        let op = &self.ops[id.slot as usize];
+        debug_assert_eq!(op.gen, id.gen);
+        op
+    }
+
+    /// Start an op: encode `req` for every master `target` accepts, queue it, and record
+    /// an immediate failure for masters that are down. The driver writes it with the
+    /// next flush (after all ops of a batch). When the op is decided, `owner` (if any) is
+    /// queued for [`Rounds::take_decided`]; an op without an owner is freed once its
+    /// replies are in.
+    pub(crate) fn start(
+        &mut self,
+        req: Request,
+        fill: impl FnOnce(&mut OpArgs),
+        timeout: Duration,
+        now: Instant,
+        target: impl Fn(usize) -> bool,
+        owner: Option<Owner>,
+    ) -> OpId {
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None => {
+                self.new_slot();
+                self.free.pop().expect("slot just pushed")
+            }
+        };
+        let n = self.n();
+        let quorum = self.quorum;
+        let op = &mut self.ops[slot as usize];
+        op.gen = op.gen.wrapping_add(1);
+        op.state = OpState::Active;
+        op.active_at = self.active.len() as u32;
+        self.active.push(slot);
+        op.req = req;
+        op.tally.reset(n, quorum);
+        op.started = now;
+        let started_us = self.micros(now);
+        let op = &mut self.ops[slot as usize];
+        op.started_us = started_us;
+        let deadline = now + timeout;
+        op.deadline = deadline;
+        op.decided_at = now;
+        op.outstanding = 0;
+        op.max_value = 0;
+        if req == Request::AcquireWait {
+            op.left_ms.clear();
+            op.left_ms.resize(n, 0);
+            op.holders.clear();
+            op.holders.resize(n, None);
+        }
+        op.owner = owner;
+        op.collected = false;
+        fill(&mut op.args);
+        let id = OpId { slot, gen: op.gen };
+        self.due_by(deadline);
+        // A master whose queue was empty starts its stall clock now.
+        let mut stall_clock_started = false;
+        // Encode once, into the shared buffer.
+        let at = self.shared.len();
+        encode_request(&mut self.shared, req, &self.ops[slot as usize].args, false);
+        for i in 0..n {
+            // A master that does not take this request must not send it either: its
+            // earlier shared bytes go to its own queue first (`unshare` below).
+            if !target(i) {
+                // Not asked: counts as a no, so the tally still decides.
+                self.unshare(i, at);
+                self.record(id, i, Outcome::NotHeld, now);
+                continue;
+            }
+            // Releases always go out (the master may run an earlier SET of this lock
+            // that is still queued); grants wait until a backlogged master catches up.
+            if req != Request::Release && self.links[i].pending.len() >= self.cfg.backlog_limit {
+                self.unshare(i, at);
+                self.record(id, i, Outcome::Failed(Fault::Backlogged), now);
+                continue;
+            }
+            match self.ensure_connection(i, now) {
+                Ok(()) => {
+                    let link = &mut self.links[i];
+                    if link.pending.is_empty() {
+                        link.last_progress = now;
+                        stall_clock_started = true;
+                    }
+                    // Already sharing: this request rides along. Empty queue: share from
+                    // here. Bytes queued: append a copy behind them.
+                    if link.shared_from.is_none() {
+                        if link.out.is_empty() {
+                            link.shared_from = Some(at);
+                        } else {
+                            link.out.extend_from_slice(&self.shared[at..]);
+                        }
+                    }
+                    link.pending.push_back(Tag::Op {
+                        id,
+                        req,
+                        eval: false,
+                    });
+                    self.masters[i].stats.requests += 1;
+                    self.ops[slot as usize].outstanding += 1;
+                }
+                Err(fault) => {
+                    self.unshare(i, at);
+                    self.record(id, i, Outcome::Failed(fault), now)
+                }
+            }
+        }
+        if stall_clock_started {
+            self.due_by(now + self.cfg.stall_timeout);
+        }
+        self.check_decided(id, now);
+        id
+    }
+
+    /// The caller has read the op's result (or gave up on it); its slot is reused once no
+    /// reply is owed, and its owner is not told of a decision after this.
+    pub(crate) fn finish(&mut self, id: OpId) {
+        let op = &mut self.ops[id.slot as usize];
+        if op.gen == id.gen {
+            op.collected = true;
+            op.owner = None;
+            self.maybe_free(id.slot);
+        }
+    }
+
+    /// Move master `i`'s shared bytes before `upto` into its own queue.
+    fn unshare(&mut self, i: usize, upto: usize) {
+        let link = &mut self.links[i];
+        if let Some(from) = link.shared_from.take() {
+            link.out.extend_from_slice(&self.shared[from..upto]);
+        }
+    }
+
+    fn maybe_free(&mut self, slot: u32) {
+        let op = &mut self.ops[slot as usize];
+        if op.state == OpState::Decided
+            && op.outstanding == 0
+            && (op.collected || op.owner.is_none())
+        {
+            op.state = OpState::Free;
+            self.free.push(slot);
+        }
+    }
+
+    fn record(&mut self, id: OpId, node: usize, outcome: Outcome, now: Instant) {
+        let op = &mut self.ops[id.slot as usize];
+        if op.gen != id.gen || op.state == OpState::Free {
+            return;
+        }
+        // Faults count (once: not for a request its round already counted as timed out);
+        // a master not asked (`NotHeld` from `start`) did nothing.
+        let first = op.tally.outcomes().get(node) == Some(&Outcome::Pending);
+        if let (true, Outcome::Failed(_)) = (first, outcome) {
+            self.masters[node].stats.outcome(outcome);
+        }
+        op.tally.record(node, outcome);
+        self.check_decided(id, now);
+    }
+
+    fn check_decided(&mut self, id: OpId, now: Instant) {
+        let op = &mut self.ops[id.slot as usize];
+        if op.state == OpState::Active && op.tally.decision() != Decision::Open {
+            op.state = OpState::Decided;
+            op.decided_at = now;
+            let k = op.active_at as usize;
+            debug_assert_eq!(self.active.get(k), Some(&id.slot));
+            self.active.swap_remove(k);
+            if let Some(&moved) = self.active.get(k) {
+                self.ops[moved as usize].active_at = k as u32;
+            }
+            if let Some(owner) = self.ops[id.slot as usize].owner {
+                self.decided.push((owner, id));
+            }
+        }
+        self.maybe_free(id.slot);
+    }
+
+    /// Some op was decided and its owner not told yet.
+    #[inline]
+    pub(crate) fn has_decided(&self) -> bool {
+        !self.decided.is_empty()
+    }
+
+    /// The next op decided since the last call, with its owner.
+    #[inline]
+    pub(crate) fn take_decided(&mut self) -> Option<(Owner, OpId)> {
+        self.decided.pop()
+    }
+
+    /// Make sure master `i`'s lock link is connected (or connecting); `Err` when it is
+    /// backing off. Inline: the common case is one test.
+    #[inline]
+    fn ensure_connection(&mut self, i: usize, now: Instant) -> Result<(), Fault> {
+        let link = &self.links[i];
+        if link.is_up() && link.pending.len() < self.cfg.max_pending {
+            return Ok(());
+        }
+        self.connect_if_down(i, now)
+    }
+
+    /// The rest of [`Rounds::ensure_connection`]: a full queue, or a (re)connect.
+    #[inline(never)]
+    fn connect_if_down(&mut self, i: usize, now: Instant) -> Result<(), Fault> {
+        let link = &mut self.links[i];
+        if link.state != State::Down {
+            if link.pending.len() >= self.cfg.max_pending {
+                self.fail_node(i, Fault::Closed(io::ErrorKind::OutOfMemory), now);
+                return Err(Fault::Down);
+            }
+            return Ok(());
+        }
+        if let Some(at) = link.retry_at {
+            if now < at {
+                return Err(link.last_fault.unwrap_or(Fault::Down));
+            }
+        }
+        self.new_connection(i, now);
+        Ok(())
+    }
+
+    /// A new connection of master `i`'s lock link starts: fresh buffers, its handshake
+    /// queued, the connect deadline set, the driver asked to connect.
+    fn new_connection(&mut self, i: usize, now: Instant) {
+        let durability = self.cfg.require_durable;
+        let link = &mut self.links[i];
+        link.connect_deadline = now + self.cfg.connect_timeout;
+        link.last_progress = now;
+        let first = link.connect_deadline.min(now + self.cfg.stall_timeout);
+        link.answered = false;
+        link.clear_streams();
+        link.state = State::Connecting(ConnectPhase::Connecting);
+        let master = &mut self.masters[i];
+        master.votes_from = None;
+        master.durable = false;
+        write_handshake(link, master, durability);
+        self.actions.push_back(Action::Connect(LinkId(i)));
+        self.due_by(first);
+    }
+
+    /// A connection could not be opened, or broke before answering anything: back off.
+    pub(super) fn backoff(&mut self, l: usize, fault: Fault, now: Instant) {
+        let link = &mut self.links[l];
+        link.failures = link.failures.saturating_add(1);
+        let shift = (link.failures - 1).min(16);
+        let backoff = self
+            .cfg
+            .backoff_min
+            .saturating_mul(1 << shift)
+            .min(self.cfg.backoff_max);
+        link.retry_at = Some(now + backoff);
+        link.last_fault = Some(fault);
+    }
+
+    /// Drop link `l`'s connection: the driver closes the socket (with a reset when
+    /// requests were owed).
+    pub(super) fn drop_connection(&mut self, l: usize) {
+        let reset = !self.links[l].pending.is_empty();
+        self.close_link(l, reset);
+    }
+
+    /// Drop link `l`'s connection with a FIN (nothing owed that matters).
+    pub(super) fn drop_connection_quietly(&mut self, l: usize) {
+        self.close_link(l, false);
+    }
+
+    fn close_link(&mut self, l: usize, reset: bool) {
+        let was = std::mem::replace(&mut self.links[l].state, State::Down);
+        if was != State::Down {
+            self.actions.push_back(Action::Close {
+                link: LinkId(l),
+                reset,
+            });
+        }
+    }
+
+    pub(super) fn actions_push(&mut self, a: Action) {
+        self.actions.push_back(a);
+    }
+
+    /// Close master `i`'s lock connection: every request still owed an answer fails with
+    /// `fault`.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn fail_node(&mut self, i: usize, fault: Fault, now: Instant) {
+        let stats = &mut self.masters[i].stats;
+        stats.disconnects += 1;
+        stats.last_fault = Some(fault);
+        // With requests owed, close with a reset, not a FIN: requests still unsent or
+        // unread by the master are dropped rather than run later, behind a cleanup
+        // release sent on the next connection. (A request the master already took may
+        // still run: such a key expires within its TTL, and the round reports the master
+        // as "connection lost".)
+        self.drop_connection(i);
+        let link = &mut self.links[i];
+        link.clear_streams();
+        let answered = link.answered;
+        let mut pending = std::mem::take(&mut link.pending);
+        for tag in pending.drain(..) {
+            if let Tag::Op { id, .. } = tag {
+                self.owed_reply_arrived(id);
+                self.record(id, i, Outcome::Failed(fault), now);
+                self.maybe_free(id.slot);
+            }
+        }
+        // Give the (empty) queue its storage back.
+        self.links[i].pending = pending;
+        if answered {
+            let link = &mut self.links[i];
+            link.failures = 0;
+            link.retry_at = None;
+            link.last_fault = Some(fault);
+        } else {
+            self.backoff(i, fault, now);
+        }
+    }
+
+    fn owed_reply_arrived(&mut self, id: OpId) {
+        let op = &mut self.ops[id.slot as usize];
+        if op.gen == id.gen {
+            op.outstanding = op.outstanding.saturating_sub(1);
+        }
+    }
+
+    // ---- What the driver calls -------------------------------------------------------
+
+    /// The next thing the driver must do with a socket.
+    #[inline]
+    pub(crate) fn take_action(&mut self) -> Option<Action> {
+        if self.actions.is_empty() {
+            return None;
+        }
+        self.actions.pop_front()
+    }
+
+    /// A connect of link `l` has come as far as `phase`.
+    pub(crate) fn handle_connect_phase(&mut self, l: LinkId, phase: ConnectPhase) {
+        let link = &mut self.links[l.0];
+        if link.is_connecting() {
+            link.state = State::Connecting(phase);
+        }
+    }
+
+    /// Link `l` is connected (and its TLS handshake done): its queued bytes may go out.
+    pub(crate) fn handle_connected(&mut self, l: LinkId) {
+        let n = self.n();
+        let link = &mut self.links[l.0];
+        if !link.is_connecting() {
+            return;
+        }
+        link.state = State::Up;
+        if l.0 < n {
+            self.masters[l.0].stats.connects += 1;
+        }
+    }
+
+    /// Link `l`'s connection failed or closed (a connect that failed, a read or write
+    /// error, the end of the stream).
+    pub(crate) fn handle_closed(&mut self, l: LinkId, fault: Fault, now: Instant) {
+        let n = self.n();
+        if self.links[l.0].state == State::Down {
+            return;
+        }
+        if l.0 < n {
+            self.fail_node(l.0, fault, now);
+        } else {
+            self.sub_fail(l.0 - n, fault, now);
+        }
+    }
+
+    /// Where the driver reads link `l`'s next bytes to (`None`: the link is not up, or its
+    /// input would outgrow the limits, which closed it).
+    #[inline]
+    pub(crate) fn recv_buf(&mut self, l: LinkId, now: Instant) -> Option<&mut [u8]> {
+        let n = self.n();
+        let link = &mut self.links[l.0];
+        if !link.is_up() {
+            return None;
+        }
+        let floor = if l.0 < n {
+            INBUF_START
+        } else {
+            chans::SUB_INBUF
+        };
+        if let Err(f) = link.input.make_room(floor) {
+            self.handle_closed(l, f, now);
+            return None;
+        }
+        let input = &mut self.links[l.0].input;
+        Some(&mut input.inbuf[input.in_end..])
+    }
+
+    /// The driver read `len` bytes into link `l`'s buffer: handle every complete reply.
+    /// Returns `false` when the link was closed.
+    #[inline]
+    pub(crate) fn received(&mut self, l: LinkId, len: usize, now: Instant) -> bool {
+        let n = self.n();
+        let link = &mut self.links[l.0];
+        link.input.in_end += len;
+        link.last_progress = now;
+        if l.0 < n {
+            self.process_replies(l.0, now)
+        } else {
+            self.sub_process(l.0 - n, now)
+        }
+    }
+
+    /// Link `l` has bytes that may be written now.
+    #[inline]
+    pub(crate) fn has_output(&self, l: LinkId) -> bool {
+        let link = &self.links[l.0];
+        link.is_up() && (link.shared_from.is_some() || link.out_pos < link.writable_end())
+    }
+
+    /// The bytes link `l` may write now (empty: nothing, or not up). Report what was
+    /// written with [`Rounds::sent`].
+    #[inline]
+    pub(crate) fn send_buf(&mut self, l: LinkId) -> &[u8] {
+        let link = &mut self.links[l.0];
+        if !link.is_up() {
+            return &[];
+        }
+        if let Some(from) = link.shared_from {
+            if link.gate.is_none() {
+                // Straight from the shared buffer.
+                return &self.shared[from..];
+            }
+            // Behind an unconfirmed AUTH or SELECT: wait in the link's own queue.
+            link.shared_from = None;
+            link.out.extend_from_slice(&self.shared[from..]);
+        }
+        let end = link.writable_end();
+        &link.out[link.out_pos..end]
+    }
+
+    /// The driver wrote `written` bytes of what [`Rounds::send_buf`] gave (0: the socket
+    /// would block).
+    #[inline]
+    pub(crate) fn sent(&mut self, l: LinkId, written: usize) {
+        let link = &mut self.links[l.0];
+        if let Some(from) = link.shared_from.take() {
+            // Whatever the kernel did not take goes to the link's own queue.
+            let rest = &self.shared[from + written..];
+            if !rest.is_empty() {
+                link.out.extend_from_slice(rest);
+            }
+            return;
+        }
+        link.out_pos += written;
+        if link.out_pos == link.out.len() {
+            link.out.clear();
+            link.out_pos = 0;
+            // The handshake is written: whatever is queued from here on waits for the gate.
+            if let Some(g) = link.gate.as_mut() {
+                *g = 0;
+            }
+        }
+    }
+
+    /// Which links may have bytes to write since the last flush: (lock links, sub links).
+    #[inline]
+    pub(crate) fn flush_wanted(&self) -> (bool, bool) {
+        (!self.shared.is_empty(), self.chans.dirty)
+    }
+
+    /// The driver's flush is over: every lock link takes what is left of its share into its
+    /// own queue (not connected yet, or the kernel refused it), and the shared buffer
+    /// empties.
+    #[inline]
+    pub(crate) fn flushed(&mut self) {
+        self.chans.dirty = false;
+        if self.shared.is_empty() {
+            return;
+        }
+        let n = self.n();
+        for i in 0..n {
+            let link = &mut self.links[i];
+            if let Some(from) = link.shared_from.take() {
+                link.out.extend_from_slice(&self.shared[from..]);
+            }
+        }
+        self.shared.clear();
+    }
+
+    /// The client was away from the loop for `idle` (from the driver's clock). Time the
+    /// client spent outside the loop (idle between calls) is no sign of a hung master:
+    /// replies may be waiting unread. Every stall clock and connect timeout is shifted by
+    /// it. Gaps under a millisecond are left alone: a client back in the loop that often
+    /// reads every reply within that millisecond, so its stall clocks are right to within
+    /// one.
+    pub(crate) fn shift_clocks(&mut self, idle: Duration, entered: Instant) {
+        for link in self.links.iter_mut() {
+            link.last_progress = (link.last_progress + idle).min(entered);
+            // A connect nobody watched over may well be done, its event still unread: its
+            // timeout counts the time the loop ran, not the idle gap.
+            if link.is_connecting() {
+                link.connect_deadline += idle;
+            }
+        }
+        // Channels whose linger ran out while the client was away: dropped before their
+        // connections' backlog is read.
+        if self.chans.idle > 0 {
+            let _ = self.expire_idle_channels(entered);
+        }
+    }
+
+    /// Run the timers (op deadlines, connects, stalls) when one is due at `now`.
+    #[inline]
+    pub(crate) fn tick_if_due(&mut self, now: Instant) {
+        if self.next_due.is_some_and(|d| now >= d) {
+            self.tick(now);
+        }
+    }
+
+    /// No round is undecided.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.active.is_empty()
+    }
+
+    /// When the next timer is due (a lower bound), if there is one.
+    pub(crate) fn next_due(&self) -> Option<Instant> {
+        self.next_due
+    }
+
+    /// Handle timers and recompute [`Rounds::next_due`].
+    fn tick(&mut self, now: Instant) {
+        let mut next: Option<Instant> = None;
+        let mut due = |t: Instant| next = Some(next.map_or(t, |n: Instant| n.min(t)));
+        // Backwards: expiring an op swap-removes it from `active`.
+        let mut k = self.active.len();
+        while k > 0 {
+            k -= 1;
+            let slot = self.active[k];
+            let op = &mut self.ops[slot as usize];
+            if now >= op.deadline {
+                for (i, o) in op.tally.outcomes().iter().enumerate() {
+                    if *o == Outcome::Pending {
+                        self.masters[i].stats.outcome(Outcome::TimedOut);
+                    }
+                }
+                op.tally.expire();
+                let id = OpId { slot, gen: op.gen };
+                self.check_decided(id, now);
+            } else {
+                due(op.deadline);
+            }
+        }
+        for i in 0..self.n() {
+            let link = &self.links[i];
+            match link.state {
+                State::Connecting(phase) if now >= link.connect_deadline => {
+                    self.fail_node(i, connect_timed_out(phase), now);
+                }
+                State::Connecting(_) => due(link.connect_deadline),
+                State::Up if !link.pending.is_empty() => {
+                    let stall = link.last_progress + self.cfg.stall_timeout;
+                    if now >= stall {
+                        self.fail_node(i, Fault::Closed(io::ErrorKind::TimedOut), now);
+                    } else {
+                        due(stall);
+                    }
+                }
+                _ => {}
+            }
+        }
+        if self.chans.live > 0 {
+            self.sub_tick(now, &mut due);
+        }
+        self.next_due = next;
+    }
+
+    /// Parse and dispatch every complete reply of master `i`'s lock link; `false` if the
+    /// connection was closed.
+    fn process_replies(&mut self, i: usize, now: Instant) -> bool {
+        loop {
+            let link = &mut self.links[i];
+            let (frame, used) = match link.input.next_frame() {
+                Ok(Some(complete)) => complete,
+                Ok(None) => return true,
+                Err(e) => {
+                    self.fail_node(i, Fault::Protocol(e), now);
+                    return false;
+                }
+            };
+            let tag = match link.pending.pop_front() {
+                Some(Tag::Subscribe(_) | Tag::Unsubscribe) | None => {
+                    // More replies than requests: the stream can not be trusted.
+                    self.fail_node(i, Fault::Unexpected, now);
+                    return false;
+                }
+                Some(tag) => tag,
+            };
+            let setup = match tag {
+                Tag::Op { id, req, eval } => {
+                    let (value, holder) = match frame {
+                        Frame::Integer(v) => (v, None),
+                        // `AcquireWait` with one key: the holder's TTL left and fingerprint.
+                        Frame::Aggregate(ref a) if req == Request::AcquireWait => {
+                            match rules::holder_left(a) {
+                                Some((v, h)) => (v, Some(chans::fingerprint(h))),
+                                None => (0, None),
+                            }
+                        }
+                        _ => (0, None),
+                    };
+                    let classified = rules::classify(req, &frame);
+                    link.input.in_start += used;
+                    link.answered = true;
+                    match classified {
+                        Ok(outcome) => self.op_reply(i, id, req, eval, outcome, value, holder, now),
+                        Err(()) => {
+                            // A reply that fits no request: the stream can not be trusted.
+                            let f = Fault::Unexpected;
+                            self.op_reply(i, id, req, eval, Outcome::Failed(f), 0, None, now);
+                            self.fail_node(i, f, now);
+                            return false;
+                        }
+                    }
+                    continue;
+                }
+                Tag::Setup(setup) => interpret(setup, &frame),
+                Tag::Subscribe(_) | Tag::Unsubscribe => unreachable!("refused above"),
+            };
+            link.input.in_start += used;
+            link.answered = true;
+            match setup {
+                SetupReply::Done(Ok(())) => {
+                    link.failures = 0;
+                    link.retry_at = None;
+                    // The last of AUTH and SELECT confirmed: requests may go out now (the
+                    // driver writes them after this read).
+                    let last_gate = matches!(tag, Tag::Setup(Setup::Select))
+                        || (matches!(tag, Tag::Setup(Setup::Auth)) && self.masters[i].db == 0);
+                    if last_gate {
+                        link.gate = None;
+                    }
+                }
+                SetupReply::Durable(durable) => self.masters[i].durable = durable,
+                SetupReply::InfoRefused(f) => {
+                    // Only the amnesia guard cannot do without INFO; the duplicate check
+                    // just goes without it.
+                    if self.cfg.amnesia_guard.is_some() {
+                        self.fail_node(i, f, now);
+                        return false;
+                    }
+                }
+                SetupReply::Done(Err(f)) => {
+                    if matches!(f, Fault::Handshake(_)) {
+                        // A refused handshake is a configuration problem: back off.
+                        link.answered = false;
+                    }
+                    self.fail_node(i, f, now);
+                    return false;
+                }
+                SetupReply::Info { uptime, run_id } => {
+                    // Trust the master's yes votes only once it has been up for max_ttl:
+                    // before that it may have forgotten locks that are still held.
+                    // Redis computes `uptime_in_seconds` from a start time truncated to the
+                    // second, so it can overstate the uptime by up to a second: count one
+                    // second less.
+                    let guard = self.cfg.amnesia_guard.unwrap_or_default();
+                    let up = Duration::from_secs(uptime.saturating_sub(1));
+                    let master = &mut self.masters[i];
+                    master.votes_from = Some(now + guard.saturating_sub(up));
+                    master.run_id = Some(run_id);
+                    self.mark_same_servers();
+                }
+            }
+        }
+    }
+
+    /// A master whose `run_id` equals that of a master listed before it is the same
+    /// server reached twice: mark it (its votes are refused). Run at every `INFO` reply.
+    fn mark_same_servers(&mut self) {
+        for i in 0..self.n() {
+            let id = self.masters[i].run_id;
+            let dup = id.is_some() && self.masters[..i].iter().any(|n| n.run_id == id);
+            self.masters[i].same_server = dup;
+        }
+    }
+
+    /// Why master `i`'s yes to a grant must not count now, if it must not: it is the same
+    /// server as an earlier master, fencing needs durability it lacks, or the amnesia
+    /// guard still holds it back. The vote's effect stands on the master; cleanup treats
+    /// it like any yes (`rules::may_hold`).
+    #[inline]
+    fn refuse_vote(&self, i: usize, now: Instant) -> Option<Fault> {
+        let master = &self.masters[i];
+        if master.same_server {
+            Some(Fault::SameServer)
+        } else if self.cfg.require_durable && !master.durable {
+            Some(Fault::NotDurable)
+        } else if self.cfg.amnesia_guard.is_some() && master.votes_from.is_none_or(|t| now < t) {
+            Some(Fault::Amnesiac)
+        } else {
+            None
+        }
+    }
+
+    /// Master `i` answered op `id`: apply the vote checks, retry `-NOSCRIPT` with `EVAL`,
+    /// count the vote, decide and free the op when due.
+    #[allow(clippy::too_many_arguments)]
+    fn op_reply(
+        &mut self,
+        i: usize,
+        id: OpId,
+        req: Request,
+        eval: bool,
+        mut outcome: Outcome,
+        value: i64,
+        holder: Option<Fingerprint>,
+        now: Instant,
+    ) {
+        if outcome.is_ok() && req.grants() {
+            if let Some(fault) = self.refuse_vote(i, now) {
+                outcome = Outcome::Failed(fault);
+            }
+        }
+        if let Outcome::Failed(Fault::Redis(t)) = outcome {
+            if t.starts_with(b"NOSCRIPT") && !eval && self.retry_with_eval(i, id, req) {
+                return;
+            }
+        }
+        if self.ops[id.slot as usize].gen != id.gen {
+            return;
+        }
+        let latency_us = self
+            .micros(now)
+            .saturating_sub(self.ops[id.slot as usize].started_us);
+        // Counted once per request: not again when its round already counted it as timed
+        // out (a late reply still tells the latency).
+        let first = {
+            let op = &self.ops[id.slot as usize];
+            op.state != OpState::Free && op.tally.outcomes().get(i) == Some(&Outcome::Pending)
+        };
+        let stats = &mut self.masters[i].stats;
+        stats.latency.record_us(latency_us);
+        if first {
+            stats.outcome(outcome);
+        }
+        let op = &mut self.ops[id.slot as usize];
+        op.outstanding = op.outstanding.saturating_sub(1);
+        if op.state != OpState::Free {
+            if outcome.is_ok() && value > op.max_value {
+                op.max_value = value;
+            }
+            if req == Request::AcquireWait && outcome == Outcome::Taken {
+                if let Some(left) = op.left_ms.get_mut(i) {
+                    *left = value;
+                }
+                if let Some(h) = op.holders.get_mut(i) {
+                    *h = holder;
+                }
+            }
+            op.tally.record(i, outcome);
+        }
+        self.check_decided(id, now);
+    }
+
+    /// `-NOSCRIPT` (the master restarted or its script cache was flushed): send the same
+    /// request again with `EVAL`, which also caches the script. The op keeps waiting.
+    ///
+    /// A grant is retried only while its round is undecided and its owner still waits for
+    /// it (not cancelled): otherwise its result is final, and a failed or cancelled
+    /// attempt's cleanup release may already be queued on this master;
+    /// an `EVAL` behind it would take the key again for the whole TTL, for nobody. The
+    /// script did not run, so nothing is left to clean up. A release is always retried.
+    fn retry_with_eval(&mut self, i: usize, id: OpId, req: Request) -> bool {
+        let op = &self.ops[id.slot as usize];
+        if op.gen != id.gen || op.state == OpState::Free {
+            return false;
+        }
+        if req.grants() && (op.state != OpState::Active || op.collected) {
+            return false;
+        }
+        let upto = self.shared.len();
+        self.unshare(i, upto);
+        let op = &self.ops[id.slot as usize];
+        let link = &mut self.links[i];
+        self.masters[i].stats.noscript += 1;
+        encode_request(&mut link.out, req, &op.args, true);
+        link.pending.push_back(Tag::Op {
+            id,
+            req,
+            eval: true,
+        });
+        let stall = link.last_progress + self.cfg.stall_timeout;
+        self.due_by(stall);
+        true
+    }
+
+    /// What every master did, by name (the driver adds its syscall counts).
+    pub(crate) fn stats(&self) -> Vec<MasterStats> {
+        self.masters
+            .iter()
+            .map(|m| MasterStats::new(m.name.clone(), m.stats.clone()))
+            .collect()
+    }
+}
+
+/// What a connect that timed out in `phase` failed with.
+fn connect_timed_out(phase: ConnectPhase) -> Fault {
+    match phase {
+        ConnectPhase::Resolving => Fault::Resolve(ErrorText::new(b"timed out")),
+        ConnectPhase::Connecting => Fault::Connect(io::ErrorKind::TimedOut),
+        ConnectPhase::Tls => Fault::Tls(TlsFault::Other(ErrorText::new(b"handshake timed out"))),
+    }
+}
