@@ -294,7 +294,46 @@ impl Builder {
     }
 
     /// Check the configuration and make the engine and the lock logic.
+    /// The core and its driver, for either front-end.
     pub(crate) fn machine(self) -> Result<(Core, Driver), Error> {
+        let now = Instant::now();
+        let (rounds, settings, peers) = self.parts(now)?;
+        let driver = Driver::new(peers, self.busy_poll, now)?;
+        let wall_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
+        let core = Core::new(
+            rounds,
+            settings,
+            TokenSource::new()?,
+            self.seed,
+            now,
+            wall_us,
+        )?;
+        Ok((core, driver))
+    }
+
+    /// The core alone, for the deterministic simulation and the fuzz targets: its clock
+    /// starts at `now` (with the wall clock at `wall_us` µs since the epoch), its tokens
+    /// and jitter come from `seed` (guessable: never for real locks), and nothing opens a
+    /// socket; whoever holds it moves the bytes.
+    #[doc(hidden)]
+    pub fn build_core(self, now: Instant, wall_us: u64, seed: u64) -> Result<Core, Error> {
+        let (rounds, settings, _) = self.parts(now)?;
+        let tokens = TokenSource::seeded(seed);
+        Ok(Core::new(
+            rounds,
+            settings,
+            tokens,
+            Some(seed),
+            now,
+            wall_us,
+        )?)
+    }
+
+    /// Check the configuration; the rounds over the masters, the Redlock settings, and
+    /// where the driver finds each master.
+    fn parts(&self, now: Instant) -> Result<(Rounds, Settings, Vec<Peer>), Error> {
         if self.masters.is_empty() {
             return Err(Error::Config("no masters given".into()));
         }
@@ -355,7 +394,6 @@ impl Builder {
                 _ => {}
             }
         }
-        let now = Instant::now();
         let mut specs: Vec<MasterSpec> = Vec::new();
         for url in &self.masters {
             let spec = MasterSpec::parse(url).map_err(Error::Config)?;
@@ -408,9 +446,7 @@ impl Builder {
             ends.push(end);
         }
         let _ = &tls;
-        let busy_poll = net.busy_poll;
         let rounds = Rounds::new(masters, net, now);
-        let driver = Driver::new(ends, busy_poll, now)?;
         let settings = Settings {
             retry_count: self.retry_count,
             retry_delay: self.retry_delay,
@@ -423,18 +459,7 @@ impl Builder {
             wait_mode: self.wait_mode,
             fairness: self.fairness,
         };
-        let wall_us = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as u64);
-        let core = Core::new(
-            rounds,
-            settings,
-            TokenSource::new()?,
-            self.seed,
-            now,
-            wall_us,
-        )?;
-        Ok((core, driver))
+        Ok((rounds, settings, ends))
     }
 
     /// The TLS configuration the `rediss://` masters share, if any master is one. Without

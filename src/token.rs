@@ -46,9 +46,11 @@ impl std::fmt::Debug for Token {
     }
 }
 
-/// Buffered OS randomness.
+/// Buffered OS randomness (or, for the simulation and the fuzzer, a seeded generator).
 pub(crate) struct TokenSource {
-    file: File,
+    /// `None`: tokens come from `seeded` (deterministic: never for real locks).
+    file: Option<File>,
+    seeded: fastrand::Rng,
     buf: Box<[u8; BATCH]>,
     pos: usize,
 }
@@ -56,15 +58,30 @@ pub(crate) struct TokenSource {
 impl TokenSource {
     pub(crate) fn new() -> io::Result<Self> {
         Ok(TokenSource {
-            file: File::open("/dev/urandom")?,
+            file: Some(File::open("/dev/urandom")?),
+            seeded: fastrand::Rng::with_seed(0),
             buf: Box::new([0u8; BATCH]),
             pos: BATCH,
         })
     }
 
+    /// Tokens from a generator seeded with `seed`: the same sequence every time. For the
+    /// deterministic simulation and the fuzz targets only (they are guessable).
+    pub(crate) fn seeded(seed: u64) -> Self {
+        TokenSource {
+            file: None,
+            seeded: fastrand::Rng::with_seed(seed),
+            buf: Box::new([0u8; BATCH]),
+            pos: BATCH,
+        }
+    }
+
     pub(crate) fn next(&mut self) -> io::Result<Token> {
         if self.pos + TOKEN_BYTES > BATCH {
-            self.file.read_exact(&mut self.buf[..])?;
+            match &mut self.file {
+                Some(f) => f.read_exact(&mut self.buf[..])?,
+                None => self.seeded.fill(&mut self.buf[..]),
+            }
             self.pos = 0;
         }
         let raw = &self.buf[self.pos..self.pos + TOKEN_BYTES];

@@ -423,8 +423,8 @@ impl Rounds {
         loop {
             let sub = &mut self.links[l];
             let (frame, used) = match sub.input.next_frame() {
-                Ok(Some(c)) => c,
-                Ok(None) => return true,
+                Ok(resp::Status::Complete(c)) => c,
+                Ok(resp::Status::Partial(_)) => return true,
                 Err(e) => {
                     self.sub_fail(i, Fault::Protocol(e), now);
                     return false;

@@ -193,16 +193,16 @@ impl Input {
         Ok(())
     }
 
-    /// The next complete frame of the input, parsed (a whole small reply takes the
-    /// stateless fast path; once a frame is seen partial, the resumable parser takes over
-    /// until it completes, so a large reply arriving in pieces is still scanned once).
-    /// `Ok(None)`: no complete frame yet.
-    #[inline]
-    pub(super) fn next_frame(&mut self) -> Result<Option<(Frame<'_>, usize)>, resp::Error> {
+    /// The next frame of the input, parsed (a whole small reply takes the stateless fast
+    /// path; once a frame is seen partial, the resumable parser takes over until it
+    /// completes, so a large reply arriving in pieces is still scanned once). `Partial`:
+    /// no complete frame yet (the input is empty, or holds a frame's start).
+    #[inline(always)]
+    pub(super) fn next_frame(&mut self) -> Result<resp::Status<(Frame<'_>, usize)>, resp::Error> {
         if self.in_start == self.in_end {
             self.in_start = 0;
             self.in_end = 0;
-            return Ok(None);
+            return Ok(resp::Status::Partial(1));
         }
         let buf = &self.inbuf[self.in_start..self.in_end];
         let parsed = if self.resuming {
@@ -214,10 +214,7 @@ impl Input {
             }
         };
         self.resuming = matches!(parsed, Ok(resp::Status::Partial(_)));
-        match parsed? {
-            resp::Status::Complete(c) => Ok(Some(c)),
-            resp::Status::Partial(_) => Ok(None),
-        }
+        parsed
     }
 }
 

@@ -179,6 +179,8 @@ pub struct Core {
     /// the lines of waiters are read from it and the monotonic clock (a step of the wall
     /// clock later does not reorder this client's waiters).
     wall: (u64, Instant),
+    /// The last arrival score given.
+    last_score: u64,
 }
 
 impl Core {
@@ -210,6 +212,7 @@ impl Core {
             next_seq: 0,
             client_id: [0; crate::scripts::CLIENT_ID_LEN],
             wall: (wall_us, now),
+            last_score: 0,
         };
         let id = m.tokens.next()?;
         m.client_id
@@ -299,7 +302,11 @@ impl Core {
         t.seq = self.next_seq;
         self.next_seq += 1;
         // Arrival on the client's clock: every master orders a key's line by it alike.
-        t.score = self.wall.0 + now.saturating_duration_since(self.wall.1).as_micros() as u64;
+        // Strictly increasing within the client (calls submitted in one step share their
+        // `now`), so that the lines order this client's waiters as it does itself.
+        let wall = self.wall.0 + now.saturating_duration_since(self.wall.1).as_micros() as u64;
+        t.score = wall.max(self.last_score + 1);
+        self.last_score = t.score;
         self.start_attempt(id, now);
         id
     }
@@ -453,9 +460,10 @@ impl Core {
     }
 
     /// `written` bytes of [`Core::send_buf`] went out (0: the socket would block).
+    /// Returns whether bytes are left that may be written now.
     #[inline]
-    pub fn sent(&mut self, l: LinkId, written: usize) {
-        self.rounds.sent(l, written);
+    pub fn sent(&mut self, l: LinkId, written: usize) -> bool {
+        self.rounds.sent(l, written)
     }
 
     /// Which links may have bytes to write since the last flush: (lock links, sub links).

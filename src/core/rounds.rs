@@ -646,17 +646,18 @@ impl Rounds {
     }
 
     /// The driver wrote `written` bytes of what [`Rounds::send_buf`] gave (0: the socket
-    /// would block).
+    /// would block). Returns whether bytes are left that may be written now.
     #[inline]
-    pub(crate) fn sent(&mut self, l: LinkId, written: usize) {
+    pub(crate) fn sent(&mut self, l: LinkId, written: usize) -> bool {
         let link = &mut self.links[l.0];
         if let Some(from) = link.shared_from.take() {
-            // Whatever the kernel did not take goes to the link's own queue.
+            // The link's own queue was empty: whatever the kernel did not take goes there.
             let rest = &self.shared[from + written..];
-            if !rest.is_empty() {
-                link.out.extend_from_slice(rest);
+            if rest.is_empty() {
+                return false;
             }
-            return;
+            link.out.extend_from_slice(rest);
+            return true;
         }
         link.out_pos += written;
         if link.out_pos == link.out.len() {
@@ -666,7 +667,9 @@ impl Rounds {
             if let Some(g) = link.gate.as_mut() {
                 *g = 0;
             }
+            return false;
         }
+        link.out_pos < link.writable_end()
     }
 
     /// Which links may have bytes to write since the last flush: (lock links, sub links).
@@ -787,8 +790,8 @@ impl Rounds {
         loop {
             let link = &mut self.links[i];
             let (frame, used) = match link.input.next_frame() {
-                Ok(Some(complete)) => complete,
-                Ok(None) => return true,
+                Ok(resp::Status::Complete(complete)) => complete,
+                Ok(resp::Status::Partial(_)) => return true,
                 Err(e) => {
                     self.fail_node(i, Fault::Protocol(e), now);
                     return false;

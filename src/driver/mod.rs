@@ -112,6 +112,17 @@ impl Driver {
         self.ends.len()
     }
 
+    /// The master of link `l` (no division on the hot path).
+    #[inline]
+    fn master_of(&self, l: LinkId) -> usize {
+        let n = self.ends.len();
+        if l.0 < n {
+            l.0
+        } else {
+            l.0 - n
+        }
+    }
+
     /// What every master did, by name: the core's counters with the syscalls added.
     pub(crate) fn stats(&self, core: &Core) -> Vec<MasterStats> {
         let mut stats = core.stats();
@@ -357,7 +368,7 @@ impl Driver {
     /// Drive a TLS handshake; once done the link is up and its queued bytes go out.
     #[cfg(feature = "tls")]
     fn handshake(&mut self, core: &mut Core, l: LinkId, now: Instant) {
-        let m = l.0 % self.n();
+        let m = self.master_of(l);
         let Conn::Handshaking(Stream::Tls(t)) = &mut self.socks[l.0] else {
             return;
         };
@@ -385,7 +396,7 @@ impl Driver {
     /// this event; read on to the end of stream rather than trusting a short read, since no
     /// further edge will announce it.
     fn read_link(&mut self, core: &mut Core, l: LinkId, closed: bool, now: Instant) {
-        let m = l.0 % self.n();
+        let m = self.master_of(l);
         loop {
             let Conn::Up(stream) = &mut self.socks[l.0] else {
                 return;
@@ -419,7 +430,7 @@ impl Driver {
     /// Write what link `l` may write, until the kernel would block.
     #[inline]
     fn write_link(&mut self, core: &mut Core, l: LinkId, now: Instant) {
-        let m = l.0 % self.n();
+        let m = self.master_of(l);
         let Conn::Up(stream) = &mut self.socks[l.0] else {
             return;
         };
@@ -430,8 +441,7 @@ impl Driver {
             }
             match write_some(stream, bytes, &mut self.io[m]) {
                 Ok(n) => {
-                    core.sent(l, n);
-                    if n == 0 {
+                    if !core.sent(l, n) || n == 0 {
                         break;
                     }
                 }
@@ -470,7 +480,7 @@ impl Driver {
     /// Open link `l`'s socket: resolve, connect (and TLS), as its master's URL says.
     fn connect(&mut self, core: &mut Core, l: LinkId, now: Instant) {
         let n = self.n();
-        let m = l.0 % n;
+        let m = self.master_of(l);
         self.close(l, false);
         let stream = match &self.ends[m].target {
             &Target::Addr(addr) => self.open_tcp(m, addr),
