@@ -1558,7 +1558,13 @@ fn a_restart_closes_every_connection_and_forgets_what_it_should() {
 
 #[test]
 fn a_closed_connection_hears_nothing_more() {
-    let mut s = sim(T0);
+    let mut s = SimRedis::new(
+        server::Config {
+            log_published: true,
+            ..server::Config::default()
+        },
+        T0,
+    );
     let (a, b, c) = (s.open(), s.open(), s.open());
     for x in [b, c] {
         assert!(s.feed(x, &encode(&[b"SUBSCRIBE", b"ch"]), T0));

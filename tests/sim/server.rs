@@ -23,12 +23,13 @@
 //! function here must change with it; the table test fails until it does.
 //!
 //! Known differences from a real server, none reachable by the crate's client (which
-//! sends well-formed RESP2 arrays of the commands above):
+//! sends well-formed RESP2 arrays of the commands above) but the last:
 //! * Only the commands listed in `COMMANDS` exist; any other gets Redis' "unknown command"
 //!   error (`HELLO`, `PSUBSCRIBE`, `CLIENT`, ... included).
 //! * `INFO` answers the `server` section only (with a subset of its fields, in Redis'
 //!   order); `CONFIG GET` knows `appendonly`, `appendfsync`, `appendfilename`,
-//!   `appenddirname`, `databases`, `requirepass`-less names only.
+//!   `appenddirname` and `databases` only.
+//! * `DBSIZE` counts live keys (Redis also counts expired keys not yet evicted).
 //! * `ZADD` supports `NX`/`XX`/`CH`, `ZRANGE` index ranges with `WITHSCORES`, `PEXPIRE`
 //!   no options; other options get `ERR simredis: unsupported ...`.
 //! * `UNSUBSCRIBE` without arguments and `KEYS` list in subscription / key order (Redis:
@@ -36,8 +37,10 @@
 //! * Protocol errors: the error texts of the multibulk and bulk headers are Redis'; a
 //!   missing CRLF after bulk data (Redis skips two bytes unchecked) is an error here.
 //!   Inline commands are split on whitespace (no quotes).
-//! * No ACL beyond passwords (every user may run every command and use every channel);
-//!   no memory limits, no client output buffer limits, no replication, no keyspace events.
+//! * No memory limits, no client output buffer limits, no replication, no keyspace events.
+//! * No ACL beyond passwords: every user may run every command and use every channel (a
+//!   real user without channel rights gets `-NOPERM` for `SUBSCRIBE`, and the scripts'
+//!   `pcall('publish')` fails quietly; `tests/hot.rs` has that case on real servers).
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -75,6 +78,9 @@ pub struct Config {
     pub tcp_port: u16,
     /// `INFO server`'s `process_id` (changes at each restart: + 1).
     pub process_id: u32,
+    /// Keep every published message for [`SimRedis::take_published`] (off: nothing is
+    /// kept, so a long run that never takes them does not grow).
+    pub log_published: bool,
 }
 
 impl Default for Config {
@@ -88,6 +94,7 @@ impl Default for Config {
             resp3_nulls: false,
             tcp_port: 6379,
             process_id: 4242,
+            log_published: false,
         }
     }
 }
@@ -507,7 +514,8 @@ impl SimRedis {
         self.commands
     }
 
-    /// Every message published since the last call (by scripts or `PUBLISH`).
+    /// Every message published since the last call (by scripts or `PUBLISH`), when
+    /// [`Config::log_published`] is on.
     pub fn take_published(&mut self) -> Vec<Published> {
         std::mem::take(&mut self.published)
     }
@@ -970,11 +978,13 @@ impl SimRedis {
         for &id in &subs {
             self.reply(id, &message);
         }
-        self.published.push(Published {
-            channel: ch.to_vec(),
-            payload: payload.to_vec(),
-            receivers: subs.len(),
-        });
+        if self.cfg.log_published {
+            self.published.push(Published {
+                channel: ch.to_vec(),
+                payload: payload.to_vec(),
+                receivers: subs.len(),
+            });
+        }
         subs.len() as i64
     }
 
