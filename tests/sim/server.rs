@@ -556,7 +556,7 @@ impl SimRedis {
     }
 
     /// A live sorted set's members with their scores, in order (the line of waiters of
-    /// `key` is `line(db, b"redlock-mux:queue:<key>", now)`).
+    /// `key` is `zset(db, b"redlock-mux:queue:<key>", now)`).
     pub fn zset(&self, db: usize, key: &[u8], now_ms: u64) -> Vec<(Vec<u8>, f64)> {
         match self.dbs[db].get(key) {
             Some(Entry {
