@@ -45,6 +45,7 @@
 pub mod check;
 pub mod hot;
 pub mod master;
+pub mod server;
 pub mod wire;
 
 use std::cmp::Ordering;

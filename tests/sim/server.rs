@@ -1,0 +1,2223 @@
+//! `SimRedis`: a byte-level simulated `redis-server` 7.0 for the deterministic simulation.
+//!
+//! One server: 16 databases of strings and sorted sets with `PX` expiry, a script cache, a
+//! pub/sub registry and connections fed with raw RESP bytes. Nothing reads a clock or a
+//! random source: every call that can observe time takes the server's own clock in
+//! milliseconds (`now_ms`), and the run ids come from a seeded generator.
+//!
+//! What it answers is what a real `redis-server` 7.0 answers, byte for byte, to every
+//! command the crate's client sends (the handshake, `SET NX PX`, `EVALSHA`/`EVAL` of the
+//! scripts of `redlock_mux::scripts::ALL`, `SUBSCRIBE`/`UNSUBSCRIBE`), plus the commands a
+//! test uses to look inside (`GET`, `PTTL`, `KEYS`, `ZRANGE`, ...). `tests/sim_table.rs`
+//! proves it: each scripted case runs on a real server and here, and the replies must
+//! agree frame by frame.
+//!
+//! The scripts are not interpreted: each is a native function (`lua_release`,
+//! `lua_extend`, ...) that mirrors its Lua source step by step, every step under a
+//! comment quoting the Lua line it mirrors (`// L6: ...`), and calling Redis commands
+//! through [`SimRedis::call`] / [`SimRedis::pcall`] exactly as the Lua does (same
+//! commands, same arguments, same error text with the same line number when a
+//! `redis.call` raises). A script source that is not one of the crate's scripts is
+//! refused with an `ERR simredis: ...` error (a real server would run it; the table test
+//! notices the difference). When a script in `src/scripts.rs` changes, its native
+//! function here must change with it; the table test fails until it does.
+//!
+//! Known differences from a real server, none reachable by the crate's client (which
+//! sends well-formed RESP2 arrays of the commands above) but the last:
+//! * Only the commands listed in `COMMANDS` exist; any other gets Redis' "unknown command"
+//!   error (`HELLO`, `PSUBSCRIBE`, `CLIENT`, ... included).
+//! * `INFO` answers the `server` section only (with a subset of its fields, in Redis'
+//!   order); `CONFIG GET` knows `appendonly`, `appendfsync`, `appendfilename`,
+//!   `appenddirname` and `databases` only.
+//! * `DBSIZE` counts live keys (Redis also counts expired keys not yet evicted).
+//! * `ZADD` supports `NX`/`XX`/`CH`, `ZRANGE` index ranges with `WITHSCORES`, `PEXPIRE`
+//!   no options; other options get `ERR simredis: unsupported ...`.
+//! * `UNSUBSCRIBE` without arguments and `KEYS` list in subscription / key order (Redis:
+//!   hash order).
+//! * Protocol errors: the error texts of the multibulk and bulk headers are Redis'; a
+//!   missing CRLF after bulk data (Redis skips two bytes unchecked) is an error here.
+//!   Inline commands are split on whitespace (no quotes).
+//! * No memory limits, no client output buffer limits, no replication, no keyspace events.
+//! * No ACL beyond passwords: every user may run every command and use every channel (a
+//!   real user without channel rights gets `-NOPERM` for `SUBSCRIBE`, and the scripts'
+//!   `pcall('publish')` fails quietly; `tests/hot.rs` has that case on real servers).
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use redlock_mux::resp::{self, Frame, Limits, Status};
+use redlock_mux::scripts::{self, Script};
+
+/// The version `INFO server` reports (the table test accepts any real `7.0.x`).
+pub const REDIS_VERSION: &str = "7.0.15";
+/// Databases per server (`SELECT 0` .. `SELECT 15`).
+pub const DATABASES: usize = 16;
+
+/// One connection to the server. Ids are never reused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ConnId(pub u32);
+
+/// How a server is set up (what `redis-server` is started with).
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Seeds the run ids (a new one at every restart).
+    pub seed: u64,
+    /// `--requirepass`: the default user's password. `None`: the default user is `nopass`
+    /// (and `AUTH <password>` is an error, as in Redis).
+    pub requirepass: Option<Vec<u8>>,
+    /// ACL users besides `default`, each `(name, password)`, with every right.
+    pub users: Vec<(Vec<u8>, Vec<u8>)>,
+    /// `CONFIG GET appendonly` (`yes`/`no`).
+    pub appendonly: bool,
+    /// `CONFIG GET appendfsync` (`always`, `everysec`, `no`).
+    pub appendfsync: String,
+    /// Null replies as RESP3 `_` instead of `$-1` (a RESP3 server's "taken").
+    pub resp3_nulls: bool,
+    /// `INFO server`'s `tcp_port`.
+    pub tcp_port: u16,
+    /// `INFO server`'s `process_id` (changes at each restart: + 1).
+    pub process_id: u32,
+    /// Keep every published message for [`SimRedis::take_published`] (off: nothing is
+    /// kept, so a long run that never takes them does not grow).
+    pub log_published: bool,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            seed: 1,
+            requirepass: None,
+            users: Vec::new(),
+            appendonly: false,
+            appendfsync: "everysec".into(),
+            resp3_nulls: false,
+            tcp_port: 6379,
+            process_id: 4242,
+            log_published: false,
+        }
+    }
+}
+
+/// A reply, as the server encodes it (and as a native script hands values around: a
+/// `redis.call` result seen from Lua).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Reply {
+    /// `+OK`.
+    Status(Vec<u8>),
+    /// `-ERR ...` (the whole line after `-`).
+    Error(Vec<u8>),
+    /// `:n`.
+    Int(i64),
+    /// `$n\r\n...`.
+    Bulk(Vec<u8>),
+    /// `$-1` (or `_` with [`Config::resp3_nulls`]).
+    Nil,
+    /// `*n` and the elements.
+    Array(Vec<Reply>),
+}
+
+fn err(text: &str) -> Reply {
+    Reply::Error(text.as_bytes().to_vec())
+}
+
+fn ok() -> Reply {
+    Reply::Status(b"OK".to_vec())
+}
+
+const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
+const NOT_INT: &str = "ERR value is not an integer or out of range";
+const NOT_FLOAT: &str = "ERR value is not a valid float";
+const SYNTAX: &str = "ERR syntax error";
+const NOSCRIPT: &str = "NOSCRIPT No matching script. Please use EVAL.";
+const LUA_BAD_ARG: &str = "ERR Lua redis lib command arguments must be strings or integers";
+
+/// A published message, kept for the simulation's checks ([`SimRedis::take_published`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Published {
+    pub channel: Vec<u8>,
+    pub payload: Vec<u8>,
+    /// How many connections it was delivered to (`PUBLISH`'s answer).
+    pub receivers: usize,
+}
+
+#[derive(Clone, Debug)]
+enum Value {
+    Str(Vec<u8>),
+    /// Members sorted by (score, member), as Redis orders a sorted set.
+    Zset(Vec<(f64, Vec<u8>)>),
+}
+
+#[derive(Clone, Debug)]
+struct Entry {
+    value: Value,
+    /// Absolute expiry on the server's clock (ms); the key exists while `now <= at`.
+    expire_at: Option<i64>,
+}
+
+type Db = BTreeMap<Vec<u8>, Entry>;
+
+#[derive(Debug, Default)]
+struct Conn {
+    /// Bytes received and not yet parsed into a whole command.
+    input: Vec<u8>,
+    /// Bytes the server wrote and the caller has not taken yet.
+    output: Vec<u8>,
+    open: bool,
+    db: usize,
+    authed: bool,
+    /// Subscribed channels, in subscription order.
+    channels: Vec<Vec<u8>>,
+}
+
+/// A simulated `redis-server`. See the module documentation.
+#[derive(Debug)]
+pub struct SimRedis {
+    cfg: Config,
+    dbs: Vec<Db>,
+    /// `cached[i]`: `scripts::ALL[i]` is in the script cache.
+    cached: Vec<bool>,
+    conns: BTreeMap<u32, Conn>,
+    next_conn: u32,
+    /// Channel -> subscribed connections, in subscription order.
+    subscribers: BTreeMap<Vec<u8>, Vec<u32>>,
+    run_id: String,
+    rng: u64,
+    started_ms: u64,
+    process_id: u32,
+    published: Vec<Published>,
+    commands: u64,
+}
+
+/// The commands the server knows: name, Redis arity (n: exactly n arguments with the
+/// name; -n: at least n), allowed before `AUTH`, allowed in subscriber mode.
+struct Cmd {
+    name: &'static str,
+    arity: i32,
+    no_auth: bool,
+    pubsub: bool,
+}
+
+const fn cmd(name: &'static str, arity: i32) -> Cmd {
+    Cmd {
+        name,
+        arity,
+        no_auth: false,
+        pubsub: false,
+    }
+}
+
+const COMMANDS: &[Cmd] = &[
+    Cmd {
+        name: "auth",
+        arity: -2,
+        no_auth: true,
+        pubsub: false,
+    },
+    Cmd {
+        name: "ping",
+        arity: -1,
+        no_auth: false,
+        pubsub: true,
+    },
+    Cmd {
+        name: "subscribe",
+        arity: -2,
+        no_auth: false,
+        pubsub: true,
+    },
+    Cmd {
+        name: "unsubscribe",
+        arity: -1,
+        no_auth: false,
+        pubsub: true,
+    },
+    cmd("select", 2),
+    cmd("info", -1),
+    cmd("config", -2),
+    cmd("script", -2),
+    cmd("eval", -3),
+    cmd("evalsha", -3),
+    cmd("publish", 3),
+    cmd("get", 2),
+    cmd("set", -3),
+    cmd("del", -2),
+    cmd("exists", -2),
+    cmd("pttl", 2),
+    cmd("pexpire", -3),
+    cmd("keys", 2),
+    cmd("dbsize", 1),
+    cmd("flushall", -1),
+    cmd("zadd", -4),
+    cmd("zrem", -3),
+    cmd("zrange", -4),
+    cmd("zscore", 3),
+    cmd("zcard", 2),
+];
+
+/// Subcommands of the container commands: (container, name, arity).
+const SUBCOMMANDS: &[(&str, &str, i32)] = &[
+    ("config", "get", -3),
+    ("script", "load", 3),
+    ("script", "flush", -2),
+    ("script", "exists", -3),
+];
+
+/// `CONFIG GET`'s table, in the order Redis 7.0 lists `append*`.
+fn config_table(cfg: &Config) -> Vec<(&'static str, String)> {
+    vec![
+        ("appenddirname", "appendonlydir".into()),
+        (
+            "appendonly",
+            if cfg.appendonly { "yes" } else { "no" }.into(),
+        ),
+        ("appendfilename", "appendonly.aof".into()),
+        ("appendfsync", cfg.appendfsync.clone()),
+        ("databases", DATABASES.to_string()),
+    ]
+}
+
+/// What the input buffer of a connection holds next.
+enum Next {
+    /// Not a whole command yet.
+    Need,
+    /// Bytes Redis consumes without a reply (`*0`, `*-1`, an empty inline line).
+    Skip(usize),
+    /// A command and the bytes it used.
+    Command(Vec<Vec<u8>>, usize),
+    /// A protocol error: the reply's text; the connection closes after it.
+    Protocol(String),
+}
+
+/// A script run: which script (its SHA1 names it in error texts), the database and the
+/// clock it runs on, `KEYS` and `ARGV`.
+struct Run<'a> {
+    sha: &'static str,
+    db: usize,
+    now: i64,
+    keys: &'a [Vec<u8>],
+    argv: &'a [Vec<u8>],
+}
+
+impl<'a> Run<'a> {
+    /// `#KEYS`.
+    fn nkeys(&self) -> usize {
+        self.keys.len()
+    }
+    /// `KEYS[i]` (1-based; a non-integer or out-of-range index is Lua's nil).
+    fn key(&self, i: f64) -> Option<&'a [u8]> {
+        index(self.keys, i)
+    }
+    /// `ARGV[i]` (1-based; nil when absent).
+    fn arg(&self, i: usize) -> Option<&'a [u8]> {
+        index(self.argv, i as f64)
+    }
+}
+
+fn index(list: &[Vec<u8>], i: f64) -> Option<&[u8]> {
+    if i.fract() != 0.0 || i < 1.0 || i > list.len() as f64 {
+        return None;
+    }
+    list.get(i as usize - 1).map(Vec::as_slice)
+}
+
+/// A Lua error that ends the script: the reply's text.
+struct Raised(Vec<u8>);
+
+impl SimRedis {
+    /// A server started at `now_ms` on its own clock.
+    pub fn new(cfg: Config, now_ms: u64) -> SimRedis {
+        let mut rng = cfg.seed ^ 0x5eed_5eed_5eed_5eed;
+        let run_id = new_run_id(&mut rng);
+        let process_id = cfg.process_id;
+        SimRedis {
+            cfg,
+            dbs: vec![Db::new(); DATABASES],
+            cached: vec![false; scripts::ALL.len()],
+            conns: BTreeMap::new(),
+            next_conn: 0,
+            subscribers: BTreeMap::new(),
+            run_id,
+            rng,
+            started_ms: now_ms,
+            process_id,
+            published: Vec::new(),
+            commands: 0,
+        }
+    }
+
+    /// The configuration it was started with (durability flags as last set).
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    // ----- connections -------------------------------------------------------------------
+
+    /// A client connects.
+    pub fn open(&mut self) -> ConnId {
+        let id = self.next_conn;
+        self.next_conn += 1;
+        self.conns.insert(
+            id,
+            Conn {
+                open: true,
+                authed: self.cfg.requirepass.is_none(),
+                ..Conn::default()
+            },
+        );
+        ConnId(id)
+    }
+
+    /// The client closes `conn` (or its connection breaks): its subscriptions end, its
+    /// unparsed input and untaken output are dropped.
+    pub fn close(&mut self, conn: ConnId) {
+        self.drop_subscriptions(conn.0);
+        self.conns.remove(&conn.0);
+    }
+
+    /// Whether `conn` is open (false once the server closed it: `QUIT`, a protocol error,
+    /// a restart; or once the client closed it).
+    pub fn is_open(&self, conn: ConnId) -> bool {
+        self.conns.get(&conn.0).is_some_and(|c| c.open)
+    }
+
+    /// Bytes from the client on `conn`, at `now_ms` on the server's clock: every whole
+    /// command they complete runs, in order; replies go to `conn`'s output, messages
+    /// published meanwhile to the outputs of the subscribed connections. Bytes may be
+    /// split anywhere (a partial command waits for the rest). Returns whether `conn` is
+    /// still open afterwards (bytes on a closed connection are ignored).
+    pub fn feed(&mut self, conn: ConnId, bytes: &[u8], now_ms: u64) -> bool {
+        let Some(c) = self.conns.get_mut(&conn.0) else {
+            return false;
+        };
+        if !c.open {
+            return false;
+        }
+        c.input.extend_from_slice(bytes);
+        let mut input = std::mem::take(&mut c.input);
+        let mut used = 0;
+        let mut open = true;
+        while used < input.len() {
+            let authed = self.conns.get(&conn.0).is_some_and(|c| c.authed);
+            match next_command(&input[used..], authed) {
+                Next::Need => break,
+                Next::Skip(n) => used += n,
+                Next::Command(args, n) => {
+                    used += n;
+                    self.commands += 1;
+                    if !self.execute(conn.0, args, now_ms as i64) {
+                        open = false;
+                        break;
+                    }
+                }
+                Next::Protocol(text) => {
+                    let reply = Reply::Error(format!("ERR Protocol error: {text}").into_bytes());
+                    self.reply(conn.0, &reply);
+                    open = false;
+                    break;
+                }
+            }
+        }
+        if open {
+            input.drain(..used);
+            if let Some(c) = self.conns.get_mut(&conn.0) {
+                c.input = input;
+            }
+        } else {
+            self.server_close(conn.0);
+        }
+        open
+    }
+
+    /// What the server wrote to `conn` since the last call (replies and messages). A
+    /// connection the server closed keeps its last output until it is taken.
+    pub fn take_output(&mut self, conn: ConnId) -> Vec<u8> {
+        let Some(c) = self.conns.get_mut(&conn.0) else {
+            return Vec::new();
+        };
+        let out = std::mem::take(&mut c.output);
+        if !c.open {
+            self.conns.remove(&conn.0);
+        }
+        out
+    }
+
+    /// [`take_output`](Self::take_output), appended to `buf`.
+    pub fn drain_output(&mut self, conn: ConnId, buf: &mut Vec<u8>) {
+        let out = self.take_output(conn);
+        buf.extend_from_slice(&out);
+    }
+
+    /// The connections with output waiting, by id.
+    pub fn with_output(&self) -> Vec<ConnId> {
+        self.conns
+            .iter()
+            .filter(|(_, c)| !c.output.is_empty())
+            .map(|(&id, _)| ConnId(id))
+            .collect()
+    }
+
+    /// The open connections, by id.
+    pub fn open_conns(&self) -> Vec<ConnId> {
+        self.conns
+            .iter()
+            .filter(|(_, c)| c.open)
+            .map(|(&id, _)| ConnId(id))
+            .collect()
+    }
+
+    // ----- faults and state ----------------------------------------------------------------
+
+    /// The server restarts at `now_ms`: every connection is closed (output written before
+    /// stays takeable), a new run id, the uptime starts again, the script cache is empty;
+    /// without `persistent` (`appendonly yes` + `appendfsync always` on a real server)
+    /// every key is lost, with it keys keep their absolute expiry times.
+    pub fn restart(&mut self, persistent: bool, now_ms: u64) {
+        let ids: Vec<u32> = self.conns.keys().copied().collect();
+        for id in ids {
+            self.server_close(id);
+        }
+        self.run_id = new_run_id(&mut self.rng);
+        self.started_ms = now_ms;
+        self.process_id += 1;
+        self.script_flush();
+        if !persistent {
+            for db in &mut self.dbs {
+                db.clear();
+            }
+        }
+    }
+
+    /// `SCRIPT FLUSH`: the next `EVALSHA` of each script gets `-NOSCRIPT`.
+    pub fn script_flush(&mut self) {
+        self.cached.iter_mut().for_each(|c| *c = false);
+    }
+
+    /// What `CONFIG GET append*` answers from now on.
+    pub fn set_durability(&mut self, appendonly: bool, appendfsync: &str) {
+        self.cfg.appendonly = appendonly;
+        self.cfg.appendfsync = appendfsync.to_owned();
+    }
+
+    /// `INFO server`'s `run_id` (40 hex digits; new at each restart).
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    /// `INFO server`'s `uptime_in_seconds` at `now_ms`.
+    pub fn uptime_s(&self, now_ms: u64) -> u64 {
+        now_ms.saturating_sub(self.started_ms) / 1000
+    }
+
+    /// How many commands ran (script calls inside them not counted).
+    pub fn commands_run(&self) -> u64 {
+        self.commands
+    }
+
+    /// Every message published since the last call (by scripts or `PUBLISH`), when
+    /// [`Config::log_published`] is on.
+    pub fn take_published(&mut self) -> Vec<Published> {
+        std::mem::take(&mut self.published)
+    }
+
+    /// Whether `scripts::ALL[i]` is cached.
+    pub fn script_cached(&self, i: usize) -> bool {
+        self.cached[i]
+    }
+
+    /// Live keys of database `db` at `now_ms`, sorted.
+    pub fn keys(&self, db: usize, now_ms: u64) -> Vec<Vec<u8>> {
+        let now = now_ms as i64;
+        self.dbs[db]
+            .iter()
+            .filter(|(_, e)| alive(e, now))
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    /// A live string key's value.
+    pub fn get(&self, db: usize, key: &[u8], now_ms: u64) -> Option<Vec<u8>> {
+        match self.dbs[db].get(key) {
+            Some(e) if alive(e, now_ms as i64) => match &e.value {
+                Value::Str(v) => Some(v.clone()),
+                Value::Zset(_) => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// `PTTL key` (-2: no such key, -1: no expiry).
+    pub fn pttl(&self, db: usize, key: &[u8], now_ms: u64) -> i64 {
+        let now = now_ms as i64;
+        match self.dbs[db].get(key) {
+            Some(e) if alive(e, now) => e.expire_at.map_or(-1, |at| (at - now).max(0)),
+            _ => -2,
+        }
+    }
+
+    /// A live sorted set's members with their scores, in order (the line of waiters of
+    /// `key` is `zset(db, b"redlock-mux:queue:<key>", now)`).
+    pub fn zset(&self, db: usize, key: &[u8], now_ms: u64) -> Vec<(Vec<u8>, f64)> {
+        match self.dbs[db].get(key) {
+            Some(Entry {
+                value: Value::Zset(z),
+                expire_at,
+            }) if expire_at.is_none_or(|at| now_ms as i64 <= at) => {
+                z.iter().map(|(s, m)| (m.clone(), *s)).collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// Set a string key directly (test set-up), with an optional expiry `px` ms from now.
+    pub fn set_key(&mut self, db: usize, key: &[u8], value: &[u8], px: Option<u64>, now_ms: u64) {
+        let entry = Entry {
+            value: Value::Str(value.to_vec()),
+            expire_at: px.map(|ms| now_ms as i64 + ms as i64),
+        };
+        self.dbs[db].insert(key.to_vec(), entry);
+    }
+
+    // ----- connection plumbing ---------------------------------------------------------------
+
+    fn server_close(&mut self, id: u32) {
+        self.drop_subscriptions(id);
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.open = false;
+            c.input.clear();
+            if c.output.is_empty() {
+                self.conns.remove(&id);
+            }
+        }
+    }
+
+    fn drop_subscriptions(&mut self, id: u32) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        for ch in std::mem::take(&mut c.channels) {
+            if let Some(subs) = self.subscribers.get_mut(&ch) {
+                subs.retain(|&s| s != id);
+                if subs.is_empty() {
+                    self.subscribers.remove(&ch);
+                }
+            }
+        }
+    }
+
+    fn reply(&mut self, id: u32, reply: &Reply) {
+        let resp3 = self.cfg.resp3_nulls;
+        if let Some(c) = self.conns.get_mut(&id) {
+            encode(&mut c.output, reply, resp3);
+        }
+    }
+
+    // ----- command dispatch -----------------------------------------------------------------
+
+    /// Runs one command of connection `id`; false when the connection closes after it.
+    fn execute(&mut self, id: u32, args: Vec<Vec<u8>>, now: i64) -> bool {
+        let name = String::from_utf8_lossy(&args[0]).to_ascii_lowercase();
+        // Redis answers QUIT before looking anything up (processCommand).
+        if name == "quit" {
+            self.reply(id, &ok());
+            return false;
+        }
+        let Some(command) = COMMANDS.iter().find(|c| c.name == name) else {
+            let r = Reply::Error(unknown_command(&args));
+            self.reply(id, &r);
+            return true;
+        };
+        // Container commands: the subcommand decides the arity and the name in errors.
+        let mut fullname = name.clone();
+        let mut arity = command.arity;
+        if (name == "config" || name == "script") && args.len() >= 2 {
+            {
+                let sub = String::from_utf8_lossy(&args[1]).to_ascii_lowercase();
+                match SUBCOMMANDS.iter().find(|(c, s, _)| *c == name && *s == sub) {
+                    Some(&(_, s, a)) => {
+                        fullname = format!("{name}|{s}");
+                        arity = a;
+                    }
+                    None => {
+                        let text = format!(
+                            "ERR unknown subcommand '{}'. Try {} HELP.",
+                            printable(&args[1], 128),
+                            name.to_ascii_uppercase()
+                        );
+                        self.reply(id, &Reply::Error(text.into_bytes()));
+                        return true;
+                    }
+                }
+            }
+        }
+        let n = args.len() as i32;
+        if (arity > 0 && n != arity) || n < -arity {
+            let text = format!("ERR wrong number of arguments for '{fullname}' command");
+            self.reply(id, &Reply::Error(text.into_bytes()));
+            return true;
+        }
+        let (authed, subscribed) = match self.conns.get(&id) {
+            Some(c) => (c.authed, !c.channels.is_empty()),
+            None => return false,
+        };
+        if !authed && !command.no_auth {
+            self.reply(id, &err("NOAUTH Authentication required."));
+            return true;
+        }
+        if subscribed && !command.pubsub {
+            let text = format!(
+                "ERR Can't execute '{fullname}': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / \
+                 PING / QUIT / RESET are allowed in this context"
+            );
+            self.reply(id, &Reply::Error(text.into_bytes()));
+            return true;
+        }
+        let reply = match fullname.as_str() {
+            "auth" => self.cmd_auth(id, &args),
+            "ping" if args.len() > 2 => err("ERR wrong number of arguments for 'ping' command"),
+            "ping" if subscribed => Reply::Array(vec![
+                Reply::Bulk(b"pong".to_vec()),
+                Reply::Bulk(args.get(1).cloned().unwrap_or_default()),
+            ]),
+            "ping" => match args.get(1) {
+                None => Reply::Status(b"PONG".to_vec()),
+                Some(a) => Reply::Bulk(a.clone()),
+            },
+            "subscribe" => {
+                for ch in &args[1..] {
+                    let r = self.subscribe(id, ch);
+                    self.reply(id, &r);
+                }
+                return true;
+            }
+            "unsubscribe" => {
+                let channels = if args.len() > 1 {
+                    args[1..].to_vec()
+                } else {
+                    self.conns[&id].channels.clone()
+                };
+                if channels.is_empty() {
+                    let r = Reply::Array(vec![
+                        Reply::Bulk(b"unsubscribe".to_vec()),
+                        Reply::Nil,
+                        Reply::Int(0),
+                    ]);
+                    self.reply(id, &r);
+                }
+                for ch in &channels {
+                    let r = self.unsubscribe(id, ch);
+                    self.reply(id, &r);
+                }
+                return true;
+            }
+            "select" => match parse_i64(&args[1]) {
+                Some(n) if (0..DATABASES as i64).contains(&n) => {
+                    if let Some(c) = self.conns.get_mut(&id) {
+                        c.db = n as usize;
+                    }
+                    ok()
+                }
+                Some(n) if n >= i32::MIN as i64 && n <= i32::MAX as i64 => {
+                    err("ERR DB index is out of range")
+                }
+                Some(_) => {
+                    err("ERR value is out of range, value must between -2147483648 and 2147483647")
+                }
+                None => err(NOT_INT),
+            },
+            "info" => self.cmd_info(&args, now),
+            "config|get" => self.cmd_config_get(&args),
+            "script|load" => match script_index(&args[2]) {
+                Some(i) => {
+                    self.cached[i] = true;
+                    Reply::Bulk(scripts::ALL[i].sha.as_bytes().to_vec())
+                }
+                None => unknown_script(),
+            },
+            "script|flush" => match args.get(2).map(|a| a.to_ascii_lowercase()) {
+                None if args.len() == 2 => {
+                    self.script_flush();
+                    ok()
+                }
+                Some(m) if args.len() == 3 && (m == b"sync" || m == b"async") => {
+                    self.script_flush();
+                    ok()
+                }
+                _ => err("ERR SCRIPT FLUSH only support SYNC|ASYNC option"),
+            },
+            "script|exists" => Reply::Array(
+                args[2..]
+                    .iter()
+                    .map(|sha| Reply::Int(self.cached_by_sha(sha).is_some() as i64))
+                    .collect(),
+            ),
+            "eval" | "evalsha" => {
+                let db = self.conns[&id].db;
+                self.cmd_eval(fullname == "evalsha", &args, db, now)
+            }
+            _ => {
+                let db = self.conns[&id].db;
+                let argv: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+                self.data(db, &argv, now)
+            }
+        };
+        self.reply(id, &reply);
+        true
+    }
+
+    fn cmd_auth(&mut self, id: u32, args: &[Vec<u8>]) -> Reply {
+        if args.len() > 3 {
+            return err(SYNTAX);
+        }
+        let (user, pass): (&[u8], &[u8]) = if args.len() == 2 {
+            if self.cfg.requirepass.is_none() {
+                return err(
+                    "ERR AUTH <password> called without any password configured for the \
+                     default user. Are you sure your configuration is correct?",
+                );
+            }
+            (b"default", &args[1])
+        } else {
+            (&args[1], &args[2])
+        };
+        let good = if user == b"default" {
+            // nopass (no requirepass) accepts any password.
+            self.cfg.requirepass.as_deref().is_none_or(|p| p == pass)
+        } else {
+            self.cfg
+                .users
+                .iter()
+                .any(|(u, p)| u.as_slice() == user && p.as_slice() == pass)
+        };
+        if good {
+            if let Some(c) = self.conns.get_mut(&id) {
+                c.authed = true;
+            }
+            ok()
+        } else {
+            err("WRONGPASS invalid username-password pair or user is disabled.")
+        }
+    }
+
+    fn cmd_info(&self, args: &[Vec<u8>], now: i64) -> Reply {
+        let section = args.get(1).map(|s| s.to_ascii_lowercase());
+        if args.len() > 2 || section.as_deref().is_some_and(|s| s != b"server") {
+            return err("ERR simredis: INFO answers the server section only");
+        }
+        let uptime = self.uptime_s(now.max(0) as u64);
+        let mut t = String::new();
+        // The fields of Redis 7.0's server section that do not describe the build or the
+        // host, in Redis' order.
+        let _ = write!(
+            t,
+            "# Server\r\n\
+             redis_version:{REDIS_VERSION}\r\n\
+             redis_git_sha1:00000000\r\n\
+             redis_git_dirty:0\r\n\
+             redis_mode:standalone\r\n\
+             arch_bits:64\r\n\
+             multiplexing_api:epoll\r\n\
+             atomicvar_api:c11-builtin\r\n\
+             process_id:{}\r\n\
+             process_supervised:no\r\n\
+             run_id:{}\r\n\
+             tcp_port:{}\r\n\
+             server_time_usec:{}\r\n\
+             uptime_in_seconds:{uptime}\r\n\
+             uptime_in_days:{}\r\n\
+             hz:10\r\n\
+             configured_hz:10\r\n\
+             io_threads_active:0\r\n",
+            self.process_id,
+            self.run_id,
+            self.cfg.tcp_port,
+            now.max(0) as u64 * 1000,
+            uptime / 86400,
+        );
+        Reply::Bulk(t.into_bytes())
+    }
+
+    fn cmd_config_get(&self, args: &[Vec<u8>]) -> Reply {
+        let mut out = Vec::new();
+        for (name, value) in config_table(&self.cfg) {
+            // A name without glob characters is looked up as given and echoed as given.
+            let hit = args[2..].iter().find(|p| {
+                if p.iter().any(|b| b"*?[".contains(b)) {
+                    glob(p, name.as_bytes(), true)
+                } else {
+                    p.eq_ignore_ascii_case(name.as_bytes())
+                }
+            });
+            if let Some(p) = hit {
+                let shown = if p.iter().any(|b| b"*?[".contains(b)) {
+                    name.as_bytes().to_vec()
+                } else {
+                    p.to_vec()
+                };
+                out.push(Reply::Bulk(shown));
+                out.push(Reply::Bulk(value.into_bytes()));
+            }
+        }
+        Reply::Array(out)
+    }
+
+    fn cached_by_sha(&self, sha: &[u8]) -> Option<usize> {
+        scripts::ALL
+            .iter()
+            .position(|s| s.sha.as_bytes().eq_ignore_ascii_case(sha))
+            .filter(|&i| self.cached[i])
+    }
+
+    /// `EVAL src numkeys key.. arg..` / `EVALSHA sha numkeys key.. arg..` (the order of
+    /// the checks is Redis 7.0's evalShaCommand / evalGenericCommand).
+    fn cmd_eval(&mut self, by_sha: bool, args: &[Vec<u8>], db: usize, now: i64) -> Reply {
+        if by_sha && args[1].len() != 40 {
+            return err(NOSCRIPT);
+        }
+        let Some(numkeys) = parse_i64(&args[2]) else {
+            return err(NOT_INT);
+        };
+        if numkeys > args.len() as i64 - 3 {
+            return err("ERR Number of keys can't be greater than number of args");
+        }
+        if numkeys < 0 {
+            return err("ERR Number of keys can't be negative");
+        }
+        let index = if by_sha {
+            match self.cached_by_sha(&args[1]) {
+                Some(i) => i,
+                None => return err(NOSCRIPT),
+            }
+        } else {
+            match script_index(&args[1]) {
+                // EVAL caches what it runs.
+                Some(i) => {
+                    self.cached[i] = true;
+                    i
+                }
+                None => return unknown_script(),
+            }
+        };
+        let split = 3 + numkeys as usize;
+        let run = Run {
+            sha: scripts::ALL[index].sha,
+            db,
+            now,
+            keys: &args[3..split],
+            argv: &args[split..],
+        };
+        let s = scripts::ALL[index];
+        let result = if s == scripts::RELEASE {
+            self.lua_release(&run)
+        } else if s == scripts::EXTEND {
+            self.lua_extend(&run)
+        } else if s == scripts::ACQUIRE_MANY {
+            self.lua_acquire_many(&run)
+        } else if s == scripts::ACQUIRE_WAIT {
+            self.lua_acquire_wait(&run)
+        } else if s == scripts::FENCE_DRAW {
+            self.lua_fence_draw(&run)
+        } else if s == scripts::FENCE_RAISE {
+            self.lua_fence_raise(&run)
+        } else {
+            return err("ERR simredis: a script of scripts::ALL has no native implementation");
+        };
+        match result {
+            Ok(r) => r,
+            Err(Raised(text)) => Reply::Error(text),
+        }
+    }
+
+    // ----- pub/sub ----------------------------------------------------------------------------
+
+    fn subscribe(&mut self, id: u32, ch: &[u8]) -> Reply {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return Reply::Nil;
+        };
+        if !c.channels.iter().any(|x| x == ch) {
+            c.channels.push(ch.to_vec());
+            self.subscribers.entry(ch.to_vec()).or_default().push(id);
+        }
+        let count = self.conns[&id].channels.len() as i64;
+        Reply::Array(vec![
+            Reply::Bulk(b"subscribe".to_vec()),
+            Reply::Bulk(ch.to_vec()),
+            Reply::Int(count),
+        ])
+    }
+
+    fn unsubscribe(&mut self, id: u32, ch: &[u8]) -> Reply {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return Reply::Nil;
+        };
+        if let Some(pos) = c.channels.iter().position(|x| x == ch) {
+            c.channels.remove(pos);
+            if let Some(subs) = self.subscribers.get_mut(ch) {
+                subs.retain(|&s| s != id);
+                if subs.is_empty() {
+                    self.subscribers.remove(ch);
+                }
+            }
+        }
+        let count = self.conns[&id].channels.len() as i64;
+        Reply::Array(vec![
+            Reply::Bulk(b"unsubscribe".to_vec()),
+            Reply::Bulk(ch.to_vec()),
+            Reply::Int(count),
+        ])
+    }
+
+    /// `PUBLISH`: the message goes to every subscribed connection's output at once.
+    fn publish(&mut self, ch: &[u8], payload: &[u8]) -> i64 {
+        let subs = self.subscribers.get(ch).cloned().unwrap_or_default();
+        let message = Reply::Array(vec![
+            Reply::Bulk(b"message".to_vec()),
+            Reply::Bulk(ch.to_vec()),
+            Reply::Bulk(payload.to_vec()),
+        ]);
+        for &id in &subs {
+            self.reply(id, &message);
+        }
+        if self.cfg.log_published {
+            self.published.push(Published {
+                channel: ch.to_vec(),
+                payload: payload.to_vec(),
+                receivers: subs.len(),
+            });
+        }
+        subs.len() as i64
+    }
+
+    // ----- the keyspace -----------------------------------------------------------------------
+
+    /// The live entry of `key` (an expired one is deleted first, as Redis' lazy expiry).
+    fn lookup(&mut self, db: usize, key: &[u8], now: i64) -> Option<&mut Entry> {
+        if self.dbs[db].get(key).is_some_and(|e| !alive(e, now)) {
+            self.dbs[db].remove(key);
+        }
+        self.dbs[db].get_mut(key)
+    }
+
+    /// The data commands, shared by connections and scripts (`redis.call`). `args[0]` is
+    /// the command name; the arity was checked.
+    fn data(&mut self, db: usize, args: &[&[u8]], now: i64) -> Reply {
+        let name = String::from_utf8_lossy(args[0]).to_ascii_lowercase();
+        match name.as_str() {
+            "get" => match self.lookup(db, args[1], now) {
+                None => Reply::Nil,
+                Some(Entry {
+                    value: Value::Str(v),
+                    ..
+                }) => Reply::Bulk(v.clone()),
+                Some(_) => err(WRONGTYPE),
+            },
+            "set" => self.cmd_set(db, args, now),
+            "del" => {
+                let mut n = 0;
+                for k in &args[1..] {
+                    if self.lookup(db, k, now).is_some() {
+                        self.dbs[db].remove(*k);
+                        n += 1;
+                    }
+                }
+                Reply::Int(n)
+            }
+            "exists" => {
+                let mut n = 0;
+                for k in &args[1..] {
+                    n += self.lookup(db, k, now).is_some() as i64;
+                }
+                Reply::Int(n)
+            }
+            "pttl" => Reply::Int(match self.lookup(db, args[1], now) {
+                None => -2,
+                Some(e) => e.expire_at.map_or(-1, |at| (at - now).max(0)),
+            }),
+            "pexpire" => {
+                if args.len() > 3 {
+                    return err("ERR simredis: PEXPIRE options are not supported");
+                }
+                let Some(ms) = parse_i64(args[2]) else {
+                    return err(NOT_INT);
+                };
+                let Some(at) = ms.checked_add(now) else {
+                    return err("ERR invalid expire time in 'pexpire' command");
+                };
+                match self.lookup(db, args[1], now) {
+                    None => Reply::Int(0),
+                    Some(e) => {
+                        if at <= now {
+                            self.dbs[db].remove(args[1]);
+                        } else {
+                            e.expire_at = Some(at);
+                        }
+                        Reply::Int(1)
+                    }
+                }
+            }
+            "keys" => {
+                let mut out = Vec::new();
+                for (k, e) in &self.dbs[db] {
+                    if alive(e, now) && glob(args[1], k, false) {
+                        out.push(Reply::Bulk(k.clone()));
+                    }
+                }
+                Reply::Array(out)
+            }
+            "dbsize" => Reply::Int(self.dbs[db].values().filter(|e| alive(e, now)).count() as i64),
+            "flushall" => {
+                if args.len() > 2 {
+                    return err(SYNTAX);
+                }
+                for d in &mut self.dbs {
+                    d.clear();
+                }
+                ok()
+            }
+            "publish" => Reply::Int(self.publish(args[1], args[2])),
+            "zadd" => self.cmd_zadd(db, args, now),
+            "zrem" => {
+                let Some(e) = self.lookup(db, args[1], now) else {
+                    return Reply::Int(0);
+                };
+                let Value::Zset(z) = &mut e.value else {
+                    return err(WRONGTYPE);
+                };
+                let before = z.len();
+                z.retain(|(_, m)| !args[2..].contains(&m.as_slice()));
+                let removed = (before - z.len()) as i64;
+                if z.is_empty() {
+                    self.dbs[db].remove(args[1]);
+                }
+                Reply::Int(removed)
+            }
+            "zrange" => {
+                let withscores = match args.len() {
+                    4 => false,
+                    5 if args[4].eq_ignore_ascii_case(b"withscores") => true,
+                    _ => {
+                        return err("ERR simredis: ZRANGE supports index ranges [WITHSCORES] only")
+                    }
+                };
+                let (Some(start), Some(stop)) = (parse_i64(args[2]), parse_i64(args[3])) else {
+                    return err(NOT_INT);
+                };
+                let z = match self.lookup(db, args[1], now) {
+                    None => return Reply::Array(Vec::new()),
+                    Some(Entry {
+                        value: Value::Zset(z),
+                        ..
+                    }) => z,
+                    Some(_) => return err(WRONGTYPE),
+                };
+                let len = z.len() as i64;
+                let start = if start < 0 {
+                    (len + start).max(0)
+                } else {
+                    start
+                };
+                let stop = if stop < 0 {
+                    len + stop
+                } else {
+                    stop.min(len - 1)
+                };
+                let mut out = Vec::new();
+                if start <= stop && start < len {
+                    for (s, m) in &z[start as usize..=stop as usize] {
+                        out.push(Reply::Bulk(m.clone()));
+                        if withscores {
+                            out.push(Reply::Bulk(fmt_g17(*s).into_bytes()));
+                        }
+                    }
+                }
+                Reply::Array(out)
+            }
+            "zscore" => match self.lookup(db, args[1], now) {
+                None => Reply::Nil,
+                Some(Entry {
+                    value: Value::Zset(z),
+                    ..
+                }) => z
+                    .iter()
+                    .find(|(_, m)| m.as_slice() == args[2])
+                    .map_or(Reply::Nil, |(s, _)| Reply::Bulk(fmt_g17(*s).into_bytes())),
+                Some(_) => err(WRONGTYPE),
+            },
+            "zcard" => match self.lookup(db, args[1], now) {
+                None => Reply::Int(0),
+                Some(Entry {
+                    value: Value::Zset(z),
+                    ..
+                }) => Reply::Int(z.len() as i64),
+                Some(_) => err(WRONGTYPE),
+            },
+            _ => Reply::Error(unknown_command(
+                &args.iter().map(|a| a.to_vec()).collect::<Vec<_>>(),
+            )),
+        }
+    }
+
+    /// `SET key value [NX|XX] [GET] [EX s|PX ms|EXAT s|PXAT ms|KEEPTTL]`, checked in Redis
+    /// 7.0's order (parseExtendedStringArgumentsOrReply, getExpireMillisecondsOrReply,
+    /// setGenericCommand).
+    fn cmd_set(&mut self, db: usize, args: &[&[u8]], now: i64) -> Reply {
+        #[derive(PartialEq, Clone, Copy)]
+        enum Unit {
+            Ex,
+            Px,
+            ExAt,
+            PxAt,
+        }
+        let (mut nx, mut xx, mut get, mut keepttl) = (false, false, false, false);
+        let mut expire: Option<(Unit, &[u8])> = None;
+        let mut j = 3;
+        while j < args.len() {
+            let opt = args[j].to_ascii_lowercase();
+            let next = args.get(j + 1).copied();
+            let unit = match opt.as_slice() {
+                b"ex" => Some(Unit::Ex),
+                b"px" => Some(Unit::Px),
+                b"exat" => Some(Unit::ExAt),
+                b"pxat" => Some(Unit::PxAt),
+                _ => None,
+            };
+            if opt == b"nx" && !xx {
+                nx = true;
+            } else if opt == b"xx" && !nx {
+                xx = true;
+            } else if opt == b"get" {
+                get = true;
+            } else if opt == b"keepttl" && expire.is_none() {
+                keepttl = true;
+            } else if let (Some(u), Some(v)) = (unit, next) {
+                // One kind of expiry only; the same kind twice: the last wins.
+                if keepttl || expire.is_some_and(|(e, _)| e != u) {
+                    return err(SYNTAX);
+                }
+                expire = Some((u, v));
+                j += 1;
+            } else {
+                return err(SYNTAX);
+            }
+            j += 1;
+        }
+        let mut expire_at = None;
+        if let Some((unit, v)) = expire {
+            let Some(n) = parse_i64(v) else {
+                return err(NOT_INT);
+            };
+            let secs = matches!(unit, Unit::Ex | Unit::ExAt);
+            if n <= 0 || (secs && n > i64::MAX / 1000) {
+                return err("ERR invalid expire time in 'set' command");
+            }
+            let ms = if secs { n * 1000 } else { n };
+            let at = match unit {
+                Unit::Ex | Unit::Px => ms.checked_add(now),
+                Unit::ExAt | Unit::PxAt => Some(ms),
+            };
+            match at {
+                Some(at) if at > 0 => expire_at = Some(at),
+                _ => return err("ERR invalid expire time in 'set' command"),
+            }
+        }
+        let old = self.lookup(db, args[1], now).map(|e| e.clone());
+        let mut reply = ok();
+        if get {
+            reply = match &old {
+                None => Reply::Nil,
+                Some(Entry {
+                    value: Value::Str(v),
+                    ..
+                }) => Reply::Bulk(v.clone()),
+                Some(_) => return err(WRONGTYPE),
+            };
+        }
+        if (nx && old.is_some()) || (xx && old.is_none()) {
+            return if get { reply } else { Reply::Nil };
+        }
+        if keepttl {
+            expire_at = old.and_then(|e| e.expire_at);
+        }
+        self.dbs[db].insert(
+            args[1].to_vec(),
+            Entry {
+                value: Value::Str(args[2].to_vec()),
+                expire_at,
+            },
+        );
+        reply
+    }
+
+    /// `ZADD key [NX|XX] [CH] score member [score member ...]`.
+    fn cmd_zadd(&mut self, db: usize, args: &[&[u8]], now: i64) -> Reply {
+        let (mut nx, mut xx, mut ch) = (false, false, false);
+        let mut i = 2;
+        while i < args.len() {
+            match args[i].to_ascii_lowercase().as_slice() {
+                b"nx" => nx = true,
+                b"xx" => xx = true,
+                b"ch" => ch = true,
+                b"gt" | b"lt" | b"incr" => {
+                    return err("ERR simredis: ZADD GT/LT/INCR are not supported")
+                }
+                _ => break,
+            }
+            i += 1;
+        }
+        let rest = &args[i..];
+        if rest.is_empty() || rest.len() % 2 != 0 {
+            return err(SYNTAX);
+        }
+        if nx && xx {
+            return err("ERR XX and NX options at the same time are not compatible");
+        }
+        let mut pairs = Vec::new();
+        for p in rest.chunks(2) {
+            match redis_double(p[0]) {
+                Some(s) => pairs.push((s, p[1].to_vec())),
+                None => return err(NOT_FLOAT),
+            }
+        }
+        match self.lookup(db, args[1], now) {
+            Some(Entry {
+                value: Value::Zset(_),
+                ..
+            }) => {}
+            Some(_) => return err(WRONGTYPE),
+            None if xx => return Reply::Int(0),
+            None => {
+                self.dbs[db].insert(
+                    args[1].to_vec(),
+                    Entry {
+                        value: Value::Zset(Vec::new()),
+                        expire_at: None,
+                    },
+                );
+            }
+        }
+        let Some(Entry {
+            value: Value::Zset(z),
+            ..
+        }) = self.dbs[db].get_mut(args[1])
+        else {
+            return err("ERR simredis: lost a sorted set");
+        };
+        let (mut added, mut changed) = (0, 0);
+        for (score, member) in pairs {
+            match z.iter().position(|(_, m)| *m == member) {
+                Some(pos) => {
+                    if nx {
+                        continue;
+                    }
+                    if z[pos].0 != score {
+                        z.remove(pos);
+                        insert_sorted(z, score, member);
+                        changed += 1;
+                    }
+                }
+                None => {
+                    if xx {
+                        continue;
+                    }
+                    insert_sorted(z, score, member);
+                    added += 1;
+                }
+            }
+        }
+        if z.is_empty() {
+            self.dbs[db].remove(args[1]);
+        }
+        Reply::Int(if ch { added + changed } else { added })
+    }
+
+    // ----- redis.call / redis.pcall -----------------------------------------------------------
+
+    /// `redis.pcall(...)` from a script: the reply, errors included as values. A nil
+    /// argument is an error value too (Redis 7.0's argument conversion).
+    fn pcall(&mut self, run: &Run<'_>, args: &[Option<&[u8]>]) -> Reply {
+        let Some(args) = args.iter().copied().collect::<Option<Vec<&[u8]>>>() else {
+            return err(LUA_BAD_ARG);
+        };
+        let Some(command) = COMMANDS
+            .iter()
+            .find(|c| args[0].eq_ignore_ascii_case(c.name.as_bytes()))
+        else {
+            return err("ERR Unknown Redis command called from script");
+        };
+        let n = args.len() as i32;
+        if (command.arity > 0 && n != command.arity) || n < -command.arity {
+            return err("ERR Wrong number of args calling Redis command from script");
+        }
+        self.data(run.db, &args, run.now)
+    }
+
+    /// `redis.call(...)` on Lua line `line`: an error ends the script with Redis 7.0's
+    /// text (`<error> script: <sha>, on @user_script:<line>.`).
+    fn call(&mut self, run: &Run<'_>, line: u32, args: &[Option<&[u8]>]) -> Result<Reply, Raised> {
+        match self.pcall(run, args) {
+            Reply::Error(e) => {
+                let mut text = e;
+                text.extend_from_slice(
+                    format!(" script: {}, on @user_script:{line}.", run.sha).as_bytes(),
+                );
+                Err(Raised(text))
+            }
+            r => Ok(r),
+        }
+    }
+
+    // ----- the scripts --------------------------------------------------------------------------
+    //
+    // One function per script of src/scripts.rs. `// Ln:` quotes line n of the Lua source.
+    // Lua values: a Redis bulk reply is a string, a nil reply is `false`, an integer reply
+    // a number, an array/status/error reply a table.
+
+    /// `scripts::RELEASE`.
+    fn lua_release(&mut self, x: &Run<'_>) -> Result<Reply, Raised> {
+        // L1: local held = 1
+        let mut held = 1;
+        // L2: if ARGV[2] then redis.pcall('del', 'redlock-mux:waiter:' .. ARGV[2]) end
+        if let Some(id) = x.arg(2) {
+            self.pcall(x, &[Some(b"del"), Some(&cat(b"redlock-mux:waiter:", id))]);
+        }
+        // L3: for i = 1, #KEYS do
+        for i in 1..=x.nkeys() {
+            let key = x.key(i as f64);
+            // L4: local q = 'redlock-mux:queue:' .. KEYS[i]
+            let q = cat(b"redlock-mux:queue:", key.unwrap_or_default());
+            // L5: if ARGV[2] then redis.pcall('zrem', q, ARGV[2]) end
+            if let Some(id) = x.arg(2) {
+                self.pcall(x, &[Some(b"zrem"), Some(&q), Some(id)]);
+            }
+            // L6: if redis.call('get', KEYS[i]) == ARGV[1] then
+            let v = self.call(x, 6, &[Some(b"get"), key])?;
+            if lua_eq(&v, x.arg(1)) {
+                // L7: redis.call('del', KEYS[i])
+                self.call(x, 7, &[Some(b"del"), key])?;
+                // L8: local turn
+                let mut turn: Option<Vec<u8>> = None;
+                // L9: if redis.pcall('exists', q) == 1 then
+                if self.pcall(x, &[Some(b"exists"), Some(&q)]) == Reply::Int(1) {
+                    // L10: for _ = 1, 8 do
+                    for _ in 1..=8 {
+                        // L11: local r = redis.pcall('zrange', q, 0, 0)
+                        let r = self.pcall(x, &[Some(b"zrange"), Some(&q), Some(b"0"), Some(b"0")]);
+                        // L12: local h = type(r) == 'table' and r[1]
+                        // L13: if not h then break end
+                        let Some(h) = first_string(&r) else {
+                            break;
+                        };
+                        // L14: if redis.pcall('exists', 'redlock-mux:waiter:' .. h) == 1 then
+                        let live = cat(b"redlock-mux:waiter:", &h);
+                        if self.pcall(x, &[Some(b"exists"), Some(&live)]) == Reply::Int(1) {
+                            // L15: turn = h
+                            // L16: break
+                            turn = Some(h);
+                            break;
+                        }
+                        // L18: redis.pcall('zrem', q, h)
+                        self.pcall(x, &[Some(b"zrem"), Some(&q), Some(&h)]);
+                    }
+                }
+                // L21: local note = string.sub(ARGV[1], 1, 16)
+                // (ARGV[1] is a string here: it equalled a value.)
+                let note = lua_sub(x.arg(1).unwrap_or_default(), 1, 16);
+                match turn {
+                    // L22: if turn then
+                    // L23: redis.pcall('publish', 'redlock-mux:next:' .. string.sub(turn, 1, 8), note .. turn)
+                    Some(turn) => {
+                        let channel = cat(b"redlock-mux:next:", lua_sub(&turn, 1, 8));
+                        let payload = cat(note, &turn);
+                        self.pcall(x, &[Some(b"publish"), Some(&channel), Some(&payload)]);
+                    }
+                    // L25: redis.pcall('publish', 'redlock-mux:released:' .. KEYS[i], note)
+                    None => {
+                        let channel = cat(b"redlock-mux:released:", key.unwrap_or_default());
+                        self.pcall(x, &[Some(b"publish"), Some(&channel), Some(note)]);
+                    }
+                }
+            } else {
+                // L28: held = 0
+                held = 0;
+            }
+        }
+        // L31: return held
+        Ok(Reply::Int(held))
+    }
+
+    /// `scripts::EXTEND`.
+    fn lua_extend(&mut self, x: &Run<'_>) -> Result<Reply, Raised> {
+        // L1: for i = 1, #KEYS do
+        for i in 1..=x.nkeys() {
+            // L2: if redis.call('get', KEYS[i]) ~= ARGV[1] then return 0 end
+            let v = self.call(x, 2, &[Some(b"get"), x.key(i as f64)])?;
+            if !lua_eq(&v, x.arg(1)) {
+                return Ok(Reply::Int(0));
+            }
+        }
+        // L4: local ttl = tonumber(ARGV[2])
+        let ttl = x.arg(2).and_then(lua_tonumber);
+        // L5: for i = 1, #KEYS do
+        for i in 1..=x.nkeys() {
+            let key = x.key(i as f64);
+            // L6: if redis.call('pttl', KEYS[i]) < ttl then redis.call('pexpire', KEYS[i], ttl) end
+            let pttl = lua_number(&self.call(x, 6, &[Some(b"pttl"), key])?);
+            if lua_lt(x, 6, pttl, ttl)? {
+                let ms = lua_num_arg(ttl.unwrap_or_default());
+                self.call(x, 6, &[Some(b"pexpire"), key, Some(&ms)])?;
+            }
+        }
+        // L8: return 1
+        Ok(Reply::Int(1))
+    }
+
+    /// `scripts::ACQUIRE_MANY`.
+    fn lua_acquire_many(&mut self, x: &Run<'_>) -> Result<Reply, Raised> {
+        // L1: for i = 1, #KEYS do
+        for i in 1..=x.nkeys() {
+            // L2: if redis.call('exists', KEYS[i]) == 1 then return 0 end
+            if self.call(x, 2, &[Some(b"exists"), x.key(i as f64)])? == Reply::Int(1) {
+                return Ok(Reply::Int(0));
+            }
+        }
+        // L4: for i = 1, #KEYS do redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2]) end
+        for i in 1..=x.nkeys() {
+            let args = [
+                Some(&b"set"[..]),
+                x.key(i as f64),
+                x.arg(1),
+                Some(b"PX"),
+                x.arg(2),
+            ];
+            self.call(x, 4, &args)?;
+        }
+        // L5: return 1
+        Ok(Reply::Int(1))
+    }
+
+    /// `scripts::ACQUIRE_WAIT`.
+    fn lua_acquire_wait(&mut self, x: &Run<'_>) -> Result<Reply, Raised> {
+        // L1: if #KEYS == 1 then
+        if x.nkeys() == 1 {
+            let key = x.key(1.0);
+            // L2: local id = ARGV[3]
+            let id = x.arg(3);
+            // L3: local q = 'redlock-mux:queue:' .. KEYS[1]
+            let q = cat(b"redlock-mux:queue:", key.unwrap_or_default());
+            // L4: local behind = false
+            let mut behind = false;
+            // L5: if id and ARGV[5] == 'p' and redis.pcall('exists', q) == 1 then
+            if id.is_some()
+                && x.arg(5) == Some(b"p")
+                && self.pcall(x, &[Some(b"exists"), Some(&q)]) == Reply::Int(1)
+            {
+                // L6: for _ = 1, 8 do
+                for _ in 1..=8 {
+                    // L7: local r = redis.pcall('zrange', q, 0, 0)
+                    let r = self.pcall(x, &[Some(b"zrange"), Some(&q), Some(b"0"), Some(b"0")]);
+                    // L8: local h = type(r) == 'table' and r[1]
+                    // L9: if not h or h == id then break end
+                    let h = match first_string(&r) {
+                        Some(h) if Some(h.as_slice()) != id => h,
+                        _ => break,
+                    };
+                    // L10: if redis.pcall('exists', 'redlock-mux:waiter:' .. h) == 1 then
+                    let live = cat(b"redlock-mux:waiter:", &h);
+                    if self.pcall(x, &[Some(b"exists"), Some(&live)]) == Reply::Int(1) {
+                        // L11: behind = true
+                        // L12: break
+                        behind = true;
+                        break;
+                    }
+                    // L14: redis.pcall('zrem', q, h)
+                    self.pcall(x, &[Some(b"zrem"), Some(&q), Some(&h)]);
+                }
+            }
+            // L17: if not behind and redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+            if !behind {
+                let args = [
+                    Some(&b"set"[..]),
+                    key,
+                    x.arg(1),
+                    Some(b"NX"),
+                    Some(b"PX"),
+                    x.arg(2),
+                ];
+                if self.call(x, 17, &args)? != Reply::Nil {
+                    // L18: if id and redis.pcall('exists', 'redlock-mux:waiter:' .. id) == 1 then
+                    if let Some(id) = id {
+                        let live = cat(b"redlock-mux:waiter:", id);
+                        if self.pcall(x, &[Some(b"exists"), Some(&live)]) == Reply::Int(1) {
+                            // L19: redis.pcall('set', 'redlock-mux:waiter:' .. id, '1', 'PX', ARGV[4])
+                            let args = [
+                                Some(&b"set"[..]),
+                                Some(&live),
+                                Some(b"1"),
+                                Some(b"PX"),
+                                x.arg(4),
+                            ];
+                            self.pcall(x, &args);
+                            // L20: redis.pcall('pexpire', q, ARGV[4])
+                            self.pcall(x, &[Some(b"pexpire"), Some(&q), x.arg(4)]);
+                        }
+                    }
+                    // L22: return 0
+                    return Ok(Reply::Int(0));
+                }
+            }
+            // L24: if id then
+            if let Some(id) = id {
+                // L25: redis.pcall('zadd', q, 'NX', ARGV[6], id)
+                self.pcall(
+                    x,
+                    &[Some(b"zadd"), Some(&q), Some(b"NX"), x.arg(6), Some(id)],
+                );
+                // L26: redis.pcall('pexpire', q, ARGV[4])
+                self.pcall(x, &[Some(b"pexpire"), Some(&q), x.arg(4)]);
+                // L27: redis.pcall('set', 'redlock-mux:waiter:' .. id, '1', 'PX', ARGV[4])
+                let live = cat(b"redlock-mux:waiter:", id);
+                self.pcall(
+                    x,
+                    &[Some(b"set"), Some(&live), Some(b"1"), Some(b"PX"), x.arg(4)],
+                );
+            }
+            // L29: local left = redis.call('pttl', KEYS[1])
+            let mut left = match self.call(x, 29, &[Some(b"pttl"), key])? {
+                Reply::Int(n) => n,
+                _ => 0,
+            };
+            // L30: if left == -2 then left = -1 elseif left == 0 then left = 1 end
+            if left == -2 {
+                left = -1;
+            } else if left == 0 {
+                left = 1;
+            }
+            // L31: local v = redis.pcall('get', KEYS[1])
+            // L32: if type(v) ~= 'string' then v = '' end
+            let v = match self.pcall(x, &[Some(b"get"), key]) {
+                Reply::Bulk(v) => v,
+                _ => Vec::new(),
+            };
+            // L33: return {left, string.sub(v, 1, 16)}
+            return Ok(Reply::Array(vec![
+                Reply::Int(left),
+                Reply::Bulk(lua_sub(&v, 1, 16).to_vec()),
+            ]));
+        }
+        // L35: local left = 0
+        let mut left: i64 = 0;
+        // L36: for i = 1, #KEYS do
+        for i in 1..=x.nkeys() {
+            // L37: local t = redis.call('pttl', KEYS[i])
+            let t = match self.call(x, 37, &[Some(b"pttl"), x.key(i as f64)])? {
+                Reply::Int(n) => n,
+                _ => 0,
+            };
+            // L38: if t == -1 then left = -1
+            // L39: elseif t >= 0 and left >= 0 then left = math.max(left, t, 1) end
+            if t == -1 {
+                left = -1;
+            } else if t >= 0 && left >= 0 {
+                left = left.max(t).max(1);
+            }
+        }
+        // L41: if left ~= 0 then return left end
+        if left != 0 {
+            return Ok(Reply::Int(left));
+        }
+        // L42: for i = 1, #KEYS do redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2]) end
+        for i in 1..=x.nkeys() {
+            let args = [
+                Some(&b"set"[..]),
+                x.key(i as f64),
+                x.arg(1),
+                Some(b"PX"),
+                x.arg(2),
+            ];
+            self.call(x, 42, &args)?;
+        }
+        // L43: return 0
+        Ok(Reply::Int(0))
+    }
+
+    /// `scripts::FENCE_DRAW`.
+    fn lua_fence_draw(&mut self, x: &Run<'_>) -> Result<Reply, Raised> {
+        // L1: local n = #KEYS / 2   (a Lua number: 1.5 for three keys)
+        let n = x.nkeys() as f64 / 2.0;
+        // L2: for i = 1, n do
+        let mut i = 1.0;
+        while i <= n {
+            // L3: if redis.call('get', KEYS[i]) ~= ARGV[1] then return 0 end
+            let v = self.call(x, 3, &[Some(b"get"), x.key(i)])?;
+            if !lua_eq(&v, x.arg(1)) {
+                return Ok(Reply::Int(0));
+            }
+            i += 1.0;
+        }
+        // L5: local top = 0
+        let mut top = 0.0;
+        // L6: for i = n + 1, #KEYS do
+        let mut i = n + 1.0;
+        while i <= x.nkeys() as f64 {
+            // L7: local c = tonumber(redis.call('get', KEYS[i]) or '0')
+            let c = match self.call(x, 7, &[Some(b"get"), x.key(i)])? {
+                Reply::Bulk(v) => lua_tonumber(&v),
+                _ => lua_tonumber(b"0"),
+            };
+            // L8: if c > top then top = c end   (Lua evaluates `top < c`)
+            if lua_lt(x, 8, Some(top), c)? {
+                top = c.unwrap_or_default();
+            }
+            i += 1.0;
+        }
+        // L10: return top + 1   (a Lua number; Redis replies with its integer part)
+        Ok(Reply::Int((top + 1.0) as i64))
+    }
+
+    /// `scripts::FENCE_RAISE`.
+    fn lua_fence_raise(&mut self, x: &Run<'_>) -> Result<Reply, Raised> {
+        // L1: local n = #KEYS / 2
+        let n = x.nkeys() as f64 / 2.0;
+        // L2: for i = 1, n do
+        let mut i = 1.0;
+        while i <= n {
+            // L3: if redis.call('get', KEYS[i]) ~= ARGV[1] then return 0 end
+            let v = self.call(x, 3, &[Some(b"get"), x.key(i)])?;
+            if !lua_eq(&v, x.arg(1)) {
+                return Ok(Reply::Int(0));
+            }
+            i += 1.0;
+        }
+        // L5: local t = tonumber(ARGV[2])
+        let t = x.arg(2).and_then(lua_tonumber);
+        // L6: for i = n + 1, #KEYS do
+        let mut i = n + 1.0;
+        while i <= x.nkeys() as f64 {
+            // L7: if tonumber(redis.call('get', KEYS[i]) or '0') < t then redis.call('set', KEYS[i], ARGV[2]) end
+            let c = match self.call(x, 7, &[Some(b"get"), x.key(i)])? {
+                Reply::Bulk(v) => lua_tonumber(&v),
+                _ => lua_tonumber(b"0"),
+            };
+            if lua_lt(x, 7, c, t)? {
+                self.call(x, 7, &[Some(b"set"), x.key(i), x.arg(2)])?;
+            }
+            i += 1.0;
+        }
+        // L9: return 1
+        Ok(Reply::Int(1))
+    }
+}
+
+// ----- Lua helpers ------------------------------------------------------------------------------
+
+/// `redis.call('get', k) == s` in Lua: a string reply equal to a string argument (`false`,
+/// the nil reply, never equals; nor does anything equal a nil argument).
+fn lua_eq(v: &Reply, s: Option<&[u8]>) -> bool {
+    matches!((v, s), (Reply::Bulk(a), Some(b)) if a.as_slice() == b)
+}
+
+/// `type(r) == 'table' and r[1]`, as a string: the first element of an array reply (an
+/// error or status table has no `[1]`).
+fn first_string(r: &Reply) -> Option<Vec<u8>> {
+    match r {
+        Reply::Array(items) => match items.first() {
+            Some(Reply::Bulk(s)) => Some(s.clone()),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// An integer reply as a Lua number (other replies: not a number).
+fn lua_number(r: &Reply) -> Option<f64> {
+    match r {
+        Reply::Int(n) => Some(*n as f64),
+        _ => None,
+    }
+}
+
+/// `a < b` in Lua 5.1, numbers or nil: comparing nil raises.
+fn lua_lt(x: &Run<'_>, line: u32, a: Option<f64>, b: Option<f64>) -> Result<bool, Raised> {
+    let what = match (a, b) {
+        (Some(a), Some(b)) => return Ok(a < b),
+        (None, None) => "attempt to compare two nil values".to_owned(),
+        (a, b) => {
+            let ty = |v: Option<f64>| if v.is_some() { "number" } else { "nil" };
+            format!("attempt to compare {} with {}", ty(a), ty(b))
+        }
+    };
+    Err(Raised(
+        format!(
+            "ERR user_script:{line}: {what} script: {}, on @user_script:{line}.",
+            x.sha
+        )
+        .into_bytes(),
+    ))
+}
+
+/// `string.sub(s, i, j)` for positive `i <= j`.
+fn lua_sub(s: &[u8], i: usize, j: usize) -> &[u8] {
+    let end = j.min(s.len());
+    let start = (i - 1).min(end);
+    &s[start..end]
+}
+
+fn cat(a: &[u8], b: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(a.len() + b.len());
+    v.extend_from_slice(a);
+    v.extend_from_slice(b);
+    v
+}
+
+/// C `isspace`.
+fn is_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
+}
+
+/// The longest prefix of `s` that C `strtod` reads as a decimal number, an `inf`/`nan`
+/// word or a hex integer, with its value (no leading whitespace here).
+fn strtod_prefix(s: &[u8]) -> Option<(f64, usize)> {
+    let mut i = 0;
+    let neg = match s.first() {
+        Some(b'-') => {
+            i += 1;
+            true
+        }
+        Some(b'+') => {
+            i += 1;
+            false
+        }
+        _ => false,
+    };
+    let sign = if neg { -1.0 } else { 1.0 };
+    let rest = &s[i..];
+    if rest.len() > 2 && rest[0] == b'0' && (rest[1] | 0x20) == b'x' && rest[2].is_ascii_hexdigit()
+    {
+        let digits = rest[2..]
+            .iter()
+            .take_while(|b| b.is_ascii_hexdigit())
+            .count();
+        let mut v = 0.0;
+        for &d in &rest[2..2 + digits] {
+            v = v * 16.0 + (d as char).to_digit(16).unwrap_or(0) as f64;
+        }
+        return Some((sign * v, i + 2 + digits));
+    }
+    let lower = rest.to_ascii_lowercase();
+    for (word, v) in [
+        ("infinity", f64::INFINITY),
+        ("inf", f64::INFINITY),
+        ("nan", f64::NAN),
+    ] {
+        if lower.starts_with(word.as_bytes()) {
+            return Some((sign * v, i + word.len()));
+        }
+    }
+    let mut j = 0;
+    let int = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    j += int;
+    let mut frac = 0;
+    if rest.get(j) == Some(&b'.') {
+        frac = rest[j + 1..]
+            .iter()
+            .take_while(|b| b.is_ascii_digit())
+            .count();
+        if int + frac > 0 {
+            j += 1 + frac;
+        }
+    }
+    if int + frac == 0 {
+        return None;
+    }
+    if matches!(rest.get(j), Some(b'e' | b'E')) {
+        let mut k = j + 1;
+        if matches!(rest.get(k), Some(b'+' | b'-')) {
+            k += 1;
+        }
+        let exp = rest[k..].iter().take_while(|b| b.is_ascii_digit()).count();
+        if exp > 0 {
+            j = k + exp;
+        }
+    }
+    let text = std::str::from_utf8(&rest[..j]).ok()?;
+    let v: f64 = text.parse().ok()?;
+    Some((sign * v, i + j))
+}
+
+/// Lua 5.1 `tonumber(s)` (luaO_str2d: `strtod`, hex, surrounding whitespace; the string
+/// ends at a NUL byte, as a C string).
+fn lua_tonumber(s: &[u8]) -> Option<f64> {
+    let s = s.split(|&b| b == 0).next().unwrap_or_default();
+    let start = s.iter().take_while(|&&b| is_space(b)).count();
+    let s = &s[start..];
+    let (v, used) = strtod_prefix(s)?;
+    s[used..].iter().all(|&b| is_space(b)).then_some(v)
+}
+
+/// Redis' `getDoubleFromObject` (a `ZADD` score): `strtod` over the whole string, no
+/// leading space, not NaN.
+fn redis_double(s: &[u8]) -> Option<f64> {
+    if s.first().is_none_or(|&b| is_space(b)) {
+        return None;
+    }
+    let (v, used) = strtod_prefix(s)?;
+    (used == s.len() && !v.is_nan()).then_some(v)
+}
+
+/// A Lua number as Redis 7.0 passes it to a command (`%.17g`).
+fn lua_num_arg(v: f64) -> Vec<u8> {
+    fmt_g17(v).into_bytes()
+}
+
+/// C's `%.17g` (what Redis 7.0 uses for Lua numbers in commands and for scores).
+fn fmt_g17(v: f64) -> String {
+    if v.is_nan() {
+        return if v.is_sign_negative() { "-nan" } else { "nan" }.into();
+    }
+    if v.is_infinite() {
+        return if v < 0.0 { "-inf" } else { "inf" }.into();
+    }
+    if v == 0.0 {
+        return if v.is_sign_negative() { "-0" } else { "0" }.into();
+    }
+    let e = format!("{:.16e}", v);
+    let (mantissa, exp) = e.split_once('e').unwrap_or((&e, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    let neg = mantissa.starts_with('-');
+    let digits: String = mantissa.chars().filter(|c| c.is_ascii_digit()).collect();
+    let sign = if neg { "-" } else { "" };
+    if !(-4..17).contains(&exp) {
+        let (first, rest) = digits.split_at(1);
+        let rest = rest.trim_end_matches('0');
+        let dot = if rest.is_empty() { "" } else { "." };
+        let esign = if exp < 0 { '-' } else { '+' };
+        return format!("{sign}{first}{dot}{rest}e{esign}{:02}", exp.abs());
+    }
+    let s = if exp >= 0 {
+        let (int, frac) = digits.split_at(exp as usize + 1);
+        let frac = frac.trim_end_matches('0');
+        if frac.is_empty() {
+            int.to_owned()
+        } else {
+            format!("{int}.{frac}")
+        }
+    } else {
+        let zeros = "0".repeat((-exp - 1) as usize);
+        format!("0.{zeros}{}", digits.trim_end_matches('0'))
+    };
+    format!("{sign}{s}")
+}
+
+// ----- small parsers and encoders ----------------------------------------------------------------
+
+/// Redis' `string2ll`: an optional `-`, then `0` alone or digits without a leading zero.
+fn parse_i64(s: &[u8]) -> Option<i64> {
+    let digits = s.strip_prefix(b"-").unwrap_or(s);
+    let canonical = match digits {
+        [b'0'] => s.len() == 1,
+        [b'1'..=b'9', rest @ ..] => rest.iter().all(u8::is_ascii_digit),
+        _ => false,
+    };
+    if !canonical {
+        return None;
+    }
+    std::str::from_utf8(s).ok()?.parse().ok()
+}
+
+fn alive(e: &Entry, now: i64) -> bool {
+    e.expire_at.is_none_or(|at| now <= at)
+}
+
+fn insert_sorted(z: &mut Vec<(f64, Vec<u8>)>, score: f64, member: Vec<u8>) {
+    let pos = z
+        .iter()
+        .position(|(s, m)| (*s, m.as_slice()) > (score, member.as_slice()))
+        .unwrap_or(z.len());
+    z.insert(pos, (score, member));
+}
+
+/// The index in `scripts::ALL` of a script source (byte-exact).
+fn script_index(src: &[u8]) -> Option<usize> {
+    scripts::ALL
+        .iter()
+        .position(|s: &Script| s.src.as_bytes() == src)
+}
+
+fn unknown_script() -> Reply {
+    err("ERR simredis: unknown script source (only redlock_mux::scripts::ALL can run)")
+}
+
+/// `%.{max}s` of an argument, with CR/LF shown as spaces (an error line has none).
+fn printable(a: &[u8], max: usize) -> String {
+    let cut = &a[..a.len().min(max)];
+    String::from_utf8_lossy(cut).replace(['\r', '\n'], " ")
+}
+
+/// Redis 7.0's "unknown command" text (commandCheckExistence).
+fn unknown_command(args: &[Vec<u8>]) -> Vec<u8> {
+    let mut list = String::new();
+    for a in &args[1..] {
+        if list.len() >= 128 {
+            break;
+        }
+        let room = 128 - list.len();
+        let _ = write!(list, "'{}' ", printable(a, room));
+    }
+    format!(
+        "ERR unknown command '{}', with args beginning with: {list}",
+        printable(&args[0], 128)
+    )
+    .into_bytes()
+}
+
+/// Redis' `stringmatchlen` glob (`*`, `?`, `[...]` with `^` and ranges, `\` escapes).
+fn glob(pattern: &[u8], s: &[u8], nocase: bool) -> bool {
+    let eq = |a: u8, b: u8| {
+        if nocase {
+            a.eq_ignore_ascii_case(&b)
+        } else {
+            a == b
+        }
+    };
+    let (mut p, mut i) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while i < s.len() {
+        let mut matched = false;
+        let mut next_p = p;
+        if p < pattern.len() {
+            match pattern[p] {
+                b'*' => {
+                    star = Some((p, i));
+                    p += 1;
+                    continue;
+                }
+                b'?' => {
+                    matched = true;
+                    next_p = p + 1;
+                }
+                b'[' => {
+                    let mut k = p + 1;
+                    let negate = pattern.get(k) == Some(&b'^');
+                    if negate {
+                        k += 1;
+                    }
+                    let mut hit = false;
+                    while k < pattern.len() && pattern[k] != b']' {
+                        if pattern[k] == b'\\' && k + 1 < pattern.len() {
+                            k += 1;
+                            hit |= eq(pattern[k], s[i]);
+                        } else if k + 2 < pattern.len()
+                            && pattern[k + 1] == b'-'
+                            && pattern[k + 2] != b']'
+                        {
+                            let (mut lo, mut hi) = (pattern[k], pattern[k + 2]);
+                            if lo > hi {
+                                std::mem::swap(&mut lo, &mut hi);
+                            }
+                            let c = s[i];
+                            hit |= (lo..=hi).contains(&c)
+                                || (nocase
+                                    && ((lo..=hi).contains(&c.to_ascii_lowercase())
+                                        || (lo..=hi).contains(&c.to_ascii_uppercase())));
+                            k += 2;
+                        } else {
+                            hit |= eq(pattern[k], s[i]);
+                        }
+                        k += 1;
+                    }
+                    matched = hit != negate;
+                    next_p = (k + 1).min(pattern.len());
+                }
+                b'\\' if p + 1 < pattern.len() => {
+                    matched = eq(pattern[p + 1], s[i]);
+                    next_p = p + 2;
+                }
+                c => {
+                    matched = eq(c, s[i]);
+                    next_p = p + 1;
+                }
+            }
+        }
+        if matched {
+            p = next_p;
+            i += 1;
+        } else if let Some((sp, si)) = star {
+            p = sp + 1;
+            i = si + 1;
+            star = Some((sp, si + 1));
+        } else {
+            return false;
+        }
+    }
+    pattern[p..].iter().all(|&c| c == b'*')
+}
+
+/// A fresh run id: 40 lowercase hex digits from a splitmix64 stream.
+fn new_run_id(rng: &mut u64) -> String {
+    let mut s = String::with_capacity(40);
+    while s.len() < 40 {
+        *rng = rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = *rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        let _ = write!(s, "{z:016x}");
+    }
+    s.truncate(40);
+    s
+}
+
+/// Encodes a reply (RESP2; nulls as `_` with `resp3_nulls`).
+fn encode(out: &mut Vec<u8>, r: &Reply, resp3_nulls: bool) {
+    match r {
+        Reply::Status(s) => {
+            out.push(b'+');
+            out.extend_from_slice(s);
+            out.extend_from_slice(b"\r\n");
+        }
+        Reply::Error(e) => {
+            out.push(b'-');
+            out.extend(
+                e.iter()
+                    .map(|&b| if b == b'\r' || b == b'\n' { b' ' } else { b }),
+            );
+            out.extend_from_slice(b"\r\n");
+        }
+        Reply::Int(n) => {
+            let _ = write!(Buf(out), ":{n}\r\n");
+        }
+        Reply::Bulk(b) => {
+            let _ = write!(Buf(out), "${}\r\n", b.len());
+            out.extend_from_slice(b);
+            out.extend_from_slice(b"\r\n");
+        }
+        Reply::Nil if resp3_nulls => out.extend_from_slice(b"_\r\n"),
+        Reply::Nil => out.extend_from_slice(b"$-1\r\n"),
+        Reply::Array(items) => {
+            let _ = write!(Buf(out), "*{}\r\n", items.len());
+            for i in items {
+                encode(out, i, resp3_nulls);
+            }
+        }
+    }
+}
+
+struct Buf<'a>(&'a mut Vec<u8>);
+
+impl std::fmt::Write for Buf<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+}
+
+// ----- the request parser ------------------------------------------------------------------------
+
+/// Redis' `PROTO_INLINE_MAX_SIZE`: the longest inline command or header line.
+const INLINE_MAX: usize = 64 * 1024;
+/// Redis' `proto-max-bulk-len` default.
+const MAX_BULK: i64 = 512 * 1024 * 1024;
+
+/// The next command in `input` (Redis 7.0's processMultibulkBuffer / processInlineBuffer,
+/// with the frame itself read by `redlock_mux::resp::parse`).
+fn next_command(input: &[u8], authed: bool) -> Next {
+    if input.first() != Some(&b'*') {
+        return next_inline(input);
+    }
+    // The checks Redis makes header by header, as the bytes arrive, with its texts.
+    if let Some(verdict) = check_multibulk(input, authed) {
+        return verdict;
+    }
+    let limits = Limits {
+        max_bulk_len: MAX_BULK as usize,
+        max_elements: i32::MAX as usize,
+        max_depth: 2,
+        max_line_len: INLINE_MAX,
+    };
+    match resp::parse(input, &limits) {
+        Ok(Status::Partial(_)) => Next::Need,
+        Ok(Status::Complete((Frame::Aggregate(a), used))) => {
+            let mut args = Vec::with_capacity(a.len());
+            for f in a.iter() {
+                match f {
+                    Frame::Bulk(b) => args.push(b.to_vec()),
+                    _ => return Next::Protocol("expected '$'".into()),
+                }
+            }
+            Next::Command(args, used)
+        }
+        Ok(Status::Complete(_)) => Next::Protocol("invalid multibulk length".into()),
+        Err(e) => Next::Protocol(e.description().into()),
+    }
+}
+
+/// Reads the headers of a multibulk command as far as `input` goes: `Some` with a
+/// protocol error or a skip of an empty command, `None` when the frame may be fine.
+fn check_multibulk(input: &[u8], authed: bool) -> Option<Next> {
+    let line = |at: usize| -> Option<&[u8]> {
+        let rest = input.get(at..)?;
+        let end = rest.iter().position(|&b| b == b'\r')?;
+        // Redis looks for '\r' and assumes '\n' follows.
+        (rest.len() > end + 1).then_some(&rest[..end])
+    };
+    let Some(count) = line(1) else {
+        return (input.len() > INLINE_MAX)
+            .then(|| Next::Protocol("too big mbulk count string".into()));
+    };
+    let header_len = 1 + count.len() + 2;
+    let n = match parse_i64(count) {
+        Some(n) if n <= i32::MAX as i64 => n,
+        _ => return Some(Next::Protocol("invalid multibulk length".into())),
+    };
+    if n > 10 && !authed {
+        return Some(Next::Protocol("unauthenticated multibulk length".into()));
+    }
+    if n <= 0 {
+        return Some(Next::Skip(header_len));
+    }
+    let mut at = header_len;
+    for _ in 0..n {
+        let &kind = input.get(at)?;
+        if kind != b'$' {
+            return Some(Next::Protocol(format!(
+                "expected '$', got '{}'",
+                kind as char
+            )));
+        }
+        let Some(len) = line(at + 1) else {
+            return (input.len() - at > INLINE_MAX)
+                .then(|| Next::Protocol("too big bulk count string".into()));
+        };
+        let size = match parse_i64(len) {
+            Some(s) if (0..=MAX_BULK).contains(&s) => s,
+            _ => return Some(Next::Protocol("invalid bulk length".into())),
+        };
+        if size > 16384 && !authed {
+            return Some(Next::Protocol("unauthenticated bulk length".into()));
+        }
+        at += 1 + len.len() + 2 + size as usize + 2;
+    }
+    None
+}
+
+/// An inline command: one line split on whitespace.
+fn next_inline(input: &[u8]) -> Next {
+    let Some(nl) = input.iter().position(|&b| b == b'\n') else {
+        return if input.len() > INLINE_MAX {
+            Next::Protocol("too big inline request".into())
+        } else {
+            Next::Need
+        };
+    };
+    let line = input[..nl].strip_suffix(b"\r").unwrap_or(&input[..nl]);
+    let args: Vec<Vec<u8>> = line
+        .split(|&b| is_space(b))
+        .filter(|w| !w.is_empty())
+        .map(<[u8]>::to_vec)
+        .collect();
+    if args.is_empty() {
+        Next::Skip(nl + 1)
+    } else {
+        Next::Command(args, nl + 1)
+    }
+}
