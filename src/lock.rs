@@ -145,6 +145,14 @@ impl Lock {
     pub fn attempts(&self) -> u32 {
         self.attempts
     }
+    /// An extension of this lock succeeded (`core::Done::Extended`): its new deadline and
+    /// TTL. What the front-ends do after an extend; for those who drive the core by hand
+    /// (the simulation).
+    #[doc(hidden)]
+    pub fn extended(&mut self, valid_until: Instant, ttl: Duration) {
+        self.valid_until = valid_until;
+        self.ttl = ttl;
+    }
 }
 
 impl fmt::Debug for Lock {
