@@ -32,7 +32,7 @@ use nix::sys::signal::{kill, pthread_sigmask, raise, SigSet, SigmaskHow, Signal}
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use redlock_mux::{
-    CancelHandle, Error, Fault, HoldOptions, Lock, LockSignal, Outcome, Redlock, Report,
+    CancelHandle, Error, Fault, HoldOptions, Lock, LockSignal, Outcome, Redlock, Report, TlsFault,
 };
 use signal_hook::consts::{SIGCHLD, SIGCONT, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGTSTP};
 use signal_hook::iterator::Signals;
@@ -866,6 +866,10 @@ fn acquire(args: &RunArgs, client: &mut Redlock, started: Instant) -> Result<Loc
     let judge = |e: Error| -> Result<Error, Failed> {
         match e {
             Error::Taken(_) | Error::NoQuorum(_) | Error::ValidityUsedUp(_) => {}
+            // Said with the hints of `hopeless` (the library's `Refused` is one case of it).
+            Error::Refused(ref r) => {
+                return Err(hopeless(args, r).map_or(Failed::Error(e), Failed::Hopeless))
+            }
             e => return Err(Failed::Error(e)),
         }
         match e.report().and_then(|r| hopeless(args, r)) {
@@ -883,6 +887,7 @@ fn acquire(args: &RunArgs, client: &mut Redlock, started: Instant) -> Result<Loc
     match client.lock_with_deadline(&args.resource, args.ttl, deadline) {
         Ok(lock) => return Ok(lock),
         Err(Error::DeadlineExceeded(_)) => {}
+        Err(e @ Error::Refused(_)) => return Err(judge(e).map_or_else(|f| f, Failed::Error)),
         Err(e) => return Err(Failed::Error(e)),
     }
     match client.try_lock(&args.resource, args.ttl) {
@@ -891,19 +896,20 @@ fn acquire(args: &RunArgs, client: &mut Redlock, started: Instant) -> Result<Loc
     }
 }
 
-/// A master that refuses this client whatever the wait: a handshake refused for who we
-/// are or what we ask (wrong or missing password, unknown user or one without the right
-/// to a command, bad database index), not durable enough for `--fencing`, or the same
-/// server as another master listed. A refusal for the moment is not one: `-LOADING` (a
-/// master reading its data after a restart), `-BUSY` (running a long script),
-/// `-ERR max number of clients reached`, and any code not known here, are waited for.
+/// A master that refuses this client whatever the wait: what the library counts as a
+/// configuration refusal ([`Fault::is_configuration`]: a handshake refused for who we are
+/// or what we ask, a lock request refused by the master's ACL, a certificate that does not
+/// verify or that the master refuses), a handshake refused with another `-ERR` (the
+/// library waits for those; `run` knows better: an `ERR` there is about this client),
+/// not durable enough for `--fencing`, or the same server as another master listed. A
+/// refusal for the moment is not one: `-LOADING` (a master reading its data after a
+/// restart), `-BUSY` (running a long script), `-ERR max number of clients reached`, and
+/// any code not known here, are waited for.
 fn refuses(o: Outcome) -> bool {
     match o {
+        Outcome::Failed(f) if f.is_configuration() => true,
         Outcome::Failed(Fault::Handshake(t)) => {
-            t.starts_with(b"WRONGPASS")
-                || t.starts_with(b"NOAUTH")
-                || t.starts_with(b"NOPERM")
-                || (t.starts_with(b"ERR ") && !t.starts_with(b"ERR max number of clients"))
+            t.starts_with(b"ERR ") && !t.starts_with(b"ERR max number of clients")
         }
         Outcome::Failed(Fault::NotDurable | Fault::SameServer) => true,
         _ => false,
@@ -918,9 +924,56 @@ fn silent(o: Outcome) -> bool {
         Outcome::Pending
             | Outcome::TimedOut
             | Outcome::Failed(
-                Fault::Down | Fault::Connect(_) | Fault::Closed(_) | Fault::Backlogged
+                Fault::Down
+                    | Fault::Connect(_)
+                    | Fault::Closed(_)
+                    | Fault::Backlogged
+                    | Fault::Tls(TlsFault::Other(_))
             )
     )
+}
+
+/// What to do about the refusals seen, one hint per kind.
+fn hints(refusing: &[(&str, Outcome)], resource: &str) -> Vec<String> {
+    let mut hints = Vec::new();
+    let any = |f: &dyn Fn(Outcome) -> bool| refusing.iter().any(|(_, o)| f(*o));
+    if any(&|o| matches!(o, Outcome::Failed(Fault::Handshake(_)))) {
+        hints.push("check the user, password and database in the master URLs".to_string());
+    }
+    if any(&|o| matches!(o, Outcome::Failed(Fault::Redis(t)) if t.starts_with(b"NOPERM"))) {
+        hints.push(format!(
+            "the user's ACL must allow the lock's key and the commands SET, EVALSHA, EVAL \
+             (e.g. ACL SETUSER <user> ~{resource} ~redlock-mux:* &redlock-mux:* +@all, or a \
+             key pattern that covers {resource})"
+        ));
+    }
+    if any(&|o| matches!(o, Outcome::Failed(Fault::Redis(t)) if !t.starts_with(b"NOPERM"))) {
+        hints.push("check the user and password in the master URLs".to_string());
+    }
+    if any(&|o| matches!(o, Outcome::Failed(Fault::Tls(TlsFault::Alert(_))))) {
+        hints.push(
+            "the masters refused this client's TLS session: give --cert and --key signed by \
+             a CA the masters trust (tls-ca-cert-file)"
+                .to_string(),
+        );
+    }
+    if any(
+        &|o| matches!(o, Outcome::Failed(Fault::Tls(t)) if !matches!(t, TlsFault::Alert(_) | TlsFault::Other(_))),
+    ) {
+        hints.push(
+            "--cacert (--tls-ca-file) must hold the CA that signed the masters' certificates, \
+             and each master needs a certificate of its own for its host name or address, \
+             signed by that CA (docs/tls.md shows how to make both with openssl)"
+                .to_string(),
+        );
+    }
+    if any(&|o| o == Outcome::Failed(Fault::NotDurable)) {
+        hints.push("--fencing needs masters with appendonly yes and appendfsync always".into());
+    }
+    if any(&|o| o == Outcome::Failed(Fault::SameServer)) {
+        hints.push("list each server once".into());
+    }
+    hints
 }
 
 /// Whether an attempt's report shows that waiting cannot help; if so, say why and return
@@ -928,6 +981,8 @@ fn silent(o: Outcome) -> bool {
 /// * Masters refuse the client (`refuses`), so many that no quorum is possible without
 ///   them, or while no other master answered at all (a wrong password for every master is
 ///   the common case): a configuration error, 64.
+/// * `rediss://` masters that gave no answer speak plain RESP on that port (a plain Redis
+///   never answers a TLS hello: it waits for a line), found by a `PING` in clear: 64.
 /// * Every master refused the connection: nothing listens at any address (wrong ports, or
 ///   Redis not running), 69. Masters that time out are waited for: a network may come
 ///   back; so are some masters refusing while others answer.
@@ -937,25 +992,6 @@ fn hopeless(args: &RunArgs, r: &Report) -> Option<u8> {
     if !refusing.is_empty()
         && (n - refusing.len() < r.quorum() || r.outcomes().all(|(_, o)| refuses(o) || silent(o)))
     {
-        let mut hints = Vec::new();
-        if refusing
-            .iter()
-            .any(|(_, o)| matches!(o, Outcome::Failed(Fault::Handshake(_))))
-        {
-            hints.push("check the user, password and database in the master URLs");
-        }
-        if refusing
-            .iter()
-            .any(|(_, o)| *o == Outcome::Failed(Fault::NotDurable))
-        {
-            hints.push("--fencing needs masters with appendonly yes and appendfsync always");
-        }
-        if refusing
-            .iter()
-            .any(|(_, o)| *o == Outcome::Failed(Fault::SameServer))
-        {
-            hints.push("list each server once");
-        }
         let k = refusing.len();
         let why = if n - k < r.quorum() {
             format!("so no quorum of {} is possible", r.quorum())
@@ -968,7 +1004,23 @@ fn hopeless(args: &RunArgs, r: &Report) -> Option<u8> {
             args.resource,
             if n == 1 { "" } else { "s" },
             if k == 1 { "s" } else { "" },
-            hints.join("; "),
+            hints(&refusing, &args.resource).join("; "),
+        );
+        return Some(exit::USAGE);
+    }
+    let plain = plain_resp_masters(args, r);
+    if !plain.is_empty() {
+        say!(
+            "cannot lock {}: {} answer{} in plain RESP, not TLS: {} (use redis:// for a \
+             plain port, or rediss:// with the server's tls-port). Last attempt: {r}",
+            args.resource,
+            plain.join(", "),
+            if plain.len() == 1 { "s" } else { "" },
+            if plain.len() == 1 {
+                "this port speaks plain RESP"
+            } else {
+                "these ports speak plain RESP"
+            },
         );
         return Some(exit::USAGE);
     }
@@ -982,6 +1034,40 @@ fn hopeless(args: &RunArgs, r: &Report) -> Option<u8> {
         return Some(exit::UNAVAILABLE);
     }
     None
+}
+
+/// The `rediss://` masters that gave no answer in `r` and answer a `PING` in clear: ports
+/// that speak plain RESP (a plain Redis never answers a TLS hello; a TLS port answers a
+/// `PING` in clear with an alert or a close, never a RESP reply). Bounded: one connect and
+/// one read of at most 500 ms per such master.
+fn plain_resp_masters(args: &RunArgs, r: &Report) -> Vec<String> {
+    let urls = args.masters.urls();
+    r.outcomes()
+        .zip(&urls)
+        .filter(|((_, o), url)| silent(*o) && url.to_ascii_lowercase().starts_with("rediss://"))
+        .filter(|(_, url)| speaks_plain_resp(url, Duration::from_millis(500)))
+        .map(|((name, _), _)| name.to_string())
+        .collect()
+}
+
+/// Whether the TCP address of `url` answers `PING` with a RESP reply (`+PONG`, or an error
+/// such as `-NOAUTH`).
+fn speaks_plain_resp(url: &str, timeout: Duration) -> bool {
+    use std::io::{Read, Write};
+    let Ok(spec) = redlock_mux::MasterSpec::parse(url) else {
+        return false;
+    };
+    let Ok(addr) = spec.resolve() else {
+        return false;
+    };
+    let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, timeout) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(timeout));
+    let _ = s.set_write_timeout(Some(timeout));
+    let mut first = [0u8; 1];
+    s.write_all(b"PING\r\n").is_ok()
+        && matches!(s.read(&mut first), Ok(1) if first[0] == b'+' || first[0] == b'-')
 }
 
 /// Say why the last attempt failed, and return the exit code.
