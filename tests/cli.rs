@@ -2041,3 +2041,163 @@ fn run_with_a_tls_configuration_that_cannot_work_fails_at_once_in_words() {
     assert!(took < Duration::from_secs(2), "took {took:?}: {err}");
     assert!(err.contains("this port speaks plain RESP"), "{err}");
 }
+
+/// One row of the flock(1) compatibility table: what `redlock run` does with what a flock
+/// user types.
+struct Habit {
+    what: &'static str,
+    /// `run`'s options, before RESOURCE (COMMAND is `true`).
+    args: &'static [&'static str],
+    /// The resource is held by another client, released this long after the row starts;
+    /// `None`: free.
+    held_for: Option<Duration>,
+    /// Expected exit status.
+    code: i32,
+    /// `run` must end after the release (it waited for it), or before (it gave up).
+    after_release: bool,
+    /// It must take at least this long (it waited that long).
+    at_least: Duration,
+    /// Its stderr must start with this.
+    stderr: &'static str,
+}
+
+/// The flock(1) compatibility table, every row run at once, each on its own resource.
+/// Without `-w`, and with `-w inf` or `-w forever`, `run` waits until the lock is free, as
+/// flock without `-w` does (it used to give up after 10 s; `inf` and `forever` were usage
+/// errors); `-w N` gives up after N seconds, `-n` and `-w 0` at once, `-E` picks the
+/// status; clap's own usage errors carry the `redlock:` prefix every message has.
+#[test]
+fn flock_compatibility_table() {
+    let s = Duration::from_secs;
+    let ms = Duration::from_millis;
+    #[rustfmt::skip]
+    let table = [
+        // No -w: flock waits as long as it takes. Held past the old default of 10 s.
+        Habit { what: "no -w waits until free", args: &[], held_for: Some(s(11)), code: 0,
+                after_release: true, at_least: s(11), stderr: "" },
+        Habit { what: "-w inf waits until free", args: &["-w", "inf"], held_for: Some(s(2)),
+                code: 0, after_release: true, at_least: s(2), stderr: "" },
+        Habit { what: "-w forever waits until free", args: &["-w", "forever"],
+                held_for: Some(s(2)), code: 0, after_release: true, at_least: s(2), stderr: "" },
+        Habit { what: "--wait=Infinity waits until free", args: &["--wait=Infinity"],
+                held_for: Some(s(2)), code: 0, after_release: true, at_least: s(2), stderr: "" },
+        Habit { what: "-w 0.5 gives up after half a second", args: &["-w", "0.5"],
+                held_for: Some(s(8)), code: 1, after_release: false, at_least: ms(500),
+                stderr: "redlock: " },
+        Habit { what: "-n gives up at once", args: &["-n"], held_for: Some(s(8)), code: 1,
+                after_release: false, at_least: Duration::ZERO, stderr: "redlock: " },
+        Habit { what: "-w 0 is one attempt", args: &["-w", "0"], held_for: Some(s(8)), code: 1,
+                after_release: false, at_least: Duration::ZERO, stderr: "redlock: " },
+        Habit { what: "-E 7 with -n: the conflict status", args: &["-n", "-E", "7"],
+                held_for: Some(s(8)), code: 7, after_release: false, at_least: Duration::ZERO,
+                stderr: "redlock: " },
+        Habit { what: "a free lock with no -w: at once", args: &[], held_for: None, code: 0,
+                after_release: false, at_least: Duration::ZERO, stderr: "" },
+        Habit { what: "an unknown option: redlock: error", args: &["--bogus"], held_for: None,
+                code: 64, after_release: false, at_least: Duration::ZERO,
+                stderr: "redlock: error: unexpected argument '--bogus'" },
+        Habit { what: "a bad -w: redlock: error", args: &["-w", "soon"], held_for: None,
+                code: 64, after_release: false, at_least: Duration::ZERO,
+                stderr: "redlock: error: invalid value 'soon'" },
+    ];
+    let m = masters(3);
+    let urls = m.urls();
+    let rows: Vec<_> = table
+        .into_iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let urls = urls.clone();
+            thread::spawn(move || {
+                let key = format!("cli:flock-habit:{i}");
+                let started = Instant::now();
+                let released = h.held_for.map(|hold| {
+                    let mut holder = Redlock::new(&urls).unwrap();
+                    let lock = holder.lock(&key, Duration::from_secs(60)).unwrap();
+                    let (tx, rx) = mpsc::channel();
+                    thread::spawn(move || {
+                        thread::sleep(hold.saturating_sub(started.elapsed()));
+                        let at = Instant::now();
+                        holder.release(lock).unwrap();
+                        let _ = tx.send(at);
+                    });
+                    rx
+                });
+                let mut c = redlock(None, &["run", "--masters", &urls.join(",")]);
+                c.args(h.args).args([key.as_str(), "true"]);
+                let out = output(c, Duration::from_secs(40));
+                let (ended, took) = (Instant::now(), started.elapsed());
+                let err = stderr(&out);
+                let row = format!("{}: exit {:?} after {took:?}: {err}", h.what, out.status);
+                assert_eq!(out.status.code(), Some(h.code), "{row}");
+                assert!(took >= h.at_least, "{row}");
+                assert!(err.starts_with(h.stderr), "{row}");
+                if let Some(released) = released {
+                    let at = released
+                        .recv_timeout(Duration::from_secs(40))
+                        .expect("release");
+                    assert_eq!(ended > at, h.after_release, "released at {at:?}: {row}");
+                }
+            })
+        })
+        .collect();
+    let failed: Vec<String> = rows
+        .into_iter()
+        .filter_map(|r| r.join().err())
+        .map(|p| {
+            p.downcast_ref::<String>()
+                .cloned()
+                .unwrap_or_else(|| "a row panicked".into())
+        })
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} rows failed:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+}
+
+/// A COMMAND stopped by job control (here it sends itself SIGTTIN, as the kernel does to
+/// a background process group that reads the terminal: `redlock run job sh -c 'read x'`
+/// under a terminal) gets a word on stderr: what stopped it, that the lock is held
+/// meanwhile, and how to continue or end it. Continued, it runs on under the lock.
+#[test]
+fn run_says_when_the_command_is_stopped_by_job_control() {
+    let m = masters(3);
+    let s = Scratch::new();
+    let script = format!(
+        "echo $$ > '{pid}'; kill -TTIN $$; echo continued > '{after}'",
+        pid = s.file("pid"),
+        after = s.file("after")
+    );
+    let mut run = redlock(Some(&m), &["run", "cli:ttin", "sh", "-c", &script])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn redlock run");
+    let _run = KillOnDrop(run.id());
+    let pid = await_pid(&s, "pid");
+    let _group = KillGroupOnDrop(pid);
+    let (tx, rx) = mpsc::channel();
+    let lines = BufReader::new(run.stderr.take().unwrap());
+    thread::spawn(move || {
+        for line in lines.lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let said = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("a word on stderr about the stopped command");
+    assert!(
+        said.starts_with("redlock: the command is stopped (SIGTTIN)")
+            && said.contains("terminal")
+            && said.contains(&format!("kill -CONT -{pid}")),
+        "{said}"
+    );
+    assert!(!s.path("after").exists());
+    assert!(holders(&m, "cli:ttin").iter().all(Option::is_some));
+    kill(Pid::from_raw(-(pid as i32)), Signal::SIGCONT).unwrap();
+    let status = wait_exit(&mut run, Duration::from_secs(10));
+    assert_eq!(status.code(), Some(0));
+    assert!(s.path("after").exists());
+    assert_eq!(holders(&m, "cli:ttin"), vec![None, None, None]);
+}

@@ -204,10 +204,17 @@ fn tls_url(url: &str) -> String {
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) => {
-            let code = if e.use_stderr() { exit::USAGE } else { 0 };
+        // `--help` and `--version` as clap prints them, on stdout.
+        Err(e) if !e.use_stderr() => {
             let _ = e.print();
-            return ExitCode::from(code);
+            return ExitCode::from(exit::OK);
+        }
+        // Usage errors as every other message: on stderr, prefixed `redlock:`.
+        Err(e) => {
+            use std::io::Write as _;
+            let text = e.render().to_string();
+            let _ = write!(std::io::stderr(), "redlock: {text}");
+            return ExitCode::from(exit::USAGE);
         }
     };
     let code = match cli.command {
