@@ -98,9 +98,16 @@ impl fmt::Debug for Builder {
 }
 
 impl Builder {
-    /// Add masters: `redis://[user:password@]host[:port][/db]` or `host:port`;
-    /// `rediss://...` for TLS (feature `tls`); `unix:///path/redis.sock[?db=N&password=P]`
-    /// (or `redis+unix://`) for a Unix socket. See [`MasterSpec::parse`].
+    /// Add masters, as URLs:
+    ///
+    /// * `redis://[user:password@]host[:port][/db]` (port 6379 by default), or `host:port`;
+    /// * `rediss://...` for TLS (feature `tls`: see `Builder::tls_ca_file`);
+    /// * `unix:///path/redis.sock` or `redis+unix:///path/redis.sock`, with `?db=N`,
+    ///   `user=U`, `password=P` in the query string, for a Unix socket.
+    ///
+    /// User names and passwords may be %-escaped. `AUTH` and `SELECT` run on every
+    /// (re)connect. A URL that does not parse, or one master given twice, is an
+    /// [`Error::Config`] at [`Builder::build`].
     ///
     /// Host names are resolved at every connect, on a helper thread (never in `build()`,
     /// never blocking the loop); one that does not resolve makes its master down

@@ -180,7 +180,7 @@ impl fmt::Display for Detail {
     }
 }
 
-/// Groups the masters by kind (in the order of [`Kind`]), each with its count and names,
+/// Groups the masters by kind (ok, taken, refused, down, ... not waited for), each with its count and names,
 /// and a master's fault next to its name (once for the group when they all share it):
 ///
 /// `3 of 5 needed: 1 ok (a), 1 taken by another client (b), 2 down, connect failed:

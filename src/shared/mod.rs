@@ -129,6 +129,42 @@ impl Drop for Inner {
 /// # Ok::<(), redlock_mux::Error>(())
 /// ```
 ///
+/// In async code, `.await` the same operations, on any executor (the client has no
+/// runtime of its own: a `Pending` is a plain `Future`); bound a wait with the
+/// executor's timeout, which drops the `Pending` and so cancels the attempt:
+///
+/// ```
+/// # #[cfg(feature = "local")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let local = redlock_mux::local::LocalMasters::start(3)?;
+/// # let urls = local.urls();
+/// # let rt = tokio::runtime::Builder::new_multi_thread().enable_time().build()?;
+/// # rt.block_on(async {
+/// use std::time::Duration;
+/// use redlock_mux::Redlock;
+///
+/// let redlock = Redlock::builder().masters(&urls).build_shared()?;
+/// let tasks: Vec<_> = (0..4)
+///     .map(|t| {
+///         let redlock = redlock.clone();
+///         tokio::spawn(async move {
+///             let wait = Duration::from_secs(10);
+///             let guard = tokio::time::timeout(wait, redlock.lock("report", Duration::from_secs(5)))
+///                 .await
+///                 .map_err(|_| format!("task {t}: still taken after {wait:?}"))??;
+///             // ... work while guard.is_valid() ...
+///             guard.release().await?;
+///             Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+///         })
+///     })
+///     .collect();
+/// for t in tasks {
+///     t.await??;
+/// }
+/// # Ok::<(), Box<dyn std::error::Error + Send + Sync>>(()) }).map_err(|e| e.to_string())?;
+/// # Ok(()) }
+/// # #[cfg(not(feature = "local"))] fn main() {}
+/// ```
+///
 /// The single-owner [`crate::Redlock`] is faster for one thread (no hand-off between
 /// threads); this client is for sharing: thread pools, async services, many callers.
 ///
