@@ -2210,3 +2210,24 @@ fn run_says_when_the_command_is_stopped_by_job_control() {
     assert!(s.path("after").exists());
     assert_eq!(holders(&m, "cli:ttin"), vec![None, None, None]);
 }
+
+/// `status` on a key without expiry (set by hand, or by another tool) does not promise it
+/// will "expire with its TTL": it says the key has none and stays until deleted. (It used
+/// to say "such leftovers expire with their TTL".)
+#[test]
+fn status_says_when_a_key_never_expires() {
+    let m = masters(3);
+    let key = "cli:no-expiry";
+    assert!(m[0]
+        .cmd(&[b"SET", key.as_bytes(), b"by-hand"])
+        .unwrap()
+        .is_ok());
+    let out = output(redlock(Some(&m), &["status", key]), Duration::from_secs(10));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let table = stdout(&out);
+    assert!(table.contains("no expiry"), "{table}");
+    assert!(
+        table.contains("has no expiry on 1 master") && !table.contains("expire with their TTL"),
+        "{table}"
+    );
+}
