@@ -415,9 +415,14 @@ fn percentile_pass(n_masters: usize) {
         let (a, b) = (by_name(shared), by_name(single));
         let r50 = pct(&a.cycle, 0.5) as f64 / pct(&b.cycle, 0.5) as f64;
         let r99 = pct(&a.cycle, 0.99) as f64 / pct(&b.cycle, 0.99) as f64;
+        // A smoke run (`cargo test --all-targets`) has too few cycles to judge a ratio.
+        let verdict = match (smoke(), r50 <= target) {
+            (true, _) => "not judged in a smoke run",
+            (false, true) => "met",
+            (false, false) => "MISSED",
+        };
         println!(
-            "{shared} / {single}: p50 {r50:.2}x (target <= {target:.2}x: {}), p99 {r99:.2}x",
-            if r50 <= target { "met" } else { "MISSED" }
+            "{shared} / {single}: p50 {r50:.2}x (target <= {target:.2}x: {verdict}), p99 {r99:.2}x"
         );
     }
     let plain = round_trips_per_cycle(&mut ours(&m, false), "rt");

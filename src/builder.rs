@@ -13,12 +13,16 @@ use crate::lock::MAX_TTL;
 use crate::token::TokenSource;
 use crate::url::{Endpoint, MasterSpec};
 
+/// The blocking client's retry count when none is set (see [`Builder::retry_count`]).
+const DEFAULT_RETRY_COUNT: u32 = 10;
+
 /// Configures and builds a [`Redlock`](crate::Redlock) ([`Builder::build`]) or a
 /// [`SharedRedlock`](crate::SharedRedlock) ([`Builder::build_shared`]).
 #[derive(Clone)]
 pub struct Builder {
     masters: Vec<String>,
-    retry_count: u32,
+    /// `None`: the default of each client (see [`Builder::retry_count`]).
+    retry_count: Option<u32>,
     retry_delay: Duration,
     retry_jitter: Duration,
     drift_factor: f64,
@@ -43,7 +47,7 @@ impl Default for Builder {
     fn default() -> Self {
         Builder {
             masters: Vec::new(),
-            retry_count: 10,
+            retry_count: None,
             retry_delay: Duration::from_millis(200),
             retry_jitter: Duration::from_millis(100),
             drift_factor: 0.01,
@@ -94,9 +98,16 @@ impl fmt::Debug for Builder {
 }
 
 impl Builder {
-    /// Add masters: `redis://[user:password@]host[:port][/db]` or `host:port`;
-    /// `rediss://...` for TLS (feature `tls`); `unix:///path/redis.sock[?db=N&password=P]`
-    /// (or `redis+unix://`) for a Unix socket. See [`MasterSpec::parse`].
+    /// Add masters, as URLs:
+    ///
+    /// * `redis://[user:password@]host[:port][/db]` (port 6379 by default), or `host:port`;
+    /// * `rediss://...` for TLS (feature `tls`: see `Builder::tls_ca_file`);
+    /// * `unix:///path/redis.sock` or `redis+unix:///path/redis.sock`, with `?db=N`,
+    ///   `user=U`, `password=P` in the query string, for a Unix socket.
+    ///
+    /// User names and passwords may be %-escaped. `AUTH` and `SELECT` run on every
+    /// (re)connect. A URL that does not parse, or one master given twice, is an
+    /// [`Error::Config`] at [`Builder::build`].
     ///
     /// Host names are resolved at every connect, on a helper thread (never in `build()`,
     /// never blocking the loop); one that does not resolve makes its master down
@@ -111,13 +122,37 @@ impl Builder {
             .extend(urls.into_iter().map(|u| u.as_ref().to_string()));
         self
     }
-    /// Retries after the first attempt in [`Redlock::lock`](crate::Redlock::lock) (default 10).
-    /// These are the timed retries (one per retry delay, or at the holder's expiry when that
-    /// comes first); with [`WaitMode::Notify`] the attempts made when a release is announced
-    /// come on top (see [`Builder::wait_mode`]).
+    /// Retries after the first attempt of a waiting lock call without a deadline (`lock`,
+    /// `lock_many`). These are the timed retries (one per retry delay, or at the holder's
+    /// expiry when that comes first); with [`WaitMode::Notify`] the attempts made when a
+    /// release is announced come on top (see [`Builder::wait_mode`]).
+    ///
+    /// Unset, each client has its own default, because they are bounded differently:
+    ///
+    /// * the blocking [`Redlock::lock`](crate::Redlock::lock) makes up to **10** retries
+    ///   (about 2 s of waiting with the default delay, 200 ms ± 100 ms). A blocking call has
+    ///   no other way to be bounded: nothing can drop it. For a bound in time, use
+    ///   [`Redlock::lock_with_deadline`](crate::Redlock::lock_with_deadline), which retries
+    ///   until its deadline whatever this count says;
+    /// * the shared client's [`SharedRedlock::lock`](crate::SharedRedlock::lock) has **no**
+    ///   count: it waits until it gets the lock, like `Mutex::lock`, and its caller bounds
+    ///   the wait: by dropping the [`Pending`](crate::Pending) (`tokio::time::timeout`,
+    ///   `select!`, an aborted task), or with `lock_with_deadline`.
+    ///
+    /// Set, the count bounds both clients. Whatever the count, a refusal that waiting
+    /// cannot change (a wrong password, an ACL without the right to the keys, a
+    /// certificate the client does not trust: [`Fault::is_configuration`](crate::Fault::is_configuration))
+    /// on too many masters for a quorum ends the call at once with
+    /// [`Error::Refused`](crate::Error::Refused).
     pub fn retry_count(mut self, n: u32) -> Self {
-        self.retry_count = n;
+        self.retry_count = Some(n);
         self
+    }
+
+    /// The retries of the shared client's `lock` and `lock_many`: the count set, or none
+    /// (`u32::MAX`: years of timed retries; the caller's drop or deadline ends it first).
+    pub(crate) fn shared_lock_retries(&self) -> u32 {
+        self.retry_count.unwrap_or(u32::MAX)
     }
     /// Base delay between attempts (default 200 ms).
     pub fn retry_delay(mut self, d: Duration) -> Self {
@@ -293,8 +328,7 @@ impl Builder {
         self
     }
 
-    /// Check the configuration and make the engine and the lock logic.
-    /// The core and its driver, for either front-end.
+    /// Check the configuration; the core and its driver, for either front-end.
     pub(crate) fn machine(self) -> Result<(Core, Driver), Error> {
         let now = Instant::now();
         let (rounds, settings, peers) = self.parts(now)?;
@@ -448,7 +482,7 @@ impl Builder {
         let _ = &tls;
         let rounds = Rounds::new(masters, net, now);
         let settings = Settings {
-            retry_count: self.retry_count,
+            retry_count: self.retry_count.unwrap_or(DEFAULT_RETRY_COUNT),
             retry_delay: self.retry_delay,
             retry_jitter: self.retry_jitter,
             drift_factor: self.drift_factor,

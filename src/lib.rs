@@ -12,16 +12,43 @@
 //! * [`resp`]: a strict, bounded, zero-allocation RESP2/RESP3 parser and encoder, usable
 //!   alone (`default-features = false`).
 //!
-//! Features: `client` (default: the two clients; mio, socket2, smallvec, fastrand), `cli`
-//! (the `redlock` binary and its crates), `local` (local `redis-server` processes for
-//! tests and benches). The README has the guarantees and what they assume.
+//! Features:
+//!
+//! | feature | gives | pulls in |
+//! |---|---|---|
+//! | `client` (default) | the two clients | `mio`, `socket2`, `smallvec`, `fastrand` |
+//! | `tls` | `rediss://` masters | `rustls` (ring provider, no OpenSSL), `rustls-native-certs` |
+//! | `tracing` | a span per lock operation, an event per master's answer | `tracing` (nothing is compiled in without it) |
+//! | `cli` | the `redlock` binary | `clap`, `tokio`, `nix`, `signal-hook`, `indicatif`, `hdrhistogram`, `humantime`, `serde_json` (never in a library user's build unless asked for) |
+//! | `local` | local `redis-server` processes for tests and benches (hidden) | `nix` |
+//!
+//! With `default-features = false` only [`resp`] is left, with no dependency at all. The
+//! README has the guarantees and what they assume; `docs/` in the repository has the rest.
 //!
 //! The examples run against three local masters in the crate's tests (hidden lines start
 //! them); read `urls` as your masters' URLs.
 //!
-//! Masters are given as URLs ([`MasterSpec::parse`]): `redis://` over TCP, `rediss://` over
-//! TLS (feature `tls`: rustls driven inside the same loop), `unix://` for a Unix socket.
-//! Host names are resolved at every connect, off the loop.
+//! Masters are given as URLs (see [`Builder::masters`]): `redis://` over TCP, `rediss://`
+//! over TLS (feature `tls`: rustls driven inside the same loop), `unix://` for a Unix
+//! socket. Host names are resolved at every connect, off the loop.
+//!
+//! # How long a lock call waits
+//!
+//! The caller's own bound rules, and each client offers the bound that fits it:
+//!
+//! * [`SharedRedlock::lock`] waits until it gets the lock, like `Mutex::lock`: its caller
+//!   bounds the wait by dropping the [`Pending`] (`tokio::time::timeout(d, lock(..))`,
+//!   `select!`, an aborted task), which cancels the attempt and leaves nothing behind.
+//! * [`Redlock::lock`] blocks, and a blocking call cannot be dropped: it keeps a bound of
+//!   its own, [`Builder::retry_count`] timed retries, 10 by default (about 2 s with the
+//!   default delay of 200 ms ± 100 ms).
+//! * `lock_with_deadline` (both clients) waits until a deadline and reports what the
+//!   masters did in its last attempt; a `retry_count` set on the builder bounds both
+//!   clients' `lock`.
+//! * Whatever the bound, refusals that waiting cannot change (a wrong password, an ACL
+//!   without the right to the lock's keys, a certificate that does not verify:
+//!   [`Fault::is_configuration`]) end a call at once with [`Error::Refused`] when they leave
+//!   no quorum possible; a taken lock and masters that are down or slow are waited for.
 //!
 //! # Lock and release
 //!
@@ -238,3 +265,18 @@ pub use lock::{MAX_RESOURCE_LEN, MAX_TTL};
 #[cfg(all(doctest, feature = "client"))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// The Rust snippets of `docs/library.md`, compiled as doc tests.
+#[cfg(all(doctest, feature = "client"))]
+#[doc = include_str!("../docs/library.md")]
+pub struct LibraryDoctests;
+
+/// The Rust snippets of `docs/production.md`, compiled as doc tests.
+#[cfg(all(doctest, feature = "client"))]
+#[doc = include_str!("../docs/production.md")]
+pub struct ProductionDoctests;
+
+/// The Rust snippets of `docs/tls.md`, compiled as doc tests.
+#[cfg(all(doctest, feature = "client"))]
+#[doc = include_str!("../docs/tls.md")]
+pub struct TlsDoctests;

@@ -99,26 +99,44 @@ pub fn free_in(left_ms: impl IntoIterator<Item = i64>, ok: usize, need: usize) -
 }
 
 /// A copy of a Redis error line (`-ERR ...`), kept inline so reporting it never allocates.
+///
+/// Up to 62 bytes are kept: it travels inside every [`Outcome`], which the rounds copy
+/// (a round's tally holds one per master), so a wider copy would cost every round. A
+/// longer message is cut at the last word that fits and shown with a trailing `…`
+/// ([`ErrorText::is_cut`]), never mid-word: Redis puts what matters first (the code, then
+/// the reason).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct ErrorText {
+    /// The length kept, with [`CUT`] set when the message was longer.
     len: u8,
     buf: [u8; 62],
 }
 
+/// The bit of `ErrorText::len` that says the message was cut.
+const CUT: u8 = 0x80;
+
 impl ErrorText {
-    /// Keep the first 62 bytes of `msg`.
+    /// Keep `msg`, or as many of its first words as fit in 62 bytes.
     pub fn new(msg: &[u8]) -> Self {
         let mut buf = [0u8; 62];
-        let len = msg.len().min(buf.len());
+        let (len, cut) = if msg.len() <= buf.len() {
+            (msg.len(), false)
+        } else {
+            (cut_at_word(msg, buf.len()), true)
+        };
         buf[..len].copy_from_slice(&msg[..len]);
         ErrorText {
-            len: len as u8,
+            len: len as u8 | if cut { CUT } else { 0 },
             buf,
         }
     }
-    /// The (possibly truncated) bytes.
+    /// The bytes kept (all of the message unless [`ErrorText::is_cut`]).
     pub fn as_bytes(&self) -> &[u8] {
-        &self.buf[..self.len as usize]
+        &self.buf[..(self.len & !CUT) as usize]
+    }
+    /// Whether the message was longer than what is kept (its last words are missing).
+    pub fn is_cut(&self) -> bool {
+        self.len & CUT != 0
     }
     /// `true` when the message starts with `prefix` (e.g. `b"NOSCRIPT"`).
     pub fn starts_with(&self, prefix: &[u8]) -> bool {
@@ -126,15 +144,46 @@ impl ErrorText {
     }
 }
 
+/// How many bytes of `msg` (longer than `max`) to keep: up to the last space within `max`
+/// bytes, trailing spaces dropped; with no space in the second half, `max` bytes backed off
+/// to the start of a UTF-8 character.
+fn cut_at_word(msg: &[u8], max: usize) -> usize {
+    let word_end = if msg[max] == b' ' {
+        Some(max)
+    } else {
+        msg[..max].iter().rposition(|&b| b == b' ')
+    };
+    match word_end {
+        Some(end) if end >= max / 2 => {
+            let mut end = end;
+            while end > 0 && msg[end - 1] == b' ' {
+                end -= 1;
+            }
+            end
+        }
+        _ => {
+            let mut end = max;
+            while end > 0 && msg[end] & 0b1100_0000 == 0b1000_0000 {
+                end -= 1;
+            }
+            end
+        }
+    }
+}
+
 impl std::fmt::Display for ErrorText {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&String::from_utf8_lossy(self.as_bytes()))
+        f.write_str(&String::from_utf8_lossy(self.as_bytes()))?;
+        if self.is_cut() {
+            f.write_str("…")?;
+        }
+        Ok(())
     }
 }
 
 impl std::fmt::Debug for ErrorText {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:?}", String::from_utf8_lossy(self.as_bytes()))
+        write!(f, "{:?}", self.to_string())
     }
 }
 
@@ -202,30 +251,122 @@ impl std::fmt::Display for TlsFault {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let bad = "certificate verification failed";
         match self {
-            TlsFault::UnknownIssuer => {
-                write!(f, "{bad}: not signed by a trusted CA (unknown issuer)")
-            }
+            TlsFault::UnknownIssuer => write!(
+                f,
+                "{bad}: not signed by a trusted CA (unknown issuer): the client must trust \
+                 the CA that signed the master's certificate"
+            ),
             TlsFault::NameMismatch => {
                 write!(f, "{bad}: not valid for the master's host name or address")
             }
             TlsFault::Expired => write!(f, "{bad}: expired"),
-            TlsFault::NotYetValid => write!(f, "{bad}: not valid yet"),
-            TlsFault::BadCertificate(t) => write!(f, "{bad}: {t}"),
+            TlsFault::NotYetValid => write!(f, "{bad}: not valid yet (check the clocks)"),
+            TlsFault::BadCertificate(t) => match certificate_words(t.as_bytes()) {
+                Some(words) => write!(f, "{bad}: {words} ({t})"),
+                None => write!(f, "{bad}: {t}"),
+            },
             TlsFault::Alert(t) if t.as_bytes() == b"CertificateRequired" => write!(
                 f,
                 "the master requires a client certificate (alert {t}): see tls_client_cert"
             ),
             TlsFault::Alert(t) => write!(f, "the master refused the handshake (alert {t})"),
+            TlsFault::Other(t) if t.as_bytes() == HANDSHAKE_TIMED_OUT => write!(
+                f,
+                "{t}: no answer to the TLS hello (a port that speaks plain RESP never answers \
+                 one: is this the server's tls-port?)"
+            ),
             TlsFault::Other(t) => t.fmt(f),
         }
     }
 }
 
+/// The text of the engine's TLS fault for a handshake with no answer within the connect
+/// timeout.
+const HANDSHAKE_TIMED_OUT: &[u8] = b"handshake timed out";
+
+/// What the certificate errors rustls names (its `CertificateError`, or webpki's error
+/// inside `CertificateError::Other`) mean, and what to do.
+fn certificate_words(name: &[u8]) -> Option<&'static str> {
+    Some(match name {
+        b"CaUsedAsEndEntity" => {
+            "the master presents a CA certificate (CA:TRUE), such as a self-signed one used \
+             as its own CA; a server needs a certificate of its own, signed by the CA the \
+             client trusts (make a CA, then a server certificate signed by it)"
+        }
+        b"UnsupportedCertVersion" => {
+            "the master's certificate is X.509 version 1 (what `openssl x509 -req` makes \
+             without -extfile); only version 3 is accepted: sign it again with extensions \
+             (-extfile with a subjectAltName)"
+        }
+        b"EndEntityUsedAsCa" => {
+            "the master's certificate is signed by a certificate that is not a CA (CA:FALSE)"
+        }
+        b"InvalidPurpose" => {
+            "the master's certificate is not for server authentication (its extendedKeyUsage \
+             lacks serverAuth)"
+        }
+        b"BadSignature" => {
+            "the master's certificate has a bad signature (not signed by the CA it names)"
+        }
+        b"BadEncoding" => "the master's certificate is malformed (bad DER)",
+        b"Revoked" => "the master's certificate is revoked",
+        b"UnsupportedSignatureAlgorithm" => {
+            "the master's certificate is signed with an algorithm rustls does not support"
+        }
+        b"UnhandledCriticalExtension" | b"UnsupportedCriticalExtension" => {
+            "the master's certificate has a critical extension rustls does not know"
+        }
+        b"PathLenConstraintViolated" => {
+            "the master's certificate chain is longer than a CA in it allows (pathlen)"
+        }
+        _ => return None,
+    })
+}
+
+impl TlsFault {
+    /// A failure no retry will change: the certificate does not verify, or the master
+    /// refused ours (or wants one).
+    fn is_configuration(&self) -> bool {
+        /// The master's alerts about who we are or what we offer.
+        const ALERTS: [&[u8]; 11] = [
+            b"CertificateRequired",
+            b"UnknownCA",
+            b"BadCertificate",
+            b"UnsupportedCertificate",
+            b"CertificateRevoked",
+            b"CertificateExpired",
+            b"CertificateUnknown",
+            b"AccessDenied",
+            b"HandshakeFailure",
+            b"ProtocolVersion",
+            b"InsufficientSecurity",
+        ];
+        match self {
+            TlsFault::UnknownIssuer
+            | TlsFault::NameMismatch
+            | TlsFault::Expired
+            | TlsFault::NotYetValid
+            | TlsFault::BadCertificate(_) => true,
+            TlsFault::Alert(t) => ALERTS.contains(&t.as_bytes()),
+            TlsFault::Other(_) => false,
+        }
+    }
+}
+
 impl Fault {
-    /// A refusal no retry will change: the handshake was refused for a wrong password or
-    /// user, a missing permission, or a database the master does not have.
+    /// A refusal no retry will change:
+    /// * the handshake was refused for a wrong password or user, a missing permission, or
+    ///   a database the master does not have;
+    /// * the lock request itself was refused by the master's ACL (`NOPERM`: the user has no
+    ///   right to the lock's keys or to the command), or for want of authentication;
+    /// * the TLS session failed over a certificate: the master's does not verify (unknown
+    ///   issuer, wrong name, expired, not a server certificate...), or the master refused
+    ///   ours or wants one.
+    ///
+    /// When such refusals leave too few masters for a quorum, a lock call ends at once with
+    /// [`Error::Refused`](crate::Error::Refused) instead of waiting.
     pub fn is_configuration(&self) -> bool {
-        const CONFIG: [&[u8]; 6] = [
+        const HANDSHAKE: [&[u8]; 6] = [
             b"WRONGPASS",
             b"NOAUTH",
             b"NOPERM",
@@ -233,7 +374,13 @@ impl Fault {
             b"ERR invalid password",
             b"ERR DB index",
         ];
-        matches!(self, Fault::Handshake(t) if CONFIG.iter().any(|p| t.starts_with(p)))
+        const REPLY: [&[u8]; 3] = [b"NOPERM", b"NOAUTH", b"WRONGPASS"];
+        match self {
+            Fault::Handshake(t) => HANDSHAKE.iter().any(|p| t.starts_with(p)),
+            Fault::Redis(t) => REPLY.iter().any(|p| t.starts_with(p)),
+            Fault::Tls(t) => t.is_configuration(),
+            _ => false,
+        }
     }
 }
 
@@ -735,9 +882,30 @@ mod tests {
     }
 
     #[test]
-    fn error_text_truncates_without_allocating() {
+    fn error_text_keeps_whole_words_and_says_when_it_cut() {
         let long = [b'x'; 200];
         assert_eq!(ErrorText::new(&long).as_bytes().len(), 62);
-        assert_eq!(ErrorText::new(b"ERR x").to_string(), "ERR x");
+        assert!(ErrorText::new(&long).is_cut());
+        let short = ErrorText::new(b"ERR x");
+        assert_eq!(short.to_string(), "ERR x");
+        assert!(!short.is_cut());
+        // Redis 7's refusal of a key outside the user's ACL: cut after "keys", not inside
+        // a word, and marked.
+        let noperm = ErrorText::new(
+            b"NOPERM this user has no permissions to access one of the keys used as arguments",
+        );
+        assert_eq!(
+            noperm.to_string(),
+            "NOPERM this user has no permissions to access one of the keys…"
+        );
+        assert!(noperm.starts_with(b"NOPERM"));
+        let exact = [b'y'; 62];
+        assert!(!ErrorText::new(&exact).is_cut());
+        // No space to cut at: whole UTF-8 characters only.
+        let accents = "é".repeat(40);
+        let t = ErrorText::new(accents.as_bytes());
+        assert_eq!(t.to_string(), format!("{}…", "é".repeat(31)));
+        // Same size as before: an Outcome is copied into every round's tally.
+        assert_eq!(std::mem::size_of::<ErrorText>(), 63);
     }
 }

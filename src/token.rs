@@ -17,6 +17,32 @@ pub const TOKEN_LEN: usize = TOKEN_BYTES * 2;
 const BATCH: usize = 4096;
 
 /// A lock token: 32 lowercase hex characters (128 random bits).
+///
+/// **It is a capability**: whoever has it can release or extend the lock (the release and
+/// extend scripts compare it, nothing else). Its two text forms say so:
+///
+/// * `Display` (`token.to_string()`, `{}`) writes the **whole** token, as [`Token::as_str`]
+///   does: it is what you store, hand to the process that will release the lock, or
+///   compare with `redis-cli GET`. An abbreviated `Display` would make strings that look
+///   like tokens and match no key.
+/// * `Debug` (`{:?}`, and so every `Debug` of a lock or a guard) shows only the first 8
+///   characters, `Token(0b7afbad..)`: what belongs in logs. [`Token::short`] gives them
+///   alone.
+///
+/// ```
+/// # #[cfg(feature = "local")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let local = redlock_mux::local::LocalMasters::start(3)?;
+/// # let urls = local.urls();
+/// let redlock = redlock_mux::Redlock::builder().masters(&urls).build_shared()?;
+/// let guard = redlock.lock("orders:42", std::time::Duration::from_secs(10)).wait()?;
+/// let whole = guard.token().to_string(); // the capability: keep it out of logs
+/// assert_eq!(whole.len(), 32);
+/// assert_eq!(whole, guard.token().as_str());
+/// let logged = format!("{:?}", guard.token()); // Token(0b7afbad..)
+/// assert!(!logged.contains(&whole));
+/// # Ok(()) }
+/// # #[cfg(not(feature = "local"))] fn main() {}
+/// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Token([u8; TOKEN_LEN]);
 
@@ -36,6 +62,13 @@ impl Token {
     /// The first 8 characters, for logs.
     pub fn short(&self) -> &str {
         &self.as_str()[..8]
+    }
+}
+
+/// The whole token (see [`Token`]: it is the capability to release the lock).
+impl std::fmt::Display for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

@@ -100,24 +100,37 @@ pub struct MasterArgs {
         value_delimiter = ','
     )]
     masters: Vec<String>,
+    /// Speak TLS to every TCP master: redis://host:port and host:port are taken as
+    /// rediss://host:port (as redis-cli --tls). Unix sockets are left as they are.
+    #[arg(long)]
+    tls: bool,
     /// rediss:// masters: trust only the CA certificates in this PEM file (default: the
-    /// system's trust roots).
-    #[cfg(feature = "tls")]
-    #[arg(long, value_name = "PEM", env = "REDLOCK_TLS_CA_FILE")]
-    tls_ca_file: Option<std::path::PathBuf>,
-    /// rediss:// masters: a client certificate (PEM) for mutual TLS; needs --tls-key.
+    /// system's trust roots). `--cacert` as for redis-cli.
     #[cfg(feature = "tls")]
     #[arg(
         long,
+        visible_alias = "cacert",
+        value_name = "PEM",
+        env = "REDLOCK_TLS_CA_FILE"
+    )]
+    tls_ca_file: Option<std::path::PathBuf>,
+    /// rediss:// masters: a client certificate (PEM) for mutual TLS; needs --tls-key.
+    /// `--cert` as for redis-cli.
+    #[cfg(feature = "tls")]
+    #[arg(
+        long,
+        visible_alias = "cert",
         value_name = "PEM",
         env = "REDLOCK_TLS_CERT",
         requires = "tls_key"
     )]
     tls_cert: Option<std::path::PathBuf>,
-    /// rediss:// masters: the client certificate's private key (PEM).
+    /// rediss:// masters: the client certificate's private key (PEM). `--key` as for
+    /// redis-cli.
     #[cfg(feature = "tls")]
     #[arg(
         long,
+        visible_alias = "key",
         value_name = "PEM",
         env = "REDLOCK_TLS_KEY",
         requires = "tls_cert"
@@ -161,23 +174,47 @@ impl MasterArgs {
         b
     }
 
-    /// The non-empty master URLs.
+    /// The non-empty master URLs (with `--tls`, the TCP ones as `rediss://`).
     pub fn urls(&self) -> Vec<String> {
         self.masters
             .iter()
-            .map(|m| m.trim().to_string())
+            .map(|m| m.trim())
             .filter(|m| !m.is_empty())
+            .map(|m| if self.tls { tls_url(m) } else { m.to_string() })
             .collect()
+    }
+}
+
+/// `--tls`: a TCP master's URL as `rediss://` (`redis://h:p` and `h:p`); any other URL
+/// (already `rediss://`, a Unix socket, something unparsable) as it is.
+fn tls_url(url: &str) -> String {
+    let lower = url.to_ascii_lowercase();
+    if let Some(rest) = lower
+        .strip_prefix("redis://")
+        .map(|_| &url["redis://".len()..])
+    {
+        format!("rediss://{rest}")
+    } else if lower.contains("://") {
+        url.to_string()
+    } else {
+        format!("rediss://{url}")
     }
 }
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) => {
-            let code = if e.use_stderr() { exit::USAGE } else { 0 };
+        // `--help` and `--version` as clap prints them, on stdout.
+        Err(e) if !e.use_stderr() => {
             let _ = e.print();
-            return ExitCode::from(code);
+            return ExitCode::from(exit::OK);
+        }
+        // Usage errors as every other message: on stderr, prefixed `redlock:`.
+        Err(e) => {
+            use std::io::Write as _;
+            let text = e.render().to_string();
+            let _ = write!(std::io::stderr(), "redlock: {text}");
+            return ExitCode::from(exit::USAGE);
         }
     };
     let code = match cli.command {
@@ -194,6 +231,20 @@ fn main() -> ExitCode {
 mod tests {
     use super::duration;
     use std::time::Duration;
+
+    #[test]
+    fn tls_urls() {
+        use super::tls_url;
+        assert_eq!(tls_url("redis://u:p@h:6379/2"), "rediss://u:p@h:6379/2");
+        assert_eq!(tls_url("REDIS://h:1"), "rediss://h:1");
+        assert_eq!(tls_url("10.0.0.1:6380"), "rediss://10.0.0.1:6380");
+        assert_eq!(tls_url("rediss://h:1"), "rediss://h:1");
+        assert_eq!(tls_url("unix:///run/r.sock"), "unix:///run/r.sock");
+        assert_eq!(
+            tls_url("redis+unix:///run/r.sock"),
+            "redis+unix:///run/r.sock"
+        );
+    }
 
     #[test]
     fn durations() {

@@ -162,7 +162,16 @@ fn tls_fault(e: rustls::Error) -> Fault {
             CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => {
                 TlsFault::NotYetValid
             }
-            other => TlsFault::BadCertificate(text(format!("{other:?}"))),
+            // webpki's own error (`CaUsedAsEndEntity`, `UnsupportedCertVersion`...), by
+            // name: `TlsFault`'s Display puts it in words.
+            CertificateError::Other(e) => TlsFault::BadCertificate(text(e.to_string())),
+            // rustls' variant name, without its context (`InvalidPurposeContext { .. }`).
+            other => {
+                let debug = format!("{other:?}");
+                let name = debug.split([' ', '{', '(']).next().unwrap_or_default();
+                let name = name.strip_suffix("Context").unwrap_or(name);
+                TlsFault::BadCertificate(text(name.to_string()))
+            }
         },
         E::AlertReceived(alert) => TlsFault::Alert(text(format!("{alert:?}"))),
         other => TlsFault::Other(text(other.to_string())),

@@ -25,6 +25,35 @@ use crate::token::Token;
 /// [`LockGuard::wait_lost`] (blocking) and [`LockGuard::lost`] (a future). A lock is lost
 /// when its validity runs out (minus the [`HoldOptions::lost_at`] margin when it is
 /// auto-extended), or when an extension finds it no longer held.
+///
+/// In async code: hold the lock while the work runs, extended from the client's loop, and
+/// stop the work if the lock is lost:
+///
+/// ```
+/// # #[cfg(feature = "local")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let local = redlock_mux::local::LocalMasters::start(3)?;
+/// # let urls = local.urls();
+/// # let rt = tokio::runtime::Builder::new_current_thread().enable_time().build()?;
+/// # rt.block_on(async {
+/// use std::time::Duration;
+/// use redlock_mux::{HoldOptions, Redlock};
+///
+/// # async fn rebuild_the_index() {}
+/// let redlock = Redlock::builder().masters(&urls).build_shared()?;
+/// let guard = redlock.lock("index:rebuild", Duration::from_secs(10)).await?;
+/// guard.auto_extend(HoldOptions::default()); // extended when a third of the TTL is left
+/// tokio::select! {
+///     _ = rebuild_the_index() => {}
+///     _ = guard.lost() => {
+///         // Lost (an extension found it taken, or no quorum until the margin): stop
+///         // touching what the lock protects.
+///     }
+/// }
+/// guard.release().await?; // or drop it: the release is queued and never blocks
+/// # Ok::<(), redlock_mux::Error>(()) })?;
+/// # Ok(()) }
+/// # #[cfg(not(feature = "local"))] fn main() {}
+/// ```
 pub struct LockGuard {
     inner: Arc<Inner>,
     /// `None` only once handed to the loop (release, drop): the loop then holds the only

@@ -65,6 +65,9 @@ pub(crate) struct Inner {
     /// Completion slots, reused (shared with the loop).
     pub(crate) slots: Arc<SlotPool>,
     settings: Settings,
+    /// Retries of `lock` and `lock_many` (no deadline): the count set on the builder, or
+    /// none (see `Builder::retry_count`).
+    lock_retries: u32,
     masters: Vec<Arc<str>>,
     quorum: usize,
     busy_poll: bool,
@@ -126,6 +129,42 @@ impl Drop for Inner {
 /// # Ok::<(), redlock_mux::Error>(())
 /// ```
 ///
+/// In async code, `.await` the same operations, on any executor (the client has no
+/// runtime of its own: a `Pending` is a plain `Future`); bound a wait with the
+/// executor's timeout, which drops the `Pending` and so cancels the attempt:
+///
+/// ```
+/// # #[cfg(feature = "local")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let local = redlock_mux::local::LocalMasters::start(3)?;
+/// # let urls = local.urls();
+/// # let rt = tokio::runtime::Builder::new_multi_thread().enable_time().build()?;
+/// # rt.block_on(async {
+/// use std::time::Duration;
+/// use redlock_mux::Redlock;
+///
+/// let redlock = Redlock::builder().masters(&urls).build_shared()?;
+/// let tasks: Vec<_> = (0..4)
+///     .map(|t| {
+///         let redlock = redlock.clone();
+///         tokio::spawn(async move {
+///             let wait = Duration::from_secs(10);
+///             let guard = tokio::time::timeout(wait, redlock.lock("report", Duration::from_secs(5)))
+///                 .await
+///                 .map_err(|_| format!("task {t}: still taken after {wait:?}"))??;
+///             // ... work while guard.is_valid() ...
+///             guard.release().await?;
+///             Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+///         })
+///     })
+///     .collect();
+/// for t in tasks {
+///     t.await??;
+/// }
+/// # Ok::<(), Box<dyn std::error::Error + Send + Sync>>(()) }).map_err(|e| e.to_string())?;
+/// # Ok(()) }
+/// # #[cfg(not(feature = "local"))] fn main() {}
+/// ```
+///
 /// The single-owner [`crate::Redlock`] is faster for one thread (no hand-off between
 /// threads); this client is for sharing: thread pools, async services, many callers.
 ///
@@ -151,7 +190,7 @@ impl fmt::Debug for SharedRedlock {
 }
 
 impl SharedRedlock {
-    pub(crate) fn start(parts: (Core, Driver)) -> Result<SharedRedlock, Error> {
+    pub(crate) fn start(parts: (Core, Driver), lock_retries: u32) -> Result<SharedRedlock, Error> {
         let core = &parts.0;
         let busy_poll = core.rounds.cfg.busy_poll;
         let settings = core.cfg.clone();
@@ -164,6 +203,7 @@ impl SharedRedlock {
                 hub,
                 slots,
                 settings,
+                lock_retries,
                 masters,
                 quorum,
                 busy_poll,
@@ -203,25 +243,62 @@ impl SharedRedlock {
         self.submit_lock(one(resource.as_ref()), ttl, None, 0)
     }
 
-    /// Take `resource` for `ttl`, retrying after a random delay while it is taken or no
-    /// quorum answers, up to the configured retry count (see [`crate::Redlock::lock`]).
+    /// Take `resource` for `ttl`, waiting until it is granted: retrying while it is taken
+    /// or no quorum answers, woken by the holder's release (see [`crate::WaitMode`]).
+    ///
+    /// **The caller bounds the wait.** Like `Mutex::lock`, this waits until it gets the
+    /// lock; drop the `Pending` to give up (a `tokio::time::timeout`, a `select!`, an
+    /// aborted task: the attempt is cancelled, the call leaves the line of waiters, and a
+    /// lock granted after the drop is released). On a thread, [`Pending::wait`] waits as
+    /// long; use [`SharedRedlock::lock_with_deadline`] for a bound that reports what the
+    /// masters did. Only a [`Builder::retry_count`](crate::Builder::retry_count) set on the
+    /// builder bounds it by a count. Refusals that waiting cannot change end it at once
+    /// ([`Error::Refused`]: a wrong password, an ACL without the right to the keys, an
+    /// untrusted certificate, on too many masters for a quorum).
+    ///
+    /// ```
+    /// # #[cfg(feature = "local")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let local = redlock_mux::local::LocalMasters::start(3)?;
+    /// # let urls = local.urls();
+    /// # let rt = tokio::runtime::Builder::new_current_thread().enable_time().build()?;
+    /// # rt.block_on(async {
+    /// use std::time::Duration;
+    /// use redlock_mux::Redlock;
+    ///
+    /// let redlock = Redlock::builder().masters(&urls).build_shared()?;
+    /// // Wait at most 10 s for the lock, then hold it for up to 30 s.
+    /// match tokio::time::timeout(Duration::from_secs(10), redlock.lock("orders:42", Duration::from_secs(30))).await {
+    ///     Ok(Ok(guard)) => {
+    ///         // ... work while guard.is_valid() ...
+    ///         guard.release().await?;
+    ///     }
+    ///     Ok(Err(e)) => return Err(e.into()), // refused: fix the configuration
+    ///     Err(_elapsed) => {}                  // still taken after 10 s: nothing is left behind
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "local"))] fn main() {}
+    /// ```
     pub fn lock(&self, resource: impl AsRef<[u8]>, ttl: Duration) -> Pending<LockGuard> {
-        let retries = self.inner.settings.retry_count;
+        let retries = self.inner.lock_retries;
         self.submit_lock(one(resource.as_ref()), ttl, None, retries)
     }
 
-    /// Like [`SharedRedlock::lock`], never past `deadline`.
+    /// Like [`SharedRedlock::lock`], but never past `deadline`: it retries until then
+    /// (whatever the retry count), and ends with [`Error::DeadlineExceeded`] carrying the
+    /// last attempt's report (who holds it, which masters are down).
     pub fn lock_with_deadline(
         &self,
         resource: impl AsRef<[u8]>,
         ttl: Duration,
         deadline: Instant,
     ) -> Pending<LockGuard> {
-        let retries = self.inner.settings.retry_count;
+        let retries = self.inner.lock_retries;
         self.submit_lock(one(resource.as_ref()), ttl, Some(deadline), retries)
     }
 
-    /// Several resources as one lock (see [`crate::Redlock::lock_many`]).
+    /// Several resources as one lock (see [`crate::Redlock::lock_many`]); it waits like
+    /// [`SharedRedlock::lock`], until granted or dropped.
     pub fn lock_many<I, R>(&self, resources: I, ttl: Duration) -> Pending<LockGuard>
     where
         I: IntoIterator<Item = R>,
@@ -234,7 +311,7 @@ impl SharedRedlock {
         if let Err(e) = check_distinct(&keys) {
             return Pending::ready(self.inner.clone(), Err(e));
         }
-        let retries = self.inner.settings.retry_count;
+        let retries = self.inner.lock_retries;
         self.submit_lock(keys, ttl, None, retries)
     }
 
@@ -276,7 +353,8 @@ impl Builder {
     /// Check the configuration and start the shared client: its loop thread starts now,
     /// connections open with the first operation.
     pub fn build_shared(self) -> Result<SharedRedlock, Error> {
-        SharedRedlock::start(self.machine()?)
+        let lock_retries = self.shared_lock_retries();
+        SharedRedlock::start(self.machine()?, lock_retries)
     }
 }
 

@@ -164,6 +164,33 @@ impl SlotPool {
 /// Dropping it before it completes cancels it: a lock attempt in flight is abandoned (its
 /// partial lock released), and a lock granted after the drop is released by the loop. No
 /// lock is ever granted to nobody. A release or an extend that was already sent goes on.
+///
+/// ```
+/// # #[cfg(feature = "local")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let local = redlock_mux::local::LocalMasters::start(3)?;
+/// # let urls = local.urls();
+/// # let rt = tokio::runtime::Builder::new_current_thread().enable_time().build()?;
+/// # rt.block_on(async {
+/// use std::time::Duration;
+/// use redlock_mux::Redlock;
+///
+/// let redlock = Redlock::builder().masters(&urls).build_shared()?;
+/// let ttl = Duration::from_secs(5);
+/// // Made together, sent together (one write per master), awaited one by one.
+/// let a = redlock.try_lock("sku:1", ttl);
+/// let b = redlock.try_lock("sku:2", ttl);
+/// let (a, b) = (a.await?, b.await?);
+/// // A Pending dropped unawaited cancels its operation: nothing is left behind.
+/// drop(redlock.lock("sku:3", ttl));
+/// // A bound on the wait: the timeout drops the Pending, and so cancels the attempt.
+/// let c = tokio::time::timeout(Duration::from_millis(50), redlock.lock("sku:1", ttl)).await;
+/// assert!(c.is_err(), "sku:1 is still held by `a`");
+/// a.release().await?;
+/// b.release().await?;
+/// # Ok::<(), redlock_mux::Error>(()) })?;
+/// # Ok(()) }
+/// # #[cfg(not(feature = "local"))] fn main() {}
+/// ```
 #[must_use = "an operation does nothing useful unless awaited or waited for; dropping it cancels it"]
 pub struct Pending<T> {
     pub(crate) inner: Arc<Inner>,

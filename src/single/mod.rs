@@ -172,8 +172,17 @@ impl Redlock {
         r
     }
 
-    /// Take `resource` for `ttl`, retrying after a random delay while it is taken or no
-    /// quorum answers, up to the configured retry count.
+    /// Take `resource` for `ttl`, retrying while it is taken or no quorum answers (after a
+    /// random delay, at the holder's expiry, or at once when the holder's release is
+    /// announced: see [`crate::WaitMode`]), up to the configured retry count.
+    ///
+    /// **The bound.** A blocking call cannot be dropped by its caller, so it has a bound of
+    /// its own: [`Builder::retry_count`] timed retries, 10 by default (about 2 s with the
+    /// default delay of 200 ms ± 100 ms), after which it fails with [`Error::Taken`] or
+    /// [`Error::NoQuorum`] and the last attempt's report. To wait a given time instead,
+    /// use [`Redlock::lock_with_deadline`]; to wait until granted, `retry_count(u32::MAX)`
+    /// (with a [`CancelHandle`] to end it from another thread). Refusals that waiting cannot
+    /// change end it at once ([`Error::Refused`]).
     pub fn lock(&mut self, resource: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
         let retries = self.core.cfg.retry_count;
         self.with_key(resource.as_ref(), |this, keys| {
@@ -181,8 +190,10 @@ impl Redlock {
         })
     }
 
-    /// Like [`Redlock::lock`], but never past `deadline`: the retry loop does not sleep
-    /// beyond it and a round does not outlive it.
+    /// Like [`Redlock::lock`], but bounded by `deadline` instead of the retry count: it
+    /// retries until the deadline (the last attempt starts just before it), never sleeps
+    /// beyond it, and no round outlives it. Past it: [`Error::DeadlineExceeded`] with the
+    /// last attempt's report.
     pub fn lock_with_deadline(
         &mut self,
         resource: impl AsRef<[u8]>,

@@ -123,7 +123,8 @@ pub struct BenchArgs {
     /// How a caller waits while the lock is taken: `spin` retries try_lock at once;
     /// `poll` calls lock() with the retry delay only (WaitMode::Poll); `notify` calls
     /// lock() and is woken when a release is announced (WaitMode::Notify, the library's
-    /// default). lock() runs with the library's default retry settings.
+    /// default). lock() runs with the blocking client's default retries (10), in every
+    /// mode.
     #[arg(long, value_enum, value_name = "MODE", default_value_t = WaitArg::Spin)]
     wait_mode: WaitArg,
     /// First come, first served (Builder::fairness; with --wait-mode notify): waiters
@@ -464,7 +465,10 @@ fn bench(
                 WaitArg::Poll => WaitMode::Poll,
                 WaitArg::Spin | WaitArg::Notify => WaitMode::Notify,
             })
-            .fairness(args.fair);
+            .fairness(args.fair)
+            // The blocking client's default bound, for the shared client too (whose own
+            // default is none): `lock()` callers of both modes give up alike.
+            .retry_count(10);
         if let Some(t) = args.round_timeout {
             b = b.node_timeout(t);
         }

@@ -32,7 +32,7 @@ use nix::sys::signal::{kill, pthread_sigmask, raise, SigSet, SigmaskHow, Signal}
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use redlock_mux::{
-    CancelHandle, Error, Fault, HoldOptions, Lock, LockSignal, Outcome, Redlock, Report,
+    CancelHandle, Error, Fault, HoldOptions, Lock, LockSignal, Outcome, Redlock, Report, TlsFault,
 };
 use signal_hook::consts::{SIGCHLD, SIGCONT, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGTSTP};
 use signal_hook::iterator::Signals;
@@ -58,8 +58,8 @@ How it works:
   --kill-grace.
   SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to redlock are forwarded to COMMAND's process
   group (followed by SIGCONT). Because COMMAND has its own process group it cannot use the
-  terminal interactively (reading from it stops it): run non-interactive commands, as from
-  cron or scripts.
+  terminal interactively (reading from it stops it, and redlock says so): run
+  non-interactive commands, as from cron or scripts.
   An extension that gets no quorum of answers is retried (on fresh connections) until the
   lost margin is reached: --kill-grace plus two round timeouts before the lock's end (at
   least a tenth of the TTL; extensions start at twice that, and at least at a third).
@@ -68,16 +68,21 @@ How it works:
   redlock warns otherwise.
 
 Waiting for the lock:
-  Attempts are 200ms (+-100ms) apart until --wait has passed; the last one starts then.
-  Masters that are taken, time out or are down are waited for; after --wait, redlock says
-  what each master did in the last attempt (taken: exit 1; no quorum: exit 69). Two cases
-  fail at once, since waiting cannot change them: masters refuse this client (handshake
-  refused: wrong or missing password, unknown user, no right to a command, bad database;
-  not durable enough for --fencing; the same server listed twice) so that no quorum is
-  possible, or while no other master answers: exit 64, naming them and why; every master
-  refuses the connection (nothing listens: wrong ports, Redis not running): exit 69.
-  Refusals for the moment (LOADING after a restart, BUSY with a script, too many
-  clients) are waited for.
+  As flock: without -w (or with -w inf, -w forever) run waits until the lock is free;
+  with -w N it gives up after N seconds (the last attempt starts then); -n (or -w 0)
+  tries once. While waiting it stands in the resource's line on the masters and tries
+  again when the holder's release is announced, or its keys expire, at the latest 200ms
+  (+-100ms) after its last attempt. Masters that are taken, time out or are down are
+  waited for; after -w, redlock says what each master did in the last attempt (taken:
+  exit 1; no quorum: exit 69). What waiting cannot change fails at once: masters refuse
+  this client (handshake refused: wrong or missing password, unknown user, no right to a
+  command, bad database; an ACL without the right to the lock's key; a TLS certificate
+  that does not verify, or one the master refuses; not durable enough for --fencing; the
+  same server listed twice) so that no quorum is possible, or while no other master
+  answers; a rediss:// master whose port speaks plain RESP: exit 64, naming them and
+  why; every master refuses the connection (nothing listens: wrong ports, Redis not
+  running): exit 69. Refusals for the moment (LOADING after a restart, BUSY with a
+  script, too many clients) are waited for.
 
 COMMAND's environment:
   REDLOCK_RESOURCE        RESOURCE
@@ -149,16 +154,16 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration)]
     ttl: Duration,
     /// Wait up to this long for the lock, retrying while it is taken or no quorum
-    /// answers (`-w 10`: ten seconds, as for flock).
+    /// answers (`-w 10`: ten seconds, as for flock). Without -w, or with `-w inf` or `-w
+    /// forever`, wait until the lock is free, as flock does.
     #[arg(
         short,
         long,
         value_name = "DURATION",
-        default_value = "10s",
-        value_parser = duration,
+        value_parser = wait_limit,
         conflicts_with = "no_wait"
     )]
-    wait: Duration,
+    wait: Option<Wait>,
     /// Try once and fail at once if the lock is taken (like `flock -n`).
     #[arg(short, long)]
     no_wait: bool,
@@ -212,6 +217,25 @@ pub struct RunArgs {
     command: Vec<OsString>,
 }
 
+/// How long `run` waits for the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// Until it is free (no `-w`, `-w inf`, `-w forever`), as flock without `-w`.
+    Forever,
+    /// At most this long (`-w 0` or `-n`: one attempt).
+    For(Duration),
+}
+
+/// `-w`'s value: a duration, or `inf`, `infinity`, `forever` (any case).
+fn wait_limit(s: &str) -> Result<Wait, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "inf" | "infinity" | "forever" => Ok(Wait::Forever),
+        _ => duration(s)
+            .map(Wait::For)
+            .map_err(|e| format!("{e}; or inf (forever) to wait until the lock is free")),
+    }
+}
+
 /// Longest time the supervisor sleeps before checking the command and the lock again.
 const POLL: Duration = Duration::from_millis(50);
 
@@ -222,6 +246,19 @@ impl RunArgs {
             Some(cmd) => vec!["sh".into(), "-c".into(), cmd.clone()],
             None => self.command.clone(),
         }
+    }
+
+    /// How long to wait for the lock.
+    fn wait(&self) -> Wait {
+        if self.no_wait {
+            return Wait::For(Duration::ZERO);
+        }
+        self.wait.unwrap_or(Wait::Forever)
+    }
+
+    /// One attempt only (`-n`, `-w 0`).
+    fn no_wait(&self) -> bool {
+        self.wait() == Wait::For(Duration::ZERO)
     }
 
     /// `--kill-grace`, or its default: 5 s, or a sixth of the TTL if that is less.
@@ -334,6 +371,8 @@ pub fn main(args: RunArgs) -> u8 {
         .builder()
         .node_timeout(round_timeout)
         .fencing(args.fencing)
+        // Only `lock` (no deadline: waiting forever) uses the count.
+        .retry_count(u32::MAX)
         .build()
     {
         Ok(c) => c,
@@ -396,15 +435,15 @@ fn hold_and_run(args: &RunArgs, client: &mut Redlock, job: &Mutex<Job>, rx: Rece
     let resource = args.resource.as_str();
     let ttl = args.ttl;
     let started = Instant::now();
-    let no_wait = args.no_wait || args.wait.is_zero();
+    let no_wait = args.no_wait();
     if args.verbose {
         say!(
             "locking {resource} (ttl {}, {})",
             humantime::format_duration(ttl),
-            if no_wait {
-                "no wait".to_string()
-            } else {
-                format!("waiting up to {}", humantime::format_duration(args.wait))
+            match args.wait() {
+                _ if no_wait => "no wait".to_string(),
+                Wait::Forever => "waiting until it is free".to_string(),
+                Wait::For(d) => format!("waiting up to {}", humantime::format_duration(d)),
             }
         );
     }
@@ -647,14 +686,11 @@ impl Supervisor<'_> {
         if self.status.is_some() {
             return Ok(());
         }
-        let flags = if self.started {
-            WaitPidFlag::WNOHANG
-        } else {
-            WaitPidFlag::WNOHANG | WaitPidFlag::WUNTRACED
-        };
+        let flags = WaitPidFlag::WNOHANG | WaitPidFlag::WUNTRACED;
         match waitpid(self.leader, Some(flags)) {
             Ok(WaitStatus::Exited(_, code)) => self.status = Some(code.clamp(0, 255) as u8),
             Ok(WaitStatus::Signaled(_, sig, _)) => self.status = Some(exit::signal(sig as i32)),
+            Ok(WaitStatus::Stopped(_, sig)) if self.started => self.stopped(sig),
             Ok(WaitStatus::Stopped(..)) if !self.started => {
                 self.watchdog.arm(self.leader).map_err(|e| {
                     io::Error::new(e.kind(), format!("cannot arm the watchdog: {e}"))
@@ -666,6 +702,35 @@ impl Supervisor<'_> {
             Err(e) => return Err(e.into()),
         }
         Ok(())
+    }
+
+    /// COMMAND's leader was stopped by `sig`. A stop of redlock's own (Ctrl-Z, or the group
+    /// held until the lock is seen valid) is not news; any other is said, since COMMAND
+    /// then waits, holding the lock, with no word: typically an interactive COMMAND that
+    /// read the terminal (SIGTTIN), which it cannot use from its own process group.
+    fn stopped(&mut self, sig: Signal) {
+        if lock_job(self.job).held {
+            return;
+        }
+        let why = match sig {
+            Signal::SIGTTIN => {
+                "it read from the terminal, which it cannot use: it runs in a process group \
+                 of its own (give it its input otherwise, e.g. < file or </dev/null)"
+            }
+            Signal::SIGTTOU => {
+                "it wrote to or set up the terminal (stty tostop), which it cannot use from a \
+                 process group of its own"
+            }
+            _ => "by a signal sent to it",
+        };
+        say!(
+            "the command is stopped ({}): {why}. It holds the lock while stopped; continue it \
+             with `kill -CONT -{}`, or end it with Ctrl-C or `kill {}` (redlock forwards the \
+             signal)",
+            sig.as_str(),
+            self.leader,
+            std::process::id()
+        );
     }
 
     /// Reap the group's processes orphaned to us; `true` once none is left. Then forget the
@@ -846,11 +911,13 @@ enum Failed {
 }
 
 /// Take the lock: one attempt (`--no-wait`), or wait until it is ours or `--wait` has
-/// passed (a failed run waited all of `--wait`: its last attempt starts at the deadline).
+/// passed (a failed run waited all of `--wait`: its last attempt starts at the deadline),
+/// or, without `--wait` (or `-w inf`), until it is ours.
 ///
 /// The first attempt is the client's own (`try_lock`) so that its report can be judged:
 /// when masters refuse the client for good, or none accepts a connection, waiting cannot
-/// help (`hopeless`). Then the client waits (`lock_with_deadline`): it stands in the
+/// help (`hopeless`). Then the client waits (`lock_with_deadline`, or `lock` with no retry
+/// count when there is no deadline): it stands in the
 /// resource's line on the masters, is woken by the holder's release (`WaitMode::Notify`)
 /// and never sleeps past the holder's keys' expiry; otherwise it tries every 200 ms +-
 /// 100 ms. One call for the whole wait, so the waiter keeps its place in line. Masters
@@ -861,11 +928,18 @@ enum Failed {
 /// `acquiring`). At the deadline one more attempt says how things stand (taken, or no
 /// quorum, and what each master did).
 fn acquire(args: &RunArgs, client: &mut Redlock, started: Instant) -> Result<Lock, Failed> {
-    let no_wait = args.no_wait || args.wait.is_zero();
-    let deadline = started + args.wait;
+    let no_wait = args.no_wait();
+    let deadline = match args.wait() {
+        Wait::For(d) => started.checked_add(d),
+        Wait::Forever => None,
+    };
     let judge = |e: Error| -> Result<Error, Failed> {
         match e {
             Error::Taken(_) | Error::NoQuorum(_) | Error::ValidityUsedUp(_) => {}
+            // Said with the hints of `hopeless` (the library's `Refused` is one case of it).
+            Error::Refused(ref r) => {
+                return Err(hopeless(args, r).map_or(Failed::Error(e), Failed::Hopeless))
+            }
             e => return Err(Failed::Error(e)),
         }
         match e.report().and_then(|r| hopeless(args, r)) {
@@ -877,12 +951,19 @@ fn acquire(args: &RunArgs, client: &mut Redlock, started: Instant) -> Result<Loc
         Ok(lock) => return Ok(lock),
         Err(e) => judge(e)?,
     };
-    if no_wait || Instant::now() >= deadline {
+    if no_wait || deadline.is_some_and(|d| Instant::now() >= d) {
         return Err(Failed::Error(e));
     }
-    match client.lock_with_deadline(&args.resource, args.ttl, deadline) {
+    // Without a deadline the client was built with no retry count (`u32::MAX`): `lock`
+    // waits until the lock is free, a refusal or a signal (a cancel) ends it.
+    let waited = match deadline {
+        Some(deadline) => client.lock_with_deadline(&args.resource, args.ttl, deadline),
+        None => client.lock(&args.resource, args.ttl),
+    };
+    match waited {
         Ok(lock) => return Ok(lock),
         Err(Error::DeadlineExceeded(_)) => {}
+        Err(e @ Error::Refused(_)) => return Err(judge(e).map_or_else(|f| f, Failed::Error)),
         Err(e) => return Err(Failed::Error(e)),
     }
     match client.try_lock(&args.resource, args.ttl) {
@@ -891,19 +972,20 @@ fn acquire(args: &RunArgs, client: &mut Redlock, started: Instant) -> Result<Loc
     }
 }
 
-/// A master that refuses this client whatever the wait: a handshake refused for who we
-/// are or what we ask (wrong or missing password, unknown user or one without the right
-/// to a command, bad database index), not durable enough for `--fencing`, or the same
-/// server as another master listed. A refusal for the moment is not one: `-LOADING` (a
-/// master reading its data after a restart), `-BUSY` (running a long script),
-/// `-ERR max number of clients reached`, and any code not known here, are waited for.
+/// A master that refuses this client whatever the wait: what the library counts as a
+/// configuration refusal ([`Fault::is_configuration`]: a handshake refused for who we are
+/// or what we ask, a lock request refused by the master's ACL, a certificate that does not
+/// verify or that the master refuses), a handshake refused with another `-ERR` (the
+/// library waits for those; `run` knows better: an `ERR` there is about this client),
+/// not durable enough for `--fencing`, or the same server as another master listed. A
+/// refusal for the moment is not one: `-LOADING` (a master reading its data after a
+/// restart), `-BUSY` (running a long script), `-ERR max number of clients reached`, and
+/// any code not known here, are waited for.
 fn refuses(o: Outcome) -> bool {
     match o {
+        Outcome::Failed(f) if f.is_configuration() => true,
         Outcome::Failed(Fault::Handshake(t)) => {
-            t.starts_with(b"WRONGPASS")
-                || t.starts_with(b"NOAUTH")
-                || t.starts_with(b"NOPERM")
-                || (t.starts_with(b"ERR ") && !t.starts_with(b"ERR max number of clients"))
+            t.starts_with(b"ERR ") && !t.starts_with(b"ERR max number of clients")
         }
         Outcome::Failed(Fault::NotDurable | Fault::SameServer) => true,
         _ => false,
@@ -918,9 +1000,56 @@ fn silent(o: Outcome) -> bool {
         Outcome::Pending
             | Outcome::TimedOut
             | Outcome::Failed(
-                Fault::Down | Fault::Connect(_) | Fault::Closed(_) | Fault::Backlogged
+                Fault::Down
+                    | Fault::Connect(_)
+                    | Fault::Closed(_)
+                    | Fault::Backlogged
+                    | Fault::Tls(TlsFault::Other(_))
             )
     )
+}
+
+/// What to do about the refusals seen, one hint per kind.
+fn hints(refusing: &[(&str, Outcome)], resource: &str) -> Vec<String> {
+    let mut hints = Vec::new();
+    let any = |f: &dyn Fn(Outcome) -> bool| refusing.iter().any(|(_, o)| f(*o));
+    if any(&|o| matches!(o, Outcome::Failed(Fault::Handshake(_)))) {
+        hints.push("check the user, password and database in the master URLs".to_string());
+    }
+    if any(&|o| matches!(o, Outcome::Failed(Fault::Redis(t)) if t.starts_with(b"NOPERM"))) {
+        hints.push(format!(
+            "the user's ACL must allow the lock's key and the commands SET, EVALSHA, EVAL \
+             (e.g. ACL SETUSER <user> ~{resource} ~redlock-mux:* &redlock-mux:* +@all, or a \
+             key pattern that covers {resource})"
+        ));
+    }
+    if any(&|o| matches!(o, Outcome::Failed(Fault::Redis(t)) if !t.starts_with(b"NOPERM"))) {
+        hints.push("check the user and password in the master URLs".to_string());
+    }
+    if any(&|o| matches!(o, Outcome::Failed(Fault::Tls(TlsFault::Alert(_))))) {
+        hints.push(
+            "the masters refused this client's TLS session: give --cert and --key signed by \
+             a CA the masters trust (tls-ca-cert-file)"
+                .to_string(),
+        );
+    }
+    if any(
+        &|o| matches!(o, Outcome::Failed(Fault::Tls(t)) if !matches!(t, TlsFault::Alert(_) | TlsFault::Other(_))),
+    ) {
+        hints.push(
+            "--cacert (--tls-ca-file) must hold the CA that signed the masters' certificates, \
+             and each master needs a certificate of its own for its host name or address, \
+             signed by that CA (docs/tls.md shows how to make both with openssl)"
+                .to_string(),
+        );
+    }
+    if any(&|o| o == Outcome::Failed(Fault::NotDurable)) {
+        hints.push("--fencing needs masters with appendonly yes and appendfsync always".into());
+    }
+    if any(&|o| o == Outcome::Failed(Fault::SameServer)) {
+        hints.push("list each server once".into());
+    }
+    hints
 }
 
 /// Whether an attempt's report shows that waiting cannot help; if so, say why and return
@@ -928,6 +1057,8 @@ fn silent(o: Outcome) -> bool {
 /// * Masters refuse the client (`refuses`), so many that no quorum is possible without
 ///   them, or while no other master answered at all (a wrong password for every master is
 ///   the common case): a configuration error, 64.
+/// * `rediss://` masters that gave no answer speak plain RESP on that port (a plain Redis
+///   never answers a TLS hello: it waits for a line), found by a `PING` in clear: 64.
 /// * Every master refused the connection: nothing listens at any address (wrong ports, or
 ///   Redis not running), 69. Masters that time out are waited for: a network may come
 ///   back; so are some masters refusing while others answer.
@@ -937,25 +1068,6 @@ fn hopeless(args: &RunArgs, r: &Report) -> Option<u8> {
     if !refusing.is_empty()
         && (n - refusing.len() < r.quorum() || r.outcomes().all(|(_, o)| refuses(o) || silent(o)))
     {
-        let mut hints = Vec::new();
-        if refusing
-            .iter()
-            .any(|(_, o)| matches!(o, Outcome::Failed(Fault::Handshake(_))))
-        {
-            hints.push("check the user, password and database in the master URLs");
-        }
-        if refusing
-            .iter()
-            .any(|(_, o)| *o == Outcome::Failed(Fault::NotDurable))
-        {
-            hints.push("--fencing needs masters with appendonly yes and appendfsync always");
-        }
-        if refusing
-            .iter()
-            .any(|(_, o)| *o == Outcome::Failed(Fault::SameServer))
-        {
-            hints.push("list each server once");
-        }
         let k = refusing.len();
         let why = if n - k < r.quorum() {
             format!("so no quorum of {} is possible", r.quorum())
@@ -968,7 +1080,23 @@ fn hopeless(args: &RunArgs, r: &Report) -> Option<u8> {
             args.resource,
             if n == 1 { "" } else { "s" },
             if k == 1 { "s" } else { "" },
-            hints.join("; "),
+            hints(&refusing, &args.resource).join("; "),
+        );
+        return Some(exit::USAGE);
+    }
+    let plain = plain_resp_masters(args, r);
+    if !plain.is_empty() {
+        say!(
+            "cannot lock {}: {} answer{} in plain RESP, not TLS: {} (use redis:// for a \
+             plain port, or rediss:// with the server's tls-port). Last attempt: {r}",
+            args.resource,
+            plain.join(", "),
+            if plain.len() == 1 { "s" } else { "" },
+            if plain.len() == 1 {
+                "this port speaks plain RESP"
+            } else {
+                "these ports speak plain RESP"
+            },
         );
         return Some(exit::USAGE);
     }
@@ -984,13 +1112,46 @@ fn hopeless(args: &RunArgs, r: &Report) -> Option<u8> {
     None
 }
 
+/// The `rediss://` masters that gave no answer in `r` and answer a `PING` in clear: ports
+/// that speak plain RESP (a plain Redis never answers a TLS hello; a TLS port answers a
+/// `PING` in clear with an alert or a close, never a RESP reply). Bounded: one connect and
+/// one read of at most 500 ms per such master.
+fn plain_resp_masters(args: &RunArgs, r: &Report) -> Vec<String> {
+    let urls = args.masters.urls();
+    r.outcomes()
+        .zip(&urls)
+        .filter(|((_, o), url)| silent(*o) && url.to_ascii_lowercase().starts_with("rediss://"))
+        .filter(|(_, url)| speaks_plain_resp(url, Duration::from_millis(500)))
+        .map(|((name, _), _)| name.to_string())
+        .collect()
+}
+
+/// Whether the TCP address of `url` answers `PING` with a RESP reply (`+PONG`, or an error
+/// such as `-NOAUTH`).
+fn speaks_plain_resp(url: &str, timeout: Duration) -> bool {
+    use std::io::{Read, Write};
+    let Ok(spec) = redlock_mux::MasterSpec::parse(url) else {
+        return false;
+    };
+    let Ok(addr) = spec.resolve() else {
+        return false;
+    };
+    let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, timeout) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(timeout));
+    let _ = s.set_write_timeout(Some(timeout));
+    let mut first = [0u8; 1];
+    s.write_all(b"PING\r\n").is_ok()
+        && matches!(s.read(&mut first), Ok(1) if first[0] == b'+' || first[0] == b'-')
+}
+
 /// Say why the last attempt failed, and return the exit code.
 fn acquire_failed(args: &RunArgs, e: &Error, no_wait: bool) -> u8 {
     let resource = &args.resource;
-    let waited = if no_wait {
-        String::new()
-    } else {
-        format!(" after waiting {}", humantime::format_duration(args.wait))
+    let waited = match args.wait() {
+        Wait::For(d) if !no_wait => format!(" after waiting {}", humantime::format_duration(d)),
+        _ => String::new(),
     };
     match e {
         Error::Taken(r) => {

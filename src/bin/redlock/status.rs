@@ -141,22 +141,44 @@ fn verdict(states: &[State], quorum: usize) -> (Option<Vec<u8>>, usize, String) 
     }
     let reachable = states.iter().filter(|s| s.answered()).count();
     let total = states.len();
+    // Keys of the holder with no expiry: never a lock of this client's (its keys always
+    // have a TTL), and they stay until someone deletes them.
+    let forever = |t: &[u8]| {
+        states
+            .iter()
+            .filter(|x| matches!(x, State::Held(u, None) if u == t))
+            .count()
+    };
+    let no_expiry = |k: usize| {
+        format!(
+            "; its key has no expiry on {k} master{} (not a lock this client makes: it stays \
+             until deleted, e.g. redis-cli DEL)",
+            if k == 1 { "" } else { "s" }
+        )
+    };
     match best {
         Some((t, n)) if n >= quorum => (
             Some(t.to_vec()),
             n,
             format!(
-                "locked: held by {} on {n} of {total} masters (quorum {quorum})",
-                short_token(t)
+                "locked: held by {} on {n} of {total} masters (quorum {quorum}){}",
+                short_token(t),
+                match forever(t) {
+                    0 => String::new(),
+                    k => no_expiry(k),
+                }
             ),
         ),
         Some((t, n)) => (
             Some(t.to_vec()),
             n,
             format!(
-                "not locked by a quorum: {} holds {n} of {total} masters (quorum {quorum}); \
-                 such leftovers expire with their TTL",
-                short_token(t)
+                "not locked by a quorum: {} holds {n} of {total} masters (quorum {quorum}){}",
+                short_token(t),
+                match forever(t) {
+                    0 => "; such leftovers expire with their TTL".to_string(),
+                    k => no_expiry(k),
+                }
             ),
         ),
         None if reachable >= quorum => (
