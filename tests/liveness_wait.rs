@@ -476,3 +476,51 @@ fn announcements_do_not_wake_a_waiter_whose_votes_are_refused() {
          quorum), bound {bound}: {report}"
     );
 }
+
+/// Item 9, a partition. A waiter (default settings, no jitter) reaches master 0 only: its
+/// rounds wait for the other two to time out, so each hears master 0's answer, "taken" by
+/// a foreign holder. That holder is announced released again and again on master 0 (its
+/// key stays): none of these announcements can free a quorum for this waiter (two masters
+/// of three do not answer it), so none may start an attempt: only the timed retries (plus
+/// the confirmations', plus one). (Before: each one did; freeing master 0 was taken for
+/// room for a quorum, the masters that failed it counting as free.)
+#[test]
+fn announcements_do_not_wake_a_partitioned_waiter() {
+    let m = masters(3);
+    let key = "partitioned-announced";
+    set_by_hand(&m, 0, key);
+    let (urls, _proxies) = partitioned(&m, 0);
+    let retry_delay = Duration::from_millis(200);
+    let window = Duration::from_secs(3);
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let mut w = Redlock::builder()
+            .masters(urls)
+            .retry_delay(retry_delay)
+            .retry_jitter(Duration::ZERO)
+            .build()
+            .unwrap();
+        let r = w.lock_with_deadline(key, TTL, Instant::now() + window);
+        let _ = tx.send((r, w.stats()));
+    });
+    let mut announced = 0u64;
+    let (r, stats) = loop {
+        match rx.recv_timeout(Duration::from_millis(5)) {
+            Ok(done) => break done,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                announce_by_hand(&m, 0, key);
+                announced += 1;
+                assert!(announced < 20_000, "the waiting call never ended");
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let report = deadline_report(r);
+    let bound = timed_attempts(window, retry_delay) + confirmation_attempts(&stats, &[0]) + 1;
+    let attempts = u64::from(report.attempts());
+    assert!(
+        attempts <= bound,
+        "{attempts} attempts in {window:?} ({announced} announcements that could free no \
+         quorum), bound {bound}: {report}"
+    );
+}
