@@ -37,6 +37,9 @@ pub(super) enum Kind {
     Extend,
 }
 
+/// How many of a wait's own cleanup announcements a task recognises (see `Task::own`).
+pub(super) const OWN_KEPT: usize = 8;
+
 pub(super) struct Task {
     pub gen: u32,
     pub live: bool,
@@ -83,8 +86,13 @@ pub(super) struct Task {
     /// The announced release that started the running attempt (its copies from the other
     /// masters are no news).
     pub woken_by: Option<Fingerprint>,
-    /// The release our own last cleanup announced (no news to us either).
-    pub own: Option<Fingerprint>,
+    /// The releases our own cleanups announced during this wait, the last [`OWN_KEPT`]
+    /// (no news to us either). Not the last one only: a cleanup's announcement may come
+    /// after the next attempt's cleanup (the next attempt was started right behind it), and
+    /// taken for news it started another attempt at once, whose cleanup fed the one after:
+    /// a spin outside `retry_count` (issue 19, item 2). Attempts come at least a round
+    /// apart, so an announcement would have to lag `OWN_KEPT` attempts to be mistaken.
+    pub own: SmallVec<[Fingerprint; OWN_KEPT]>,
     /// Releases announced while the attempt ran (master, or `u32::MAX` for this client's
     /// own; fingerprint; whether it named this task, or nobody, as next): if the attempt is
     /// refused and one of them frees enough, try again at once.
@@ -135,7 +143,7 @@ impl Task {
             direct: None,
             chans: SmallVec::new(),
             woken_by: None,
-            own: None,
+            own: SmallVec::new(),
             heard: SmallVec::new(),
             holders: SmallVec::new(),
             taken: 0,
@@ -165,7 +173,7 @@ impl Task {
         self.wait_id = None;
         self.direct = None;
         self.woken_by = None;
-        self.own = None;
+        self.own.clear();
         self.heard.clear();
         self.holders.clear();
         self.taken = 0;
@@ -612,7 +620,10 @@ impl Machine {
             // The cleanup announces itself where it deletes a key: no news to this task;
             // this client's other waiters try behind it if our keys were in their way.
             let t = &mut self.tasks[id.slot as usize];
-            t.own = Some(fingerprint(token.as_bytes()));
+            if t.own.len() == OWN_KEPT {
+                t.own.remove(0);
+            }
+            t.own.push(fingerprint(token.as_bytes()));
             if blocked_others {
                 let keys = std::mem::take(&mut t.keys);
                 self.released_here(&keys, token.as_bytes(), Some(id), now);

@@ -15,7 +15,8 @@
 //!   ignored; those of the release that woke the task still count from the masters it had
 //!   not reached yet); any other release but our own cleanup's frees its master too (the
 //!   holder changed). The task whose turn it is tries once the masters still blocked leave
-//!   room for a quorum. An announcement that arrives while an attempt runs is kept, and weighed
+//!   room for a quorum, on the announcement that freed one of them (one that frees nothing
+//!   starts nothing; the task's own cleanups' announcements are never news). An announcement that arrives while an attempt runs is kept, and weighed
 //!   against that attempt's answers. A release made by this very client (a guard dropped,
 //!   another task's release or cleanup) starts its waiters' attempts right behind it, in
 //!   the same write.
@@ -119,11 +120,17 @@ impl Machine {
     /// when the announcement names it: trying at the first one measured more refusals and
     /// no shorter hand-off, the release not having reached enough masters yet).
     /// This client's own release frees everything it held: its waiters try at once.
+    ///
+    /// An attempt started by an announcement must be justified by it (issue 19, item 2):
+    /// the announcement is news only when it frees a master that still blocked the task;
+    /// one from a master that did not (where the task's attempt won, or was never told
+    /// taken) changes nothing, so it starts nothing, even when room for a quorum was
+    /// already left (then the timed retry, or an announcement that frees more, rules).
     pub(super) fn hear(&mut self, id: TaskId, master: Option<usize>, fp: &Fingerprint) -> bool {
         let n = self.engine.nodes.len();
         let quorum = self.engine.quorum();
         let t = &mut self.tasks[id.slot as usize];
-        let fresh = t.woken_by.as_ref() != Some(fp) && t.own.as_ref() != Some(fp);
+        let fresh = t.woken_by.as_ref() != Some(fp) && !t.own.contains(fp);
         let Some(m) = master else {
             return fresh;
         };
@@ -132,6 +139,9 @@ impl Machine {
             return false;
         }
         if m < 64 {
+            if t.blocked & (1u64 << m) == 0 {
+                return false;
+            }
             t.blocked &= !(1u64 << m);
         }
         n - (t.blocked.count_ones() as usize).min(n) >= quorum
