@@ -104,6 +104,9 @@ pub(super) struct Task {
     pub taken: u64,
     /// Of those, the masters whose holder has not been announced gone since.
     pub blocked: u64,
+    /// Masters (bit i) that failed the last attempt or timed out: no announcement frees
+    /// them (they count against a quorum until the next attempt).
+    pub failed: u64,
     /// Timed retries used (`retries` bounds them; attempts on a notice come on top).
     pub polls: u32,
     /// When the next timed retry is due.
@@ -148,6 +151,7 @@ impl Task {
             holders: SmallVec::new(),
             taken: 0,
             blocked: 0,
+            failed: 0,
             polls: 0,
             next_poll: now,
             timed: true,
@@ -178,6 +182,7 @@ impl Task {
         self.holders.clear();
         self.taken = 0;
         self.blocked = 0;
+        self.failed = 0;
         self.polls = 0;
         self.next_poll = now;
         self.timed = true;
@@ -479,6 +484,7 @@ impl Machine {
         let t = &mut self.tasks[id.slot as usize];
         t.taken = hint.taken;
         t.blocked = hint.taken;
+        t.failed = hint.failed;
         t.holders = hint.holders;
         if self.notify() {
             self.watch(id, now);

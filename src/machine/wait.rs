@@ -16,7 +16,9 @@
 //!   not reached yet); any other release but our own cleanup's frees its master too (the
 //!   holder changed). The task whose turn it is tries once the masters still blocked leave
 //!   room for a quorum, on the announcement that freed one of them (one that frees nothing
-//!   starts nothing; the task's own cleanups' announcements are never news). An announcement that arrives while an attempt runs is kept, and weighed
+//!   starts nothing; the task's own cleanups' announcements are never news; masters that
+//!   failed its last attempt or timed out stay in the way: no announcement frees them, the
+//!   timed retry tries them again). An announcement that arrives while an attempt runs is kept, and weighed
 //!   against that attempt's answers. A release made by this very client (a guard dropped,
 //!   another task's release or cleanup) starts its waiters' attempts right behind it, in
 //!   the same write.
@@ -63,6 +65,9 @@ pub(super) struct Hint {
     pub free_in: Option<Duration>,
     /// Masters (bit i) that said "taken".
     pub taken: u64,
+    /// Masters (bit i) that failed the round (down, refused the connection or the vote,
+    /// an error) or timed out: no announcement frees them.
+    pub failed: u64,
     /// Who held the key on each master that said so (one-key locks).
     pub holders: SmallVec<[Option<Fingerprint>; 8]>,
 }
@@ -78,9 +83,12 @@ impl Machine {
     pub(super) fn wait_hint(&self, op: OpId) -> Hint {
         let o = self.engine.op(op);
         let mut taken = 0u64;
+        let mut failed = 0u64;
         for (i, x) in o.tally.outcomes().iter().enumerate().take(64) {
-            if *x == Outcome::Taken {
-                taken |= 1 << i;
+            match x {
+                Outcome::Taken => taken |= 1 << i,
+                Outcome::Failed(_) | Outcome::TimedOut => failed |= 1 << i,
+                _ => {}
             }
         }
         let free_in =
@@ -104,6 +112,7 @@ impl Machine {
         Hint {
             free_in,
             taken,
+            failed,
             holders,
         }
     }
@@ -144,7 +153,11 @@ impl Machine {
             }
             t.blocked &= !(1u64 << m);
         }
-        n - (t.blocked.count_ones() as usize).min(n) >= quorum
+        // Masters that failed the last attempt stay in the way whatever is announced: a
+        // release frees a key, not a master that is down, partitioned, or refuses our vote
+        // (issue 19, item 9). Only the timed retry (or a confirmation) tries them again.
+        let out = (t.blocked | t.failed).count_ones() as usize;
+        n - out.min(n) >= quorum
     }
 
     /// The jitter added to a wake-up at the holder's expiry: 1 ms (Redis expires to the
