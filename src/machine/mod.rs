@@ -300,7 +300,7 @@ impl Machine {
             |_| true,
             None,
         );
-        self.released_here(&lock.keys, token.as_bytes(), None, now);
+        self.released_here(&lock.keys, token.as_bytes(), None, None, now);
     }
 
     /// Extend `lock` to live at least `ttl` (whole ms, checked) from now.

@@ -319,7 +319,7 @@ impl Machine {
         if req == Request::Release {
             let keys = std::mem::take(&mut t.keys);
             let token = t.token;
-            self.released_here(&keys, token.as_bytes(), None, now);
+            self.released_here(&keys, token.as_bytes(), None, None, now);
             self.tasks[id.slot as usize].keys = keys;
         }
     }
@@ -624,15 +624,23 @@ impl Machine {
         self.release_attempt(id, leave, |i| leave.is_some() || may_hold[i], now);
         if self.notify() {
             // The cleanup announces itself where it deletes a key: no news to this task;
-            // this client's other waiters try behind it if our keys were in their way.
+            // this client's other waiters hear it master by master, where our keys may
+            // have stood, and try behind it only if that frees a quorum for them (not
+            // when a holder elsewhere still blocks one: issue 19, item 4).
             let t = &mut self.tasks[id.slot as usize];
             if t.own.len() == OWN_KEPT {
                 t.own.remove(0);
             }
             t.own.push(fingerprint(token.as_bytes()));
             if blocked_others {
+                let stood = may_hold
+                    .iter()
+                    .take(64)
+                    .enumerate()
+                    .filter(|(_, b)| **b)
+                    .fold(0u64, |s, (i, _)| s | 1 << i);
                 let keys = std::mem::take(&mut t.keys);
-                self.released_here(&keys, token.as_bytes(), Some(id), now);
+                self.released_here(&keys, token.as_bytes(), Some(id), Some(stood), now);
                 self.tasks[id.slot as usize].keys = keys;
             }
         }

@@ -301,7 +301,7 @@ impl Machine {
         while let Some(n) = self.engine.take_notice() {
             match n {
                 Notice::Released { chan, master, fp } => {
-                    self.on_released(chan, Some(master), fp, None, now)
+                    self.on_released(chan, Some(master), fp, None, None, now)
                 }
                 Notice::Turn { master, fp, id } => {
                     if let Some(task) = self.waiter(&id) {
@@ -316,16 +316,18 @@ impl Machine {
     /// A release of channel `chan` (token fingerprint `fp`) was announced by `master` on
     /// the key's channel (nobody stood in its line there; a named waiter hears a `Turn`
     /// instead), or made by this client (`master` `None`; `except`: the task whose cleanup
-    /// it is). The waiters whose turn it is (every waiter, or with fairness this client's
-    /// oldest; for a release made here, this client's oldest) try once what they heard
-    /// leaves room for a quorum; a waiter whose attempt runs notes it, to weigh it against
-    /// that attempt's answers.
+    /// it is; `stood`: for a cleanup, the masters (bit i) where its keys may have stood,
+    /// `None` for a lock's release, which frees everything). The waiters whose turn it is
+    /// (every waiter, or with fairness this client's oldest; for a release made here, this
+    /// client's oldest) try once what they heard leaves room for a quorum; a waiter whose
+    /// attempt runs notes it, to weigh it against that attempt's answers.
     pub(super) fn on_released(
         &mut self,
         chan: ChanId,
         master: Option<usize>,
         fp: Fingerprint,
         except: Option<TaskId>,
+        stood: Option<u64>,
         now: Instant,
     ) {
         let mut list: SmallVec<[TaskId; 8]> = self
@@ -366,7 +368,19 @@ impl Machine {
             } else {
                 self.eligible(id)
             };
-            self.notify_task(id, master, fp, turn, now);
+            match (master, stood) {
+                // A failed attempt's cleanup frees only the masters where its keys stood,
+                // as those masters' announcements would: heard master by master, it wakes
+                // a sibling only when that leaves room for a quorum (issue 19, item 4:
+                // with the lock held elsewhere, two callers of one client woke each other
+                // at round-trip speed, each cleanup taken for a release of everything).
+                (None, Some(stood)) => {
+                    for m in (0..self.engine.nodes.len().min(64)).filter(|m| stood >> m & 1 != 0) {
+                        self.notify_task(id, Some(m), fp, turn, now);
+                    }
+                }
+                _ => self.notify_task(id, master, fp, turn, now),
+            }
         }
     }
 
@@ -442,14 +456,16 @@ impl Machine {
     }
 
     /// This client releases `keys` (token `token`), e.g. a guard dropped or a failed
-    /// attempt's cleanup: its own waiters on them try now, their requests written right
-    /// behind the release on every connection (Redis runs one connection's commands in
-    /// order, so each finds the key deleted where the release deleted it).
+    /// attempt's cleanup (`stood`: the masters where its keys may have stood; see
+    /// [`Machine::on_released`]): its own waiters on them try now, their requests written
+    /// right behind the release on every connection (Redis runs one connection's commands
+    /// in order, so each finds the key deleted where the release deleted it).
     pub(super) fn released_here(
         &mut self,
         keys: &KeyList,
         token: &[u8],
         except: Option<TaskId>,
+        stood: Option<u64>,
         now: Instant,
     ) {
         if !self.notify() {
@@ -457,7 +473,7 @@ impl Machine {
         }
         for key in keys.iter() {
             if let Some(chan) = self.engine.channel(key) {
-                self.on_released(chan, None, fingerprint(token), except, now);
+                self.on_released(chan, None, fingerprint(token), except, stood, now);
             }
         }
     }
