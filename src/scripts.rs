@@ -149,7 +149,10 @@ pub const ACQUIRE_MANY: Script = Script {
 /// the line with its release ([`RELEASE`]'s `ARGV[2]`), not at the grant on one master
 /// (the attempt may fail elsewhere, and its place must stay the same on every master). A
 /// polite waiter does not take a free key while another live waiter comes first in line:
-/// it is refused with `{-1, ''}` (and keeps its place). Every attempt of a waiter already
+/// it is refused with `{-1, ''}` (and keeps its place). With `ARGV[7]` = `o` the waiter
+/// stands out of line (its last attempt could not reach a quorum): it leaves the line and
+/// takes no place in it, and a polite one still yields to every live waiter in line.
+/// Every attempt of a waiter already
 /// in line refreshes its liveness key and the line's expiry, the ones that take the key
 /// too: a waiter whose attempt wins here but fails the round (a split vote, a timeout
 /// elsewhere) is still asking and keeps its place. The line's expiry is only ever moved
@@ -161,6 +164,11 @@ pub const ACQUIRE_WAIT: Script = Script {
         "if #KEYS == 1 then\n",
         "  local id = ARGV[3]\n",
         "  local q = 'redlock-mux:queue:' .. KEYS[1]\n",
+        "  local out = ARGV[7] == 'o'\n",
+        "  if id and out then\n",
+        "    redis.pcall('zrem', q, id)\n",
+        "    redis.pcall('del', 'redlock-mux:waiter:' .. id)\n",
+        "  end\n",
         "  local function keep()\n",
         "    if redis.pcall('pttl', q) < tonumber(ARGV[4]) then redis.pcall('pexpire', q, ARGV[4]) end\n",
         "  end\n",
@@ -184,7 +192,7 @@ pub const ACQUIRE_WAIT: Script = Script {
         "    end\n",
         "    return 0\n",
         "  end\n",
-        "  if id then\n",
+        "  if id and not out then\n",
         "    redis.pcall('zadd', q, 'NX', ARGV[6], id)\n",
         "    keep()\n",
         "    redis.pcall('set', 'redlock-mux:waiter:' .. id, '1', 'PX', ARGV[4])\n",
@@ -205,7 +213,7 @@ pub const ACQUIRE_WAIT: Script = Script {
         "for i = 1, #KEYS do redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2]) end\n",
         "return 0"
     ),
-    sha: "6f8a8393ab7720542ede0f7ff4f829d48a71f920",
+    sha: "66252c2eb2f8208a673206120107bed3892aeaf8",
 };
 
 /// Fencing draw (read-only): `KEYS` = the lock's n keys, then their n counters. When every

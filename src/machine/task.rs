@@ -238,6 +238,20 @@ impl Machine {
         let ttl_ms = t.ttl.as_millis() as u64;
         // A waiting one-key task stands in the key's line on the masters while refused
         // (notify mode): releases name the first live waiter, which alone tries on them.
+        //
+        // Unless its last attempt could not reach a quorum for lack of masters (too many
+        // failed it, timed out or refused its vote: not "taken"): then it stands out of
+        // line (issue 19, item 1). The line's promise that it cannot deadlock (the first
+        // live waiter is first wherever it stands, so politeness never refuses it) assumes
+        // that the first waiter can reach a quorum; one that cannot, first in line on the
+        // masters it reaches, would keep its place there with every attempt and hold a
+        // free lock back from every waiter behind it (with fairness) and from the
+        // announcements (which name it) for as long as it waits. So such an attempt
+        // leaves the line and takes no place in it (a polite one yields to every live
+        // waiter in line), and the next attempt that reaches enough masters takes its
+        // place again, at its arrival score.
+        let n = self.engine.nodes.len();
+        let cut_off = (t.failed.count_ones() as usize) > n - self.engine.quorum();
         let line = (req == Request::AcquireWait && t.keys.len() == 1 && self.notify()).then(|| {
             let alive = self.cfg.retry_delay
                 + self.cfg.retry_jitter
@@ -254,6 +268,7 @@ impl Machine {
                 alive_ms: alive.as_millis() as u64,
                 score: t.score,
                 polite: self.cfg.fairness,
+                out: cut_off,
             }
         });
         let keys = &self.tasks[id.slot as usize].keys;
