@@ -104,15 +104,14 @@ fn timed_attempts(window: Duration, min_delay: Duration) -> u64 {
 
 /// Attempts a waiter may add at subscription confirmations: a call refused before some
 /// master confirmed its subscriptions tries once more at each confirmation (at the
-/// notice, or when its running attempt ends). Two channels (the key's and the client's
-/// own), each confirmed once per subscription connection to a master it `reaches`; two
-/// chances each.
+/// notice, or when its running attempt ends: either way the next attempt starts after
+/// it). Two channels (the key's and the client's own), each confirmed once per
+/// subscription connection to a master it `reaches`.
 fn confirmation_attempts(stats: &[MasterStats], reaches: &[usize]) -> u64 {
-    2 * 2
-        * reaches
-            .iter()
-            .map(|&i| stats[i].subscription_connects())
-            .sum::<u64>()
+    2 * reaches
+        .iter()
+        .map(|&i| stats[i].subscription_connects())
+        .sum::<u64>()
 }
 
 fn deadline_report(r: Result<impl std::fmt::Debug, Error>) -> Box<Report> {
