@@ -498,7 +498,12 @@ impl Machine {
         self.cleanup(id, acquire, false, now);
         let t = &mut self.tasks[id.slot as usize];
         t.taken = hint.taken;
-        t.blocked = hint.taken;
+        // A master that had not answered when the round was decided (it was decided by
+        // the others' refusals) is not known free: it blocks until a release there is
+        // announced, like one that said taken. Counted free, a sibling's cleanup freeing
+        // one more master looked like room for a quorum, and two callers of one client
+        // still woke each other while the lock was held elsewhere (issue 19, item 4).
+        t.blocked = hint.taken | hint.unknown;
         t.failed = hint.failed;
         t.holders = hint.holders;
         if self.notify() {

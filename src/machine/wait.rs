@@ -68,6 +68,8 @@ pub(super) struct Hint {
     /// Masters (bit i) that failed the round (down, refused the connection or the vote,
     /// an error) or timed out: no announcement frees them.
     pub failed: u64,
+    /// Masters (bit i) that had not answered when the round was decided: not known free.
+    pub unknown: u64,
     /// Who held the key on each master that said so (one-key locks).
     pub holders: SmallVec<[Option<Fingerprint>; 8]>,
 }
@@ -84,10 +86,12 @@ impl Machine {
         let o = self.engine.op(op);
         let mut taken = 0u64;
         let mut failed = 0u64;
+        let mut unknown = 0u64;
         for (i, x) in o.tally.outcomes().iter().enumerate().take(64) {
             match x {
                 Outcome::Taken => taken |= 1 << i,
                 Outcome::Failed(_) | Outcome::TimedOut => failed |= 1 << i,
+                Outcome::Pending => unknown |= 1 << i,
                 _ => {}
             }
         }
@@ -113,6 +117,7 @@ impl Machine {
             free_in,
             taken,
             failed,
+            unknown,
             holders,
         }
     }
