@@ -152,13 +152,13 @@ pub const ACQUIRE_MANY: Script = Script {
 /// it is refused with `{-1, ''}` (and keeps its place). With `ARGV[7]` = `o` the waiter
 /// stands out of line (its last attempt could not reach a quorum): it leaves the line and
 /// takes no place in it, and a polite one still yields to every live waiter in line.
-/// Every attempt of a waiter already
-/// in line refreshes its liveness key and the line's expiry, the ones that take the key
-/// too: a waiter whose attempt wins here but fails the round (a split vote, a timeout
-/// elsewhere) is still asking and keeps its place. The line's expiry is only ever moved
-/// later (to this waiter's liveness when that is longer than what the line has left),
-/// never earlier: a waiter with a short liveness (short retry delay) must not expire a
-/// line in which a waiter with a long one is still alive and asking (issue 19, item 3).
+/// Every attempt of a waiter already in line refreshes its liveness key and the line's
+/// expiry, the ones that take the key too: a waiter whose attempt wins here but fails the
+/// round (a split vote, a timeout elsewhere) is still asking and keeps its place. The
+/// line's expiry is only ever moved later (to this waiter's liveness when that is longer
+/// than what the line has left), never earlier: a waiter with a short liveness (short
+/// retry delay) must not expire a line in which a waiter with a long one is still alive
+/// and asking (issue 19, item 3).
 pub const ACQUIRE_WAIT: Script = Script {
     src: concat!(
         "if #KEYS == 1 then\n",

@@ -18,10 +18,10 @@
 //!   room for a quorum, on the announcement that freed one of them (one that frees nothing
 //!   starts nothing; the task's own cleanups' announcements are never news; masters that
 //!   failed its last attempt or timed out stay in the way: no announcement frees them, the
-//!   timed retry tries them again). An announcement that arrives while an attempt runs is kept, and weighed
-//!   against that attempt's answers. A release made by this very client (a guard dropped,
-//!   another task's release or cleanup) starts its waiters' attempts right behind it, in
-//!   the same write.
+//!   timed retry tries them again). An announcement that arrives while an attempt runs is
+//!   kept, and weighed against that attempt's answers. A release made by this very client
+//!   (a guard dropped, another task's release or cleanup) starts its waiters' attempts
+//!   right behind it, in the same write.
 //! * **Never unheard for long**: a task is *covered* when some master that said "taken" in
 //!   its last attempt had confirmed the subscriptions (the key's, and the client's own if it
 //!   stands in line) before that attempt was sent. An uncovered task tries once more when
