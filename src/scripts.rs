@@ -37,7 +37,8 @@ pub const NOTICE_LEN: usize = 16;
 
 /// The line of waiters of resource `r` on a master: `redlock-mux:queue:<r>`, a sorted set of
 /// waiter ids scored by their arrival (the client's clock, so that every master orders
-/// them alike), expiring with its last waiter. Kept by [`ACQUIRE_WAIT`], read by
+/// them alike), expiring with its longest-lived waiter (an attempt only ever lengthens the
+/// line's TTL, to its own liveness). Kept by [`ACQUIRE_WAIT`], read by
 /// [`RELEASE`] to name the next waiter. A waiter in line is alive while its key
 /// [`WAITER_PREFIX`]`<id>` lives (set at each of its refused attempts, with the time until
 /// its next one): a waiter that stops asking drops out of line.
@@ -148,15 +149,29 @@ pub const ACQUIRE_MANY: Script = Script {
 /// the line with its release ([`RELEASE`]'s `ARGV[2]`), not at the grant on one master
 /// (the attempt may fail elsewhere, and its place must stay the same on every master). A
 /// polite waiter does not take a free key while another live waiter comes first in line:
-/// it is refused with `{-1, ''}` (and keeps its place). Every attempt of a waiter already
-/// in line refreshes its liveness key and the line's expiry, the ones that take the key
-/// too: a waiter whose attempt wins here but fails the round (a split vote, a timeout
-/// elsewhere) is still asking and keeps its place.
+/// it is refused with `{-1, ''}` (and keeps its place). With `ARGV[7]` = `o` the waiter
+/// stands out of line (its last attempt could not reach a quorum): it leaves the line and
+/// takes no place in it, and a polite one still yields to every live waiter in line.
+/// Every attempt of a waiter already in line refreshes its liveness key and the line's
+/// expiry, the ones that take the key too: a waiter whose attempt wins here but fails the
+/// round (a split vote, a timeout elsewhere) is still asking and keeps its place. The
+/// line's expiry is only ever moved later (to this waiter's liveness when that is longer
+/// than what the line has left), never earlier: a waiter with a short liveness (short
+/// retry delay) must not expire a line in which a waiter with a long one is still alive
+/// and asking (issue 19, item 3).
 pub const ACQUIRE_WAIT: Script = Script {
     src: concat!(
         "if #KEYS == 1 then\n",
         "  local id = ARGV[3]\n",
         "  local q = 'redlock-mux:queue:' .. KEYS[1]\n",
+        "  local out = ARGV[7] == 'o'\n",
+        "  if id and out then\n",
+        "    redis.pcall('zrem', q, id)\n",
+        "    redis.pcall('del', 'redlock-mux:waiter:' .. id)\n",
+        "  end\n",
+        "  local function keep()\n",
+        "    if redis.pcall('pttl', q) < tonumber(ARGV[4]) then redis.pcall('pexpire', q, ARGV[4]) end\n",
+        "  end\n",
         "  local behind = false\n",
         "  if id and ARGV[5] == 'p' and redis.pcall('exists', q) == 1 then\n",
         "    for _ = 1, 8 do\n",
@@ -173,13 +188,13 @@ pub const ACQUIRE_WAIT: Script = Script {
         "  if not behind and redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then\n",
         "    if id and redis.pcall('exists', 'redlock-mux:waiter:' .. id) == 1 then\n",
         "      redis.pcall('set', 'redlock-mux:waiter:' .. id, '1', 'PX', ARGV[4])\n",
-        "      redis.pcall('pexpire', q, ARGV[4])\n",
+        "      keep()\n",
         "    end\n",
         "    return 0\n",
         "  end\n",
-        "  if id then\n",
+        "  if id and not out then\n",
         "    redis.pcall('zadd', q, 'NX', ARGV[6], id)\n",
-        "    redis.pcall('pexpire', q, ARGV[4])\n",
+        "    keep()\n",
         "    redis.pcall('set', 'redlock-mux:waiter:' .. id, '1', 'PX', ARGV[4])\n",
         "  end\n",
         "  local left = redis.call('pttl', KEYS[1])\n",
@@ -198,7 +213,7 @@ pub const ACQUIRE_WAIT: Script = Script {
         "for i = 1, #KEYS do redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2]) end\n",
         "return 0"
     ),
-    sha: "67a5c4541160eb67c8d51f6de4c28e579edf551c",
+    sha: "66252c2eb2f8208a673206120107bed3892aeaf8",
 };
 
 /// Fencing draw (read-only): `KEYS` = the lock's n keys, then their n counters. When every

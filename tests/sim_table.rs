@@ -768,11 +768,43 @@ fn cases() -> Vec<Case> {
         .wait("k", TW2, W2, "60000", false, "1.5")
         .wait("k", TW3, W3, "60000", false, "notanumber")
         .c(0, &["ZRANGE", Q, "0", "-1", "WITHSCORES"])
-        // The line's TTL is the last waiter's liveness, even when shorter.
+        // A waiter with a shorter liveness does not shorten the line's TTL (issue 19 item 3):
+        // W1, alive for a minute, keeps its place after W3's 40 ms ran out.
         .wait("k", TW3, W3, "40", false, "300")
         .sleep(80)
         .c(0, &["EXISTS", Q, &alive_key(W1), &alive_key(W3)]);
     v.push(case("acquire_wait_stands_in_line", Kind::Plain, 1, s));
+
+    // A waiter whose last attempt could not reach a quorum stands out of line (issue 19
+    // item 1): `ARGV[7] = 'o'` leaves the line, takes no place, and stays polite.
+    let out = |token, id, polite| {
+        let p = if polite { "p" } else { "" };
+        [token, "30000", id, "60000", p, "100", "o"]
+    };
+    s.load_all(0)
+        .c(0, &["SET", "k", TH, "PX", "60000"])
+        .wait("k", TW1, W1, "60000", false, "100")
+        .wait("k", TW2, W2, "60000", true, "200")
+        .c(0, &["ZRANGE", Q, "0", "-1"])
+        .sha_ttl(0, scripts::ACQUIRE_WAIT, &["k"], &out(TW1, W1, false))
+        .c(0, &["ZRANGE", Q, "0", "-1"])
+        .c(0, &["EXISTS", &alive_key(W1), &alive_key(W2)])
+        .c(0, &["DEL", "k"])
+        // Free, W2 live and first: the polite W1, out of line, is refused and takes no place.
+        .sha(0, scripts::ACQUIRE_WAIT, &["k"], &out(TW1, W1, true))
+        .c(0, &["GET", "k"])
+        .c(0, &["ZRANGE", Q, "0", "-1"])
+        // Not polite: takes the free key, and is still not in line.
+        .sha(0, scripts::ACQUIRE_WAIT, &["k"], &out(TW1, W1, false))
+        .c(0, &["GET", "k"])
+        .c(0, &["ZRANGE", Q, "0", "-1"])
+        .c(0, &["EXISTS", &alive_key(W1)])
+        // Its next attempt in line rejoins at its own score.
+        .sha(0, scripts::RELEASE, &["k"], &[TW1])
+        .c(0, &["SET", "k", TH, "PX", "60000"])
+        .wait("k", TW1, W1, "60000", true, "100")
+        .c(0, &["ZRANGE", Q, "0", "-1", "WITHSCORES"]);
+    v.push(case("acquire_wait_out_of_line", Kind::Plain, 1, s));
 
     s.load_all(0)
         .c(2, &["SUBSCRIBE", RELEASED_K, &next(W1)])

@@ -154,6 +154,9 @@ fn encode_request_general(
                 v.push(Arg::Uint(line.alive_ms));
                 v.push(Arg::Bytes(if line.polite { b"p" } else { b"" }));
                 v.push(Arg::Uint(line.score));
+                if line.out {
+                    v.push(Arg::Bytes(b"o"));
+                }
             }
         }
         Request::Release if args.leave.is_some() => {

@@ -332,7 +332,7 @@ impl Core {
             |_| true,
             None,
         );
-        self.released_here(&lock.keys, token.as_bytes(), None, now);
+        self.released_here(&lock.keys, token.as_bytes(), None, None, now);
     }
 
     /// Extend `lock` to live at least `ttl` (whole ms, checked) from now.

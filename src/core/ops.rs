@@ -40,6 +40,9 @@ pub(crate) struct Line {
     pub score: u64,
     /// It does not take a free key while a live waiter is ahead of it.
     pub polite: bool,
+    /// It stands out of line: the attempt leaves the line and takes no place in it (its
+    /// last attempt could not reach a quorum; see `Machine::start_attempt`).
+    pub out: bool,
 }
 
 impl OpArgs {

@@ -37,6 +37,9 @@ pub(super) enum Kind {
     Extend,
 }
 
+/// How many of a wait's own cleanup announcements a task recognises (see `Task::own`).
+pub(super) const OWN_KEPT: usize = 8;
+
 pub(super) struct Task {
     pub gen: u32,
     pub live: bool,
@@ -83,8 +86,13 @@ pub(super) struct Task {
     /// The announced release that started the running attempt (its copies from the other
     /// masters are no news).
     pub woken_by: Option<Fingerprint>,
-    /// The release our own last cleanup announced (no news to us either).
-    pub own: Option<Fingerprint>,
+    /// The releases our own cleanups announced during this wait, the last [`OWN_KEPT`]
+    /// (no news to us either). Not the last one only: a cleanup's announcement may come
+    /// after the next attempt's cleanup (the next attempt was started right behind it), and
+    /// taken for news it started another attempt at once, whose cleanup fed the one after:
+    /// a spin outside `retry_count` (issue 19, item 2). Attempts come at least a round
+    /// apart, so an announcement would have to lag `OWN_KEPT` attempts to be mistaken.
+    pub own: SmallVec<[Fingerprint; OWN_KEPT]>,
     /// Releases announced while the attempt ran (master, or `u32::MAX` for this client's
     /// own; fingerprint; whether it named this task, or nobody, as next): if the attempt is
     /// refused and one of them frees enough, try again at once.
@@ -96,6 +104,9 @@ pub(super) struct Task {
     pub taken: u64,
     /// Of those, the masters whose holder has not been announced gone since.
     pub blocked: u64,
+    /// Masters (bit i) that failed the last attempt or timed out: no announcement frees
+    /// them (they count against a quorum until the next attempt).
+    pub failed: u64,
     /// Timed retries used (`retries` bounds them; attempts on a notice come on top).
     pub polls: u32,
     /// When the next timed retry is due.
@@ -135,11 +146,12 @@ impl Task {
             direct: None,
             chans: SmallVec::new(),
             woken_by: None,
-            own: None,
+            own: SmallVec::new(),
             heard: SmallVec::new(),
             holders: SmallVec::new(),
             taken: 0,
             blocked: 0,
+            failed: 0,
             polls: 0,
             next_poll: now,
             timed: true,
@@ -165,11 +177,12 @@ impl Task {
         self.wait_id = None;
         self.direct = None;
         self.woken_by = None;
-        self.own = None;
+        self.own.clear();
         self.heard.clear();
         self.holders.clear();
         self.taken = 0;
         self.blocked = 0;
+        self.failed = 0;
         self.polls = 0;
         self.next_poll = now;
         self.timed = true;
@@ -225,6 +238,20 @@ impl Core {
         let ttl_ms = t.ttl.as_millis() as u64;
         // A waiting one-key task stands in the key's line on the masters while refused
         // (notify mode): releases name the first live waiter, which alone tries on them.
+        //
+        // Unless its last attempt could not reach a quorum for lack of masters (too many
+        // failed it, timed out or refused its vote: not "taken"): then it stands out of
+        // line (issue 19, item 1). The line's promise that it cannot deadlock (the first
+        // live waiter is first wherever it stands, so politeness never refuses it) assumes
+        // that the first waiter can reach a quorum; one that cannot, first in line on the
+        // masters it reaches, would keep its place there with every attempt and hold a
+        // free lock back from every waiter behind it (with fairness) and from the
+        // announcements (which name it) for as long as it waits. So such an attempt
+        // leaves the line and takes no place in it (a polite one yields to every live
+        // waiter in line), and the next attempt that reaches enough masters takes its
+        // place again, at its arrival score.
+        let n = self.rounds.n();
+        let cut_off = (t.failed.count_ones() as usize) > n - self.rounds.quorum();
         let line = (req == Request::AcquireWait && t.keys.len() == 1 && self.notify()).then(|| {
             let alive = self.cfg.retry_delay
                 + self.cfg.retry_jitter
@@ -241,6 +268,7 @@ impl Core {
                 alive_ms: alive.as_millis() as u64,
                 score: t.score,
                 polite: self.cfg.fairness,
+                out: cut_off,
             }
         });
         let keys = &self.tasks[id.slot as usize].keys;
@@ -306,7 +334,7 @@ impl Core {
         if req == Request::Release {
             let keys = std::mem::take(&mut t.keys);
             let token = t.token;
-            self.released_here(&keys, token.as_bytes(), None, now);
+            self.released_here(&keys, token.as_bytes(), None, None, now);
             self.tasks[id.slot as usize].keys = keys;
         }
     }
@@ -470,7 +498,13 @@ impl Core {
         self.cleanup(id, acquire, false, now);
         let t = &mut self.tasks[id.slot as usize];
         t.taken = hint.taken;
-        t.blocked = hint.taken;
+        // A master that had not answered when the round was decided (it was decided by
+        // the others' refusals) is not known free: it blocks until a release there is
+        // announced, like one that said taken. Counted free, a sibling's cleanup freeing
+        // one more master looked like room for a quorum, and two callers of one client
+        // still woke each other while the lock was held elsewhere (issue 19, item 4).
+        t.blocked = hint.taken | hint.unknown;
+        t.failed = hint.failed;
         t.holders = hint.holders;
         if self.notify() {
             self.watch(id, now);
@@ -610,12 +644,23 @@ impl Core {
         self.release_attempt(id, leave, |i| leave.is_some() || may_hold[i], now);
         if self.notify() {
             // The cleanup announces itself where it deletes a key: no news to this task;
-            // this client's other waiters try behind it if our keys were in their way.
+            // this client's other waiters hear it master by master, where our keys may
+            // have stood, and try behind it only if that frees a quorum for them (not
+            // when a holder elsewhere still blocks one: issue 19, item 4).
             let t = &mut self.tasks[id.slot as usize];
-            t.own = Some(fingerprint(token.as_bytes()));
+            if t.own.len() == OWN_KEPT {
+                t.own.remove(0);
+            }
+            t.own.push(fingerprint(token.as_bytes()));
             if blocked_others {
+                let stood = may_hold
+                    .iter()
+                    .take(64)
+                    .enumerate()
+                    .filter(|(_, b)| **b)
+                    .fold(0u64, |s, (i, _)| s | 1 << i);
                 let keys = std::mem::take(&mut t.keys);
-                self.released_here(&keys, token.as_bytes(), Some(id), now);
+                self.released_here(&keys, token.as_bytes(), Some(id), Some(stood), now);
                 self.tasks[id.slot as usize].keys = keys;
             }
         }

@@ -15,10 +15,13 @@
 //!   ignored; those of the release that woke the task still count from the masters it had
 //!   not reached yet); any other release but our own cleanup's frees its master too (the
 //!   holder changed). The task whose turn it is tries once the masters still blocked leave
-//!   room for a quorum. An announcement that arrives while an attempt runs is kept, and weighed
-//!   against that attempt's answers. A release made by this very client (a guard dropped,
-//!   another task's release or cleanup) starts its waiters' attempts right behind it, in
-//!   the same write.
+//!   room for a quorum, on the announcement that freed one of them (one that frees nothing
+//!   starts nothing; the task's own cleanups' announcements are never news; masters that
+//!   failed its last attempt or timed out stay in the way: no announcement frees them, the
+//!   timed retry tries them again). An announcement that arrives while an attempt runs is
+//!   kept, and weighed against that attempt's answers. A release made by this very client
+//!   (a guard dropped, another task's release or cleanup) starts its waiters' attempts
+//!   right behind it, in the same write.
 //! * **Never unheard for long**: a task is *covered* when some master that said "taken" in
 //!   its last attempt had confirmed the subscriptions (the key's, and the client's own if it
 //!   stands in line) before that attempt was sent. An uncovered task tries once more when
@@ -62,6 +65,11 @@ pub(super) struct Hint {
     pub free_in: Option<Duration>,
     /// Masters (bit i) that said "taken".
     pub taken: u64,
+    /// Masters (bit i) that failed the round (down, refused the connection or the vote,
+    /// an error) or timed out: no announcement frees them.
+    pub failed: u64,
+    /// Masters (bit i) that had not answered when the round was decided: not known free.
+    pub unknown: u64,
     /// Who held the key on each master that said so (one-key locks).
     pub holders: SmallVec<[Option<Fingerprint>; 8]>,
 }
@@ -77,9 +85,14 @@ impl Core {
     pub(super) fn wait_hint(&self, op: OpId) -> Hint {
         let o = self.rounds.op(op);
         let mut taken = 0u64;
+        let mut failed = 0u64;
+        let mut unknown = 0u64;
         for (i, x) in o.tally.outcomes().iter().enumerate().take(64) {
-            if *x == Outcome::Taken {
-                taken |= 1 << i;
+            match x {
+                Outcome::Taken => taken |= 1 << i,
+                Outcome::Failed(_) | Outcome::TimedOut => failed |= 1 << i,
+                Outcome::Pending => unknown |= 1 << i,
+                _ => {}
             }
         }
         let free_in =
@@ -103,6 +116,8 @@ impl Core {
         Hint {
             free_in,
             taken,
+            failed,
+            unknown,
             holders,
         }
     }
@@ -119,11 +134,17 @@ impl Core {
     /// when the announcement names it: trying at the first one measured more refusals and
     /// no shorter hand-off, the release not having reached enough masters yet).
     /// This client's own release frees everything it held: its waiters try at once.
+    ///
+    /// An attempt started by an announcement must be justified by it (issue 19, item 2):
+    /// the announcement is news only when it frees a master that still blocked the task;
+    /// one from a master that did not (where the task's attempt won, or was never told
+    /// taken) changes nothing, so it starts nothing, even when room for a quorum was
+    /// already left (then the timed retry, or an announcement that frees more, rules).
     pub(super) fn hear(&mut self, id: TaskId, master: Option<usize>, fp: &Fingerprint) -> bool {
         let n = self.rounds.n();
         let quorum = self.rounds.quorum();
         let t = &mut self.tasks[id.slot as usize];
-        let fresh = t.woken_by.as_ref() != Some(fp) && t.own.as_ref() != Some(fp);
+        let fresh = t.woken_by.as_ref() != Some(fp) && !t.own.contains(fp);
         let Some(m) = master else {
             return fresh;
         };
@@ -132,9 +153,16 @@ impl Core {
             return false;
         }
         if m < 64 {
+            if t.blocked & (1u64 << m) == 0 {
+                return false;
+            }
             t.blocked &= !(1u64 << m);
         }
-        n - (t.blocked.count_ones() as usize).min(n) >= quorum
+        // Masters that failed the last attempt stay in the way whatever is announced: a
+        // release frees a key, not a master that is down, partitioned, or refuses our vote
+        // (issue 19, item 9). Only the timed retry (or a confirmation) tries them again.
+        let out = (t.blocked | t.failed).count_ones() as usize;
+        n - out.min(n) >= quorum
     }
 
     /// The jitter added to a wake-up at the holder's expiry: 1 ms (Redis expires to the
@@ -277,7 +305,7 @@ impl Core {
         while let Some(n) = self.rounds.take_notice() {
             match n {
                 Notice::Released { chan, master, fp } => {
-                    self.on_released(chan, Some(master), fp, None, now)
+                    self.on_released(chan, Some(master), fp, None, None, now)
                 }
                 Notice::Turn { master, fp, id } => {
                     if let Some(task) = self.waiter(&id) {
@@ -292,16 +320,18 @@ impl Core {
     /// A release of channel `chan` (token fingerprint `fp`) was announced by `master` on
     /// the key's channel (nobody stood in its line there; a named waiter hears a `Turn`
     /// instead), or made by this client (`master` `None`; `except`: the task whose cleanup
-    /// it is). The waiters whose turn it is (every waiter, or with fairness this client's
-    /// oldest; for a release made here, this client's oldest) try once what they heard
-    /// leaves room for a quorum; a waiter whose attempt runs notes it, to weigh it against
-    /// that attempt's answers.
+    /// it is; `stood`: for a cleanup, the masters (bit i) where its keys may have stood,
+    /// `None` for a lock's release, which frees everything). The waiters whose turn it is
+    /// (every waiter, or with fairness this client's oldest; for a release made here, this
+    /// client's oldest) try once what they heard leaves room for a quorum; a waiter whose
+    /// attempt runs notes it, to weigh it against that attempt's answers.
     pub(super) fn on_released(
         &mut self,
         chan: ChanId,
         master: Option<usize>,
         fp: Fingerprint,
         except: Option<TaskId>,
+        stood: Option<u64>,
         now: Instant,
     ) {
         let mut list: SmallVec<[TaskId; 8]> = self
@@ -342,7 +372,19 @@ impl Core {
             } else {
                 self.eligible(id)
             };
-            self.notify_task(id, master, fp, turn, now);
+            match (master, stood) {
+                // A failed attempt's cleanup frees only the masters where its keys stood,
+                // as those masters' announcements would: heard master by master, it wakes
+                // a sibling only when that leaves room for a quorum (issue 19, item 4:
+                // with the lock held elsewhere, two callers of one client woke each other
+                // at round-trip speed, each cleanup taken for a release of everything).
+                (None, Some(stood)) => {
+                    for m in (0..self.rounds.n().min(64)).filter(|m| stood >> m & 1 != 0) {
+                        self.notify_task(id, Some(m), fp, turn, now);
+                    }
+                }
+                _ => self.notify_task(id, master, fp, turn, now),
+            }
         }
     }
 
@@ -418,14 +460,16 @@ impl Core {
     }
 
     /// This client releases `keys` (token `token`), e.g. a guard dropped or a failed
-    /// attempt's cleanup: its own waiters on them try now, their requests written right
-    /// behind the release on every connection (Redis runs one connection's commands in
-    /// order, so each finds the key deleted where the release deleted it).
+    /// attempt's cleanup (`stood`: the masters where its keys may have stood; see
+    /// [`Machine::on_released`]): its own waiters on them try now, their requests written
+    /// right behind the release on every connection (Redis runs one connection's commands
+    /// in order, so each finds the key deleted where the release deleted it).
     pub(super) fn released_here(
         &mut self,
         keys: &KeyList,
         token: &[u8],
         except: Option<TaskId>,
+        stood: Option<u64>,
         now: Instant,
     ) {
         if !self.notify() {
@@ -433,7 +477,7 @@ impl Core {
         }
         for key in keys.iter() {
             if let Some(chan) = self.rounds.channel(key) {
-                self.on_released(chan, None, fingerprint(token), except, now);
+                self.on_released(chan, None, fingerprint(token), except, stood, now);
             }
         }
     }

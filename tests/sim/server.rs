@@ -1471,6 +1471,32 @@ impl SimRedis {
         Ok(Reply::Int(1))
     }
 
+    /// ACQUIRE_WAIT's `keep()` (L9-L11): lengthen the line's expiry to this waiter's
+    /// liveness, never shorten it.
+    fn lua_keep(&mut self, x: &Run<'_>, q: &[u8]) -> Result<(), Raised> {
+        // L10: if redis.pcall('pttl', q) < tonumber(ARGV[4]) then redis.pcall('pexpire', q, ARGV[4]) end
+        let pttl = self.pcall(x, &[Some(b"pttl"), Some(q)]);
+        let limit = x.arg(4).and_then(lua_tonumber);
+        let below = match pttl {
+            Reply::Int(n) => lua_lt(x, 10, Some(n as f64), limit)?,
+            // An error table compared with a number (or nil) raises.
+            _ => {
+                let ty = if limit.is_some() { "number" } else { "nil" };
+                return Err(Raised(
+                    format!(
+                        "ERR user_script:10: attempt to compare table with {ty} script: {}, on @user_script:10.",
+                        x.sha
+                    )
+                    .into_bytes(),
+                ));
+            }
+        };
+        if below {
+            self.pcall(x, &[Some(b"pexpire"), Some(q), x.arg(4)]);
+        }
+        Ok(())
+    }
+
     /// `scripts::ACQUIRE_MANY`.
     fn lua_acquire_many(&mut self, x: &Run<'_>) -> Result<Reply, Raised> {
         // L1: for i = 1, #KEYS do
@@ -1504,36 +1530,46 @@ impl SimRedis {
             let id = x.arg(3);
             // L3: local q = 'redlock-mux:queue:' .. KEYS[1]
             let q = cat(b"redlock-mux:queue:", key.unwrap_or_default());
-            // L4: local behind = false
+            // L4: local out = ARGV[7] == 'o'
+            let out = x.arg(7) == Some(b"o");
+            // L5: if id and out then
+            if let (Some(id), true) = (id, out) {
+                // L6: redis.pcall('zrem', q, id)
+                self.pcall(x, &[Some(b"zrem"), Some(&q), Some(id)]);
+                // L7: redis.pcall('del', 'redlock-mux:waiter:' .. id)
+                let live = cat(b"redlock-mux:waiter:", id);
+                self.pcall(x, &[Some(b"del"), Some(&live)]);
+            }
+            // L12: local behind = false
             let mut behind = false;
-            // L5: if id and ARGV[5] == 'p' and redis.pcall('exists', q) == 1 then
+            // L13: if id and ARGV[5] == 'p' and redis.pcall('exists', q) == 1 then
             if id.is_some()
                 && x.arg(5) == Some(b"p")
                 && self.pcall(x, &[Some(b"exists"), Some(&q)]) == Reply::Int(1)
             {
-                // L6: for _ = 1, 8 do
+                // L14: for _ = 1, 8 do
                 for _ in 1..=8 {
-                    // L7: local r = redis.pcall('zrange', q, 0, 0)
+                    // L15: local r = redis.pcall('zrange', q, 0, 0)
                     let r = self.pcall(x, &[Some(b"zrange"), Some(&q), Some(b"0"), Some(b"0")]);
-                    // L8: local h = type(r) == 'table' and r[1]
-                    // L9: if not h or h == id then break end
+                    // L16: local h = type(r) == 'table' and r[1]
+                    // L17: if not h or h == id then break end
                     let h = match first_string(&r) {
                         Some(h) if Some(h.as_slice()) != id => h,
                         _ => break,
                     };
-                    // L10: if redis.pcall('exists', 'redlock-mux:waiter:' .. h) == 1 then
+                    // L18: if redis.pcall('exists', 'redlock-mux:waiter:' .. h) == 1 then
                     let live = cat(b"redlock-mux:waiter:", &h);
                     if self.pcall(x, &[Some(b"exists"), Some(&live)]) == Reply::Int(1) {
-                        // L11: behind = true
-                        // L12: break
+                        // L19: behind = true
+                        // L20: break
                         behind = true;
                         break;
                     }
-                    // L14: redis.pcall('zrem', q, h)
+                    // L22: redis.pcall('zrem', q, h)
                     self.pcall(x, &[Some(b"zrem"), Some(&q), Some(&h)]);
                 }
             }
-            // L17: if not behind and redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+            // L25: if not behind and redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
             if !behind {
                 let args = [
                     Some(&b"set"[..]),
@@ -1543,12 +1579,12 @@ impl SimRedis {
                     Some(b"PX"),
                     x.arg(2),
                 ];
-                if self.call(x, 17, &args)? != Reply::Nil {
-                    // L18: if id and redis.pcall('exists', 'redlock-mux:waiter:' .. id) == 1 then
+                if self.call(x, 25, &args)? != Reply::Nil {
+                    // L26: if id and redis.pcall('exists', 'redlock-mux:waiter:' .. id) == 1 then
                     if let Some(id) = id {
                         let live = cat(b"redlock-mux:waiter:", id);
                         if self.pcall(x, &[Some(b"exists"), Some(&live)]) == Reply::Int(1) {
-                            // L19: redis.pcall('set', 'redlock-mux:waiter:' .. id, '1', 'PX', ARGV[4])
+                            // L27: redis.pcall('set', 'redlock-mux:waiter:' .. id, '1', 'PX', ARGV[4])
                             let args = [
                                 Some(&b"set"[..]),
                                 Some(&live),
@@ -1557,75 +1593,75 @@ impl SimRedis {
                                 x.arg(4),
                             ];
                             self.pcall(x, &args);
-                            // L20: redis.pcall('pexpire', q, ARGV[4])
-                            self.pcall(x, &[Some(b"pexpire"), Some(&q), x.arg(4)]);
+                            // L28: keep()
+                            self.lua_keep(x, &q)?;
                         }
                     }
-                    // L22: return 0
+                    // L30: return 0
                     return Ok(Reply::Int(0));
                 }
             }
-            // L24: if id then
-            if let Some(id) = id {
-                // L25: redis.pcall('zadd', q, 'NX', ARGV[6], id)
+            // L32: if id and not out then
+            if let (Some(id), false) = (id, out) {
+                // L33: redis.pcall('zadd', q, 'NX', ARGV[6], id)
                 self.pcall(
                     x,
                     &[Some(b"zadd"), Some(&q), Some(b"NX"), x.arg(6), Some(id)],
                 );
-                // L26: redis.pcall('pexpire', q, ARGV[4])
-                self.pcall(x, &[Some(b"pexpire"), Some(&q), x.arg(4)]);
-                // L27: redis.pcall('set', 'redlock-mux:waiter:' .. id, '1', 'PX', ARGV[4])
+                // L34: keep()
+                self.lua_keep(x, &q)?;
+                // L35: redis.pcall('set', 'redlock-mux:waiter:' .. id, '1', 'PX', ARGV[4])
                 let live = cat(b"redlock-mux:waiter:", id);
                 self.pcall(
                     x,
                     &[Some(b"set"), Some(&live), Some(b"1"), Some(b"PX"), x.arg(4)],
                 );
             }
-            // L29: local left = redis.call('pttl', KEYS[1])
-            let mut left = match self.call(x, 29, &[Some(b"pttl"), key])? {
+            // L37: local left = redis.call('pttl', KEYS[1])
+            let mut left = match self.call(x, 37, &[Some(b"pttl"), key])? {
                 Reply::Int(n) => n,
                 _ => 0,
             };
-            // L30: if left == -2 then left = -1 elseif left == 0 then left = 1 end
+            // L38: if left == -2 then left = -1 elseif left == 0 then left = 1 end
             if left == -2 {
                 left = -1;
             } else if left == 0 {
                 left = 1;
             }
-            // L31: local v = redis.pcall('get', KEYS[1])
-            // L32: if type(v) ~= 'string' then v = '' end
+            // L39: local v = redis.pcall('get', KEYS[1])
+            // L40: if type(v) ~= 'string' then v = '' end
             let v = match self.pcall(x, &[Some(b"get"), key]) {
                 Reply::Bulk(v) => v,
                 _ => Vec::new(),
             };
-            // L33: return {left, string.sub(v, 1, 16)}
+            // L41: return {left, string.sub(v, 1, 16)}
             return Ok(Reply::Array(vec![
                 Reply::Int(left),
                 Reply::Bulk(lua_sub(&v, 1, 16).to_vec()),
             ]));
         }
-        // L35: local left = 0
+        // L43: local left = 0
         let mut left: i64 = 0;
-        // L36: for i = 1, #KEYS do
+        // L44: for i = 1, #KEYS do
         for i in 1..=x.nkeys() {
-            // L37: local t = redis.call('pttl', KEYS[i])
-            let t = match self.call(x, 37, &[Some(b"pttl"), x.key(i as f64)])? {
+            // L45: local t = redis.call('pttl', KEYS[i])
+            let t = match self.call(x, 45, &[Some(b"pttl"), x.key(i as f64)])? {
                 Reply::Int(n) => n,
                 _ => 0,
             };
-            // L38: if t == -1 then left = -1
-            // L39: elseif t >= 0 and left >= 0 then left = math.max(left, t, 1) end
+            // L46: if t == -1 then left = -1
+            // L47: elseif t >= 0 and left >= 0 then left = math.max(left, t, 1) end
             if t == -1 {
                 left = -1;
             } else if t >= 0 && left >= 0 {
                 left = left.max(t).max(1);
             }
         }
-        // L41: if left ~= 0 then return left end
+        // L49: if left ~= 0 then return left end
         if left != 0 {
             return Ok(Reply::Int(left));
         }
-        // L42: for i = 1, #KEYS do redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2]) end
+        // L50: for i = 1, #KEYS do redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2]) end
         for i in 1..=x.nkeys() {
             let args = [
                 Some(&b"set"[..]),
@@ -1634,9 +1670,9 @@ impl SimRedis {
                 Some(b"PX"),
                 x.arg(2),
             ];
-            self.call(x, 42, &args)?;
+            self.call(x, 50, &args)?;
         }
-        // L43: return 0
+        // L51: return 0
         Ok(Reply::Int(0))
     }
 
