@@ -329,7 +329,7 @@ impl Builder {
     }
 
     /// Check the configuration; the core and its driver, for either front-end.
-    pub(crate) fn machine(self) -> Result<(Core, Driver), Error> {
+    pub(crate) fn parts_with_driver(self) -> Result<(Core, Driver), Error> {
         let now = Instant::now();
         let (rounds, settings, peers) = self.parts(now)?;
         let driver = Driver::new(peers, self.busy_poll, now)?;

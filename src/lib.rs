@@ -214,7 +214,7 @@ mod error;
 mod keep;
 #[cfg(feature = "client")]
 mod lock;
-// The rules and the scripts are the engine's internals, public (hidden) only for the
+// The rules and the scripts are the core's internals, public (hidden) only for the
 // simulation, the fuzz targets and the benches' floor client.
 #[cfg(feature = "client")]
 #[doc(hidden)]

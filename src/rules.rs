@@ -189,6 +189,7 @@ impl std::fmt::Debug for ErrorText {
 
 /// Why a master could not give a usable answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Fault {
     /// Not connected, and the reconnect backoff has not run out yet.
     Down,
@@ -280,7 +281,7 @@ impl std::fmt::Display for TlsFault {
     }
 }
 
-/// The text of the engine's TLS fault for a handshake with no answer within the connect
+/// The text of the driver's TLS fault for a handshake with no answer within the connect
 /// timeout.
 const HANDSHAKE_TIMED_OUT: &[u8] = b"handshake timed out";
 
@@ -410,6 +411,7 @@ impl std::fmt::Display for Fault {
 
 /// What one master did in one round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Outcome {
     /// No answer yet.
     Pending,

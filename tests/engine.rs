@@ -1,4 +1,4 @@
-//! The Redlock engine against real `redis-server` masters (started and stopped here).
+//! The Redlock client against real `redis-server` masters (started and stopped here).
 
 mod support;
 

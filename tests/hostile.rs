@@ -652,11 +652,11 @@ fn valid_reply_dripped_past_the_timeout() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Regression tests for engine bugs found by this file (fixed in src/net.rs, src/rules.rs).
+// Regression tests for engine bugs found by this file (fixed; the code is in src/core/ and src/rules.rs now).
 // ---------------------------------------------------------------------------------------
 
 /// Was an engine bug (fixed): a valid frame that is no possible answer (`Reply::Poison`) is never
-/// recorded for the request it answered. `Engine::process_replies` pops the request's tag
+/// recorded for the request it answered. `Rounds::process_replies` pops the request's tag
 /// from the FIFO, `interpret` returns `Reply::Poison(Fault::Unexpected)` without the op id,
 /// and `fail_node` then fails only the requests still queued. So the round waits for its
 /// full timeout and reports `Outcome::TimedOut` instead of deciding at once with
@@ -775,7 +775,7 @@ impl Drop for CutServer {
 }
 
 /// Was an engine bug (fixed): a close that arrives together with the last data is not noticed.
-/// `Engine::read_node` stops reading after a short read ("a short read drained the
+/// The read path stops reading after a short read ("a short read drained the
 /// socket: the next edge will tell us more"), but with edge-triggered polling the FIN that
 /// was queued behind the data gives no further edge: the read that would return 0 never
 /// happens. The master is then reported `TimedOut` at the end of the round instead of

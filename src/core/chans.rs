@@ -4,8 +4,8 @@
 //! The release script announces each key it deleted: on `redlock-mux:next:<client>` when a
 //! waiter stands in the key's line (the first live one's client: [`crate::scripts::NEXT_PREFIX`]),
 //! else on `redlock-mux:released:<key>` ([`crate::scripts::RELEASED_PREFIX`]). A waiting task
-//! *subscribes* to its keys ([`Engine::subscribe`]) and, if it stands in line, to its
-//! client's own channel ([`Engine::subscribe_direct`]): each is a [`Channel`] with a
+//! *subscribes* to its keys ([`Rounds::subscribe`]) and, if it stands in line, to its
+//! client's own channel ([`Rounds::subscribe_direct`]): each is a [`Channel`] with a
 //! reference count, subscribed with one `SUBSCRIBE` per master on that master's
 //! subscription connection, and dropped (`UNSUBSCRIBE`) once nobody waited on it for
 //! [`LINGER`] (so a hot resource's waiters, coming and going, keep one subscription). The

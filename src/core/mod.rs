@@ -375,6 +375,13 @@ impl Core {
             .min()
     }
 
+    /// Some timer is due at `now` (the driver reads what the sockets hold before the step
+    /// judges it).
+    #[inline]
+    pub fn timer_due(&self, now: Instant) -> bool {
+        self.next_timer(None).is_some_and(|t| now >= t)
+    }
+
     /// One step at `now`: run the due timers, hand each decided round to its task, wake the
     /// tasks whose retry delay is over, hand the announcements heard to the waiters.
     /// Whatever was submitted or advanced in one step goes out in the driver's next flush,

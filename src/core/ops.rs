@@ -41,7 +41,7 @@ pub(crate) struct Line {
     /// It does not take a free key while a live waiter is ahead of it.
     pub polite: bool,
     /// It stands out of line: the attempt leaves the line and takes no place in it (its
-    /// last attempt could not reach a quorum; see `Machine::start_attempt`).
+    /// last attempt could not reach a quorum; see `Core::start_attempt`).
     pub out: bool,
 }
 

@@ -461,7 +461,7 @@ impl Core {
 
     /// This client releases `keys` (token `token`), e.g. a guard dropped or a failed
     /// attempt's cleanup (`stood`: the masters where its keys may have stood; see
-    /// [`Machine::on_released`]): its own waiters on them try now, their requests written
+    /// [`Core::on_released`]): its own waiters on them try now, their requests written
     /// right behind the release on every connection (Redis runs one connection's commands
     /// in order, so each finds the key deleted where the release deleted it).
     pub(super) fn released_here(

@@ -169,8 +169,16 @@ impl Driver {
 
     /// One step of the core at `now`, then what it asks of the sockets, then its writes:
     /// whatever was submitted or advanced in one step goes out in one write per master.
+    ///
+    /// A timer due at `now` (a round's deadline, a stall) is judged only on what the sockets
+    /// hold: what is ready is read first. Otherwise replies that came while this thread was
+    /// not running (a loaded machine, a client back from its own work) would count as
+    /// timed out.
     #[inline]
     pub(crate) fn turn(&mut self, core: &mut Core, now: Instant) {
+        if core.timer_due(now) {
+            self.read_ready(core, now);
+        }
         core.step(now);
         self.apply_actions(core, now);
         self.flush(core, now);
@@ -215,6 +223,15 @@ impl Driver {
         self.handle_events(core, now);
         self.left_loop = now;
         Ok(())
+    }
+
+    /// Read what the sockets hold now, without waiting (one `epoll_wait`).
+    #[cold]
+    fn read_ready(&mut self, core: &mut Core, now: Instant) {
+        // Interrupted, or a poll that cannot work: the wait that follows says so.
+        if let Ok(()) = self.poll.poll(&mut self.events, Some(Duration::ZERO)) {
+            self.handle_events(core, now);
+        }
     }
 
     /// Wait for readiness until `wake` at the latest (at once when busy-polling) and handle

@@ -354,7 +354,7 @@ impl Builder {
     /// connections open with the first operation.
     pub fn build_shared(self) -> Result<SharedRedlock, Error> {
         let lock_retries = self.shared_lock_retries();
-        SharedRedlock::start(self.machine()?, lock_retries)
+        SharedRedlock::start(self.parts_with_driver()?, lock_retries)
     }
 }
 

@@ -400,7 +400,7 @@ impl Builder {
     /// Check the configuration and build the single-owner client. Connections are opened
     /// lazily, by the first operation.
     pub fn build(self) -> Result<Redlock, Error> {
-        Ok(Redlock::from_parts(self.machine()?))
+        Ok(Redlock::from_parts(self.parts_with_driver()?))
     }
 }
 
