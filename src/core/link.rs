@@ -91,6 +91,9 @@ pub(super) struct Link {
     /// first `n` bytes of `out` (the handshake) may be written. A request written before a
     /// refused AUTH or SELECT would still run, as another user or in database 0.
     pub gate: Option<usize>,
+    /// Bytes were queued while its replies were read (requests behind a confirmed AUTH, an
+    /// `EVAL` retry): the driver writes the link after the read.
+    pub kick: bool,
     pub input: Input,
     pub pending: VecDeque<Tag>,
     /// Consecutive connections that failed before answering anything.
@@ -112,6 +115,7 @@ impl Link {
             out_pos: 0,
             shared_from: None,
             gate: None,
+            kick: false,
             input: Input {
                 inbuf: vec![0; inbuf],
                 in_start: 0,
@@ -149,6 +153,7 @@ impl Link {
         self.out_pos = 0;
         self.shared_from = None;
         self.gate = None;
+        self.kick = false;
         self.input.clear();
     }
 }

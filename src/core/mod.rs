@@ -368,11 +368,14 @@ impl Core {
     }
 
     /// The earliest of the rounds' timers, the sleeping tasks' and `until`.
+    #[inline]
     pub fn next_timer(&self, until: Option<Instant>) -> Option<Instant> {
-        [self.rounds.next_due(), self.next_wake, until]
-            .into_iter()
-            .flatten()
-            .min()
+        let min = |a: Option<Instant>, b: Option<Instant>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, None) => a,
+            (None, b) => b,
+        };
+        min(min(self.rounds.next_due(), self.next_wake), until)
     }
 
     /// Some timer is due at `now` (the driver reads what the sockets hold before the step
@@ -483,6 +486,44 @@ impl Core {
     #[inline]
     pub fn flushed(&mut self) {
         self.rounds.flushed();
+    }
+
+    /// Write what every link that may have bytes holds (see [`Core::flush_wanted`]) with
+    /// `write` (the bytes the socket took, 0 when it would block), then
+    /// [`Core::flushed`]: the driver's flush in one call, one `write` per master when the
+    /// kernel takes it all. A write that fails closes its link.
+    #[inline]
+    pub fn flush_with(
+        &mut self,
+        now: Instant,
+        write: impl FnMut(LinkId, &[u8]) -> Result<usize, rules::Fault>,
+    ) {
+        self.rounds.flush_with(now, write);
+    }
+
+    /// Write what link `l` may write now with `write`, until it would block or all is out.
+    #[inline]
+    pub fn write_with(
+        &mut self,
+        l: LinkId,
+        now: Instant,
+        write: impl FnMut(LinkId, &[u8]) -> Result<usize, rules::Fault>,
+    ) {
+        self.rounds.write_with(l, now, write);
+    }
+
+    /// Read link `l` with `read` (it fills the buffer it is given and says how many bytes
+    /// came, 0 when none, and whether more may be waiting) and handle every complete reply,
+    /// until `read` says the socket is drained. Returns whether the link asks to be written
+    /// (requests behind a confirmed AUTH, an `EVAL` retry).
+    #[inline]
+    pub fn read_with(
+        &mut self,
+        l: LinkId,
+        now: Instant,
+        read: impl FnMut(&mut [u8]) -> Result<(usize, bool), rules::Fault>,
+    ) -> bool {
+        self.rounds.read_with(l, now, read)
     }
 
     /// The client was away from the loop for `idle` until `now` (see `Rounds::shift_clocks`).

@@ -672,6 +672,110 @@ impl Rounds {
         link.out_pos < link.writable_end()
     }
 
+    /// Write link `l` with `write` until it would block or all is out; a failed write
+    /// closes the link.
+    #[inline]
+    pub(crate) fn write_with(
+        &mut self,
+        l: LinkId,
+        now: Instant,
+        mut write: impl FnMut(LinkId, &[u8]) -> Result<usize, Fault>,
+    ) {
+        loop {
+            let bytes = self.send_buf(l);
+            if bytes.is_empty() {
+                return;
+            }
+            match write(l, bytes) {
+                Ok(n) => {
+                    if !self.sent(l, n) || n == 0 {
+                        return;
+                    }
+                }
+                Err(f) => {
+                    self.handle_closed(l, f, now);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The driver's flush in one call (see `Core::flush_with`).
+    #[inline]
+    pub(crate) fn flush_with(
+        &mut self,
+        now: Instant,
+        mut write: impl FnMut(LinkId, &[u8]) -> Result<usize, Fault>,
+    ) {
+        let n = self.n();
+        if !self.shared.is_empty() {
+            for i in 0..n {
+                let link = &mut self.links[i];
+                // The common case: the link's share of the shared buffer, its own queue
+                // empty, the whole of it taken by the kernel in one write.
+                if let (true, Some(from), None) = (link.is_up(), link.shared_from, link.gate) {
+                    match write(LinkId(i), &self.shared[from..]) {
+                        Ok(k) if from + k == self.shared.len() => {
+                            link.shared_from = None;
+                            continue;
+                        }
+                        Ok(k) => {
+                            link.shared_from = None;
+                            link.out.extend_from_slice(&self.shared[from + k..]);
+                        }
+                        Err(f) => {
+                            self.handle_closed(LinkId(i), f, now);
+                            continue;
+                        }
+                    }
+                }
+                if self.has_output(LinkId(i)) {
+                    self.write_with(LinkId(i), now, &mut write);
+                }
+            }
+        }
+        if self.chans.dirty {
+            for i in n..2 * n {
+                if self.has_output(LinkId(i)) {
+                    self.write_with(LinkId(i), now, &mut write);
+                }
+            }
+        }
+        self.flushed();
+    }
+
+    /// Read link `l` with `read` (see `Core::read_with`); returns whether the link asks to
+    /// be written.
+    #[inline]
+    pub(crate) fn read_with(
+        &mut self,
+        l: LinkId,
+        now: Instant,
+        mut read: impl FnMut(&mut [u8]) -> Result<(usize, bool), Fault>,
+    ) -> bool {
+        loop {
+            let Some(buf) = self.recv_buf(l, now) else {
+                return false;
+            };
+            match read(buf) {
+                Ok((0, _)) => break,
+                Ok((k, more)) => {
+                    if !self.received(l, k, now) {
+                        return false;
+                    }
+                    if !more {
+                        break;
+                    }
+                }
+                Err(f) => {
+                    self.handle_closed(l, f, now);
+                    return false;
+                }
+            }
+        }
+        std::mem::take(&mut self.links[l.0].kick)
+    }
+
     /// Which links may have bytes to write since the last flush: (lock links, sub links).
     #[inline]
     pub(crate) fn flush_wanted(&self) -> (bool, bool) {
@@ -848,6 +952,7 @@ impl Rounds {
                         || (matches!(tag, Tag::Setup(Setup::Auth)) && self.masters[i].db == 0);
                     if last_gate {
                         link.gate = None;
+                        link.kick = true;
                     }
                 }
                 SetupReply::Durable(durable) => self.masters[i].durable = durable,
@@ -999,6 +1104,7 @@ impl Rounds {
             req,
             eval: true,
         });
+        link.kick = true;
         let stall = link.last_progress + self.cfg.stall_timeout;
         self.due_by(stall);
         true

@@ -76,6 +76,9 @@ pub(crate) struct Driver {
     /// Syscalls, per master.
     io: Vec<IoCounts>,
     busy_poll: bool,
+    /// Some master speaks TLS (its records may wait to be written after a flush).
+    #[cfg(feature = "tls")]
+    tls: bool,
     /// The last clock reading inside the loop, within one step of leaving it: the client's
     /// idle time starts there.
     left_loop: Instant,
@@ -90,10 +93,14 @@ impl Driver {
         let poll = Poll::new()?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
         let n = ends.len();
+        #[cfg(feature = "tls")]
+        let tls = ends.iter().any(|e| e.tls.is_some());
         Ok(Driver {
             poll,
             events: Events::with_capacity(64),
             waker,
+            #[cfg(feature = "tls")]
+            tls,
             socks: (0..2 * n).map(|_| Conn::Down).collect(),
             io: vec![IoCounts::default(); n],
             ends,
@@ -278,17 +285,17 @@ impl Driver {
             return;
         }
         let n = self.n();
-        if lock {
-            for i in 0..n {
-                self.write_link(core, LinkId(i), now);
+        let (socks, io) = (&mut self.socks, &mut self.io);
+        core.flush_with(now, |l, bytes| match &mut socks[l.0] {
+            Conn::Up(s) => write_some(s, bytes, &mut io[if l.0 < n { l.0 } else { l.0 - n }]),
+            _ => Ok(0),
+        });
+        #[cfg(feature = "tls")]
+        if self.tls {
+            for l in 0..2 * n {
+                self.flush_tls(core, LinkId(l), now);
             }
         }
-        if sub {
-            for i in 0..n {
-                self.write_link(core, LinkId(n + i), now);
-            }
-        }
-        core.flushed();
         self.apply_actions(core, now);
     }
 
@@ -414,62 +421,45 @@ impl Driver {
     /// further edge will announce it.
     fn read_link(&mut self, core: &mut Core, l: LinkId, closed: bool, now: Instant) {
         let m = self.master_of(l);
-        loop {
-            let Conn::Up(stream) = &mut self.socks[l.0] else {
-                return;
-            };
-            let drains = stream.short_read_drains();
-            let Some(buf) = core.recv_buf(l, now) else {
-                return;
-            };
+        let Conn::Up(stream) = &mut self.socks[l.0] else {
+            return;
+        };
+        // A short read drained the socket: the next edge will tell us more.
+        let drains = stream.short_read_drains() && !closed;
+        let io = &mut self.io[m];
+        let kick = core.read_with(l, now, |buf| {
             let space = buf.len();
-            match read_some(stream, buf, &mut self.io[m]) {
-                Ok(0) => break,
-                Ok(n) => {
-                    if !core.received(l, n, now) {
-                        return;
-                    }
-                    // A short read drained the socket: the next edge will tell us more.
-                    if n < space && !closed && drains {
-                        break;
-                    }
-                }
-                Err(f) => return self.failed(core, l, f, now),
-            }
-        }
-        // What the replies let out: requests behind a confirmed AUTH, an `EVAL` retry; and
-        // TLS records the reads call for.
-        if core.has_output(l) || self.socks[l.0].tls_wants_write() {
+            let k = read_some(stream, buf, io)?;
+            Ok((k, !(drains && k < space)))
+        });
+        // What the replies let out (requests behind a confirmed AUTH, an `EVAL` retry),
+        // and TLS records the reads call for.
+        if kick || self.socks[l.0].tls_wants_write() {
             self.write_link(core, l, now);
         }
     }
 
     /// Write what link `l` may write, until the kernel would block.
-    #[inline]
     fn write_link(&mut self, core: &mut Core, l: LinkId, now: Instant) {
         let m = self.master_of(l);
-        let Conn::Up(stream) = &mut self.socks[l.0] else {
-            return;
-        };
-        loop {
-            let bytes = core.send_buf(l);
-            if bytes.is_empty() {
-                break;
-            }
-            match write_some(stream, bytes, &mut self.io[m]) {
-                Ok(n) => {
-                    if !core.sent(l, n) || n == 0 {
-                        break;
-                    }
-                }
-                Err(f) => return self.failed(core, l, f, now),
-            }
-        }
-        // Records rustls holds without plaintext of ours behind them.
+        let (socks, io) = (&mut self.socks, &mut self.io[m]);
+        core.write_with(l, now, |l, bytes| match &mut socks[l.0] {
+            Conn::Up(s) => write_some(s, bytes, io),
+            _ => Ok(0),
+        });
         #[cfg(feature = "tls")]
-        if let Stream::Tls(t) = stream {
-            if let Err(f) = t.flush(&mut self.io[m]) {
-                self.failed(core, l, f, now);
+        self.flush_tls(core, l, now);
+    }
+
+    /// Records rustls holds without plaintext of ours behind them (a TLS link).
+    #[cfg(feature = "tls")]
+    fn flush_tls(&mut self, core: &mut Core, l: LinkId, now: Instant) {
+        let m = self.master_of(l);
+        if let Conn::Up(Stream::Tls(t)) = &mut self.socks[l.0] {
+            if t.wants_write() {
+                if let Err(f) = t.flush(&mut self.io[m]) {
+                    self.failed(core, l, f, now);
+                }
             }
         }
     }
