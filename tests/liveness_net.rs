@@ -1,0 +1,137 @@
+//! Liveness and safety holes of the network layer (issue 19, items 5 to 8), each against
+//! real `redis-server` masters: a lost wake-up of a multi-resource waiter, one server
+//! under two names, a different server swapped in behind an address, and releases owed
+//! to a master that fell behind.
+//!
+//! Faults are placed with the fault proxy (hold, blackhole, a switched upstream) and
+//! SIGSTOP; every wait is a bounded poll, and what is asserted is a count or a state.
+
+mod support;
+
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use support::proxy::{Mode, Proxy};
+use support::{masters, wait_until, AdminReply, LocalMasters};
+
+use redlock_mux::{Error, LockGuard, Redlock};
+
+/// Subscribers of `channel` on master `i`.
+fn subscribers(m: &LocalMasters, i: usize, channel: &str) -> i64 {
+    match m[i].cmd(&[b"PUBSUB", b"NUMSUB", channel.as_bytes()]) {
+        Ok(AdminReply::Array(a)) => match a.get(1) {
+            Some(AdminReply::Int(n)) => *n,
+            other => panic!("PUBSUB NUMSUB: {other:?}"),
+        },
+        other => panic!("PUBSUB NUMSUB: {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 5. A lost wake-up
+// ---------------------------------------------------------------------------------------
+
+/// (5) A multi-resource waiter (no line: every waiter hears the key's channel) is woken by
+/// the first copy of a release from one master while the release has not reached the
+/// others yet. That attempt finds the key still held on the other masters and is refused;
+/// the copies of the same release from those masters then arrive, and must wake the waiter
+/// again: they free the masters its last attempt found taken. On the old code they were
+/// ignored ("the release that woke the task is no news"; for one key the holder's
+/// fingerprint said otherwise, for several keys nothing did), and the waiter slept until
+/// its retry delay (the flaky `hot.rs lock_many_is_woken_by_the_release_without_a_line`).
+///
+/// Made deterministic: the waiter's connections to master 1 go through a proxy that holds
+/// its bytes while the first attempts run (so they are decided without master 1), and the
+/// holder (a key set by hand) is released by hand, master by master, as the release script
+/// does it (`DEL`, then `PUBLISH` of the token's first 16 bytes).
+#[test]
+fn a_waiter_woken_too_early_hears_the_rest_of_the_release() {
+    const TOKEN: &str = "0123456789abcdef0123456789abcdef";
+    const KEY: &str = "early-a";
+    let fallback = Duration::from_secs(60);
+    let m = masters(3);
+    let p1 = Proxy::start(m[1].addr()).unwrap();
+    for i in 0..3 {
+        let set = m[i].cmd(&[b"SET", KEY.as_bytes(), TOKEN.as_bytes(), b"PX", b"60000"]);
+        assert!(set.unwrap().is_ok());
+    }
+    p1.set_mode(Mode::Hold);
+    let c = Redlock::builder()
+        .masters([m[0].url(), p1.url(), m[2].url()])
+        .node_timeout(Duration::from_secs(5))
+        .stall_timeout(Duration::from_secs(60))
+        .retry_delay(fallback)
+        .retry_jitter(Duration::ZERO)
+        .retry_count(3)
+        .build_shared()
+        .unwrap();
+    let waiting = c.lock_many([KEY, "early-b"], Duration::from_secs(30));
+    let (tx, rx) = mpsc::channel::<Result<LockGuard, Error>>();
+    thread::spawn(move || {
+        let _ = tx.send(waiting.wait());
+    });
+    let refused = |c: &redlock_mux::SharedRedlock, i: usize| c.stats().wait().unwrap()[i].refused();
+    // Its first attempt (refused by masters 0 and 2, decided without master 1), then the
+    // one its first confirmed subscription starts (the same): two refusals on each.
+    let channel = format!("redlock-mux:released:{KEY}");
+    wait_until(
+        "the waiter's subscriptions",
+        Duration::from_secs(10),
+        || subscribers(&m, 0, &channel) == 1 && subscribers(&m, 2, &channel) == 1,
+    );
+    wait_until("two refused attempts", Duration::from_secs(10), || {
+        refused(&c, 0) >= 2 && refused(&c, 2) >= 2
+    });
+    // Master 1's bytes flow again: its late answers ("taken") and its subscription.
+    p1.set_mode(Mode::PassThrough);
+    wait_until(
+        "the subscription on master 1",
+        Duration::from_secs(10),
+        || subscribers(&m, 1, &channel) == 1 && refused(&c, 1) >= 2,
+    );
+    assert_eq!(
+        (refused(&c, 0), refused(&c, 2)),
+        (2, 2),
+        "no other attempt ran"
+    );
+    let release = |i: usize| {
+        m[i].cmd(&[b"DEL", KEY.as_bytes()]).unwrap();
+        m[i].cmd(&[b"PUBLISH", channel.as_bytes(), &TOKEN.as_bytes()[..16]])
+            .unwrap();
+    };
+    // The release reaches master 0 first: the waiter tries (its last attempt left masters
+    // 0 and 2 blocked, master 1 unknown), and masters 1 and 2 refuse it.
+    release(0);
+    // Its yes on master 0 and, once the round is decided, the cleanup release there.
+    let ok = |c: &redlock_mux::SharedRedlock, i: usize| c.stats().wait().unwrap()[i].ok();
+    wait_until(
+        "the attempt woken by master 0",
+        Duration::from_secs(10),
+        || ok(&c, 0) >= 2,
+    );
+    assert_eq!(refused(&c, 2), 3, "refused by master 2");
+    assert!(
+        rx.try_recv().is_err(),
+        "granted before the release reached a quorum"
+    );
+    // The rest of the same release: masters 1 and 2.
+    let released = Instant::now();
+    release(1);
+    release(2);
+    let got = rx.recv_timeout(Duration::from_secs(20));
+    let stats = c.stats().wait().unwrap();
+    match got {
+        Ok(Ok(g)) => {
+            assert!(released.elapsed() < fallback);
+            g.release().wait().unwrap();
+        }
+        Ok(Err(e)) => panic!("the waiter failed: {e}"),
+        Err(_) => panic!(
+            "the waiter was not woken by the rest of the release (still asleep {:?} later; \
+             its retry delay is {fallback:?}): {:?}",
+            released.elapsed(),
+            stats.iter().map(|s| s.refused()).collect::<Vec<_>>()
+        ),
+    }
+}
