@@ -135,3 +135,102 @@ fn a_waiter_woken_too_early_hears_the_rest_of_the_release() {
         ),
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// 6. One server under two names
+// ---------------------------------------------------------------------------------------
+
+/// `cmdstat_<name>:calls` of `INFO commandstats` on master `i` (0 before the first call).
+fn command_calls(m: &LocalMasters, i: usize, name: &str) -> u64 {
+    let info = m[i].cmd(&[b"INFO", b"commandstats"]).unwrap();
+    let text = info.as_str().expect("INFO text").to_string();
+    let prefix = format!("cmdstat_{name}:calls=");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map_or(0, |rest| {
+            rest.split(',').next().unwrap_or("0").parse().unwrap()
+        })
+}
+
+/// (6) `localhost:P` and `127.0.0.1:P` are one server. Its vote counts once: `try_lock` on a
+/// free resource is granted (by it and the third master), once the client knows the
+/// second name is the same server it sends it no grant (one `SET` per attempt reaches the
+/// server, not two), and the client says so (stats, reports).
+///
+/// On the old code the second name's connection still sent its `SET`; when it ran first,
+/// the first name found the key taken (by ourselves) and the second name's yes was refused:
+/// "held by another client".
+#[test]
+fn one_server_under_two_names_grants_a_free_lock_and_is_sent_one_set() {
+    const N: u64 = 8;
+    let m = masters(2);
+    let (p, q) = (m[0].port(), m[1].port());
+    let mut problems = Vec::new();
+    let try_locks = |c: &mut Redlock, prefix: &str| {
+        let mut failures = Vec::new();
+        for k in 0..N {
+            match c.try_lock(format!("{prefix}-{k}"), Duration::from_secs(10)) {
+                Ok(lock) => c.release(lock).unwrap(),
+                Err(e) => failures.push(e.to_string()),
+            }
+        }
+        failures
+    };
+    let client = |urls: [String; 3]| {
+        Redlock::builder()
+            .masters(urls)
+            .node_timeout(Duration::from_millis(500))
+            .retry_count(0)
+            .build()
+            .unwrap()
+    };
+
+    // The issue's list: a host name and its address.
+    let mut c = client([
+        format!("localhost:{p}"),
+        format!("127.0.0.1:{p}"),
+        format!("127.0.0.1:{q}"),
+    ]);
+    let sets_before = command_calls(&m, 0, "set");
+    let failures = try_locks(&mut c, "dup");
+    let sets = command_calls(&m, 0, "set") - sets_before;
+    if !failures.is_empty() {
+        problems.push(format!(
+            "{} of {N} try_lock on free resources failed: {failures:?}",
+            failures.len()
+        ));
+    }
+    // The first attempt may go out before the handshakes tell the names apart.
+    if sets > N + 1 {
+        problems.push(format!(
+            "{sets} SETs reached the server for {N} attempts: the second name was sent grants"
+        ));
+    }
+    let stats = c.stats();
+    if !stats[1].to_string().contains("same server") {
+        problems.push(format!("the stats do not say so: {}", stats[1]));
+    }
+
+    // The first name answers later than the second (as a host name resolved first, or a
+    // longer path, does): the second name's `SET` runs first every time.
+    let slow = Proxy::start(m[0].addr()).unwrap();
+    slow.set_mode(Mode::Latency(Duration::from_millis(20)));
+    let mut c = client([slow.url(), m[0].url(), m[1].url()]);
+    // Until the first name has answered (its handshake told the client who it is).
+    wait_until("the first name's answers", Duration::from_secs(10), || {
+        if let Ok(lock) = c.try_lock("dup-warm", Duration::from_secs(10)) {
+            c.release(lock).unwrap();
+        }
+        let s = &c.stats()[0];
+        s.ok() + s.refused() > 0
+    });
+    let failures = try_locks(&mut c, "dup-slow");
+    if !failures.is_empty() {
+        problems.push(format!(
+            "with the first name slower, {} of {N} try_lock on free resources failed: \
+             {failures:?}",
+            failures.len()
+        ));
+    }
+    assert!(problems.is_empty(), "{problems:#?}");
+}
