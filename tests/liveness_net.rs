@@ -207,7 +207,7 @@ fn one_server_under_two_names_grants_a_free_lock_and_is_sent_one_set() {
         ));
     }
     let stats = c.stats();
-    if !stats[1].to_string().contains("same server") {
+    if stats[1].same_server_as() != Some(0) || !stats[1].to_string().contains("same server") {
         problems.push(format!("the stats do not say so: {}", stats[1]));
     }
 

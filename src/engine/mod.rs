@@ -138,6 +138,9 @@ pub(crate) struct Engine {
     resolving: usize,
     /// The channels waiters listen on for releases (see `sub.rs`).
     chans: sub::Channels,
+    /// Some master is known to be the same server as another (same `run_id`): a yes to a
+    /// grant is then checked against the other names' votes (one server, one vote).
+    same_servers: bool,
 }
 
 /// A resolver thread's answer: master, which resolve, the address or why none.
@@ -175,6 +178,7 @@ impl Engine {
             resolved: Arc::new(Mutex::new(Vec::new())),
             resolving: 0,
             chans: sub::Channels::default(),
+            same_servers: false,
         };
         e.clock = (e.base, 0);
         // Pre-build a few slots so the first cycles do not allocate either.
@@ -303,11 +307,23 @@ impl Engine {
                 continue;
             }
             // Releases always go out (the master may run an earlier SET of this lock
-            // that is still queued); grants wait until a backlogged master catches up.
-            if req != Request::Release && self.nodes[i].pending.len() >= self.cfg.backlog_limit {
-                self.unshare(i, at);
-                self.record(id, i, Outcome::Failed(Fault::Backlogged), now);
-                continue;
+            // that is still queued); grants wait until a backlogged master catches up, and
+            // are never sent to a master known to be the same server as one listed before
+            // it (its `SET` could run first and make the other name's answer "taken").
+            if req != Request::Release {
+                let node = &self.nodes[i];
+                let refused = if node.same_server {
+                    Some(Fault::SameServer)
+                } else if node.pending.len() >= self.cfg.backlog_limit {
+                    Some(Fault::Backlogged)
+                } else {
+                    None
+                };
+                if let Some(fault) = refused {
+                    self.unshare(i, at);
+                    self.record(id, i, Outcome::Failed(fault), now);
+                    continue;
+                }
             }
             match self.ensure_connection(i, now) {
                 Ok(()) => {
@@ -1148,21 +1164,53 @@ impl Engine {
     /// A master whose `run_id` equals that of a master listed before it is the same
     /// server reached twice: mark it (its votes are refused). Run at every `INFO` reply.
     fn mark_same_servers(&mut self) {
+        let mut any = false;
         for i in 0..self.nodes.len() {
             let id = self.nodes[i].run_id;
-            let dup = id.is_some() && self.nodes[..i].iter().any(|n| n.run_id == id);
-            self.nodes[i].same_server = dup;
+            let first = match id {
+                Some(_) => self.nodes[..i].iter().position(|n| n.run_id == id),
+                None => None,
+            };
+            any |= first.is_some();
+            #[cfg(feature = "tracing")]
+            if let (Some(k), None) = (first, self.nodes[i].stats.same_as) {
+                tracing::warn!(
+                    master = &*self.nodes[i].name,
+                    same_as = &*self.nodes[k].name,
+                    "one server listed twice (same run_id): it is sent no grants and votes once"
+                );
+            }
+            let node = &mut self.nodes[i];
+            node.same_server = first.is_some();
+            node.stats.same_as = first;
         }
+        self.same_servers = any;
     }
 
-    /// Why master `i`'s yes to a grant must not count now, if it must not: it is the same
-    /// server as an earlier master, fencing needs durability it lacks, or the amnesia
-    /// guard still holds it back. The vote's effect stands on the master; cleanup treats
+    /// Another name of master `i`'s server (same `run_id`) already said yes in op `id`: the
+    /// server votes once. (A name known to be a duplicate is sent no grants; a reply to
+    /// one sent before the handshakes told the names apart counts if it came first.)
+    fn voted_under_another_name(&self, i: usize, id: OpId) -> bool {
+        let Some(run_id) = self.nodes[i].run_id else {
+            return false;
+        };
+        let op = &self.ops[id.slot as usize];
+        op.gen == id.gen
+            && self.nodes.iter().enumerate().any(|(k, n)| {
+                k != i
+                    && n.run_id == Some(run_id)
+                    && op.tally.outcomes().get(k) == Some(&Outcome::Ok)
+            })
+    }
+
+    /// Why master `i`'s yes to a grant in op `id` must not count now, if it must not: the
+    /// same server already said yes under another name, fencing needs durability it
+    /// lacks, or the amnesia guard still holds it back. The vote's effect stands on the master; cleanup treats
     /// it like any yes (`rules::may_hold`).
     #[inline]
-    fn refuse_vote(&self, i: usize, now: Instant) -> Option<Fault> {
+    fn refuse_vote(&self, i: usize, id: OpId, now: Instant) -> Option<Fault> {
         let node = &self.nodes[i];
-        if node.same_server {
+        if self.same_servers && self.voted_under_another_name(i, id) {
             Some(Fault::SameServer)
         } else if self.cfg.require_durable && !node.durable {
             Some(Fault::NotDurable)
@@ -1188,7 +1236,7 @@ impl Engine {
         now: Instant,
     ) {
         if outcome.is_ok() && req.grants() {
-            if let Some(fault) = self.refuse_vote(i, now) {
+            if let Some(fault) = self.refuse_vote(i, id, now) {
                 outcome = Outcome::Failed(fault);
             }
         }
