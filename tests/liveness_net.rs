@@ -234,3 +234,93 @@ fn one_server_under_two_names_grants_a_free_lock_and_is_sent_one_set() {
     }
     assert!(problems.is_empty(), "{problems:#?}");
 }
+
+// ---------------------------------------------------------------------------------------
+// 7. A different server behind the same address
+// ---------------------------------------------------------------------------------------
+
+/// `uptime_in_seconds` of a master (from `INFO server`).
+fn uptime(m: &support::LocalMaster) -> u64 {
+    let info = m.cmd(&[b"INFO", b"server"]).unwrap();
+    let text = info.as_str().expect("INFO text").to_string();
+    text.lines()
+        .find_map(|l| l.strip_prefix("uptime_in_seconds:"))
+        .expect("uptime_in_seconds")
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// (7) Another server takes over a master's address (a promoted replica behind a VIP or a
+/// DNS name that flips): it never saw the keys the old one held, yet it has been up for
+/// long. A client that saw the old server's `run_id` there must treat the change as a
+/// restart whatever the uptime: the amnesia guard holds the new server's votes back for
+/// `max_ttl` from the moment the change was seen, across reconnects.
+///
+/// X holds `k` on A (behind the proxy) and on `m[0]` (its request to `m[1]` was lost). The
+/// proxy then sends new connections to B, up as long as the others. Y (amnesia guard) had
+/// seen A there. On the old code Y was granted `k` by B and `m[1]` while X's lock was still
+/// valid: two holders.
+#[test]
+fn a_server_swapped_behind_an_address_is_held_back_by_the_amnesia_guard() {
+    let guard = Duration::from_secs(3);
+    let m = masters(2);
+    let a = support::master();
+    let b = support::master();
+    // Every server up for longer than the guard: only the swap can hold one back.
+    let up_for = guard.as_secs() + 2;
+    wait_until(
+        "every server up for the guard",
+        Duration::from_secs(30),
+        || m.iter().chain([&a, &b]).all(|s| uptime(s) >= up_for),
+    );
+    let p = Proxy::start(a.addr()).unwrap();
+    let lost = Proxy::start(m[1].addr()).unwrap();
+    let client = |urls: [String; 3]| {
+        Redlock::builder()
+            .masters(urls)
+            .node_timeout(Duration::from_millis(500))
+            .retry_count(0)
+            .amnesia_guard(guard)
+    };
+    let mut y = client([p.url(), m[0].url(), m[1].url()]).build().unwrap();
+    // Y meets A behind the proxy.
+    let warm = y.try_lock("swap-warm", guard).unwrap();
+    y.release(warm).unwrap();
+
+    // X's lock: granted by A and m[0]; its request to m[1] is lost.
+    lost.set_mode(Mode::Blackhole);
+    let mut x = client([p.url(), m[0].url(), lost.url()]).build().unwrap();
+    let held = x.try_lock("swap-k", guard).unwrap();
+    assert!(support::get(&m, 1, "swap-k").is_none());
+
+    // B takes over the address: new connections go there, the old ones are cut.
+    p.set_upstream(b.addr());
+    p.reset_all();
+    let mut problems = Vec::new();
+    for round in 0..2 {
+        let r = y.try_lock("swap-k", guard);
+        let x_valid = held.valid_until() > Instant::now();
+        match r {
+            Ok(lock) => {
+                problems.push(format!(
+                    "round {round}: granted to a second client (X's lock still valid: {x_valid})"
+                ));
+                y.release(lock).unwrap();
+            }
+            Err(e) => {
+                let report = e.report().expect("a report");
+                let (name, outcome) = report.outcomes().next().unwrap();
+                if outcome != redlock_mux::Outcome::Failed(redlock_mux::Fault::Amnesiac) {
+                    problems.push(format!(
+                        "round {round}: the swapped-in server {name} voted: {outcome} ({e})"
+                    ));
+                }
+            }
+        }
+        // The guard holds across reconnects to the same new server.
+        p.reset_all();
+    }
+    drop(x);
+    assert!(problems.is_empty(), "{problems:#?}");
+}
