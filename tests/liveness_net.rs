@@ -291,16 +291,18 @@ fn a_server_swapped_behind_an_address_is_held_back_by_the_amnesia_guard() {
     // X's lock: granted by A and m[0]; its request to m[1] is lost.
     lost.set_mode(Mode::Blackhole);
     let mut x = client([p.url(), m[0].url(), lost.url()]).build().unwrap();
-    let held = x.try_lock("swap-k", guard).unwrap();
-    assert!(support::get(&m, 1, "swap-k").is_none());
+    let held: Vec<_> = (0..2)
+        .map(|r| x.try_lock(format!("swap-k{r}"), guard).unwrap())
+        .collect();
+    assert!(support::get(&m, 1, "swap-k0").is_none());
 
     // B takes over the address: new connections go there, the old ones are cut.
     p.set_upstream(b.addr());
     p.reset_all();
     let mut problems = Vec::new();
     for round in 0..2 {
-        let r = y.try_lock("swap-k", guard);
-        let x_valid = held.valid_until() > Instant::now();
+        let r = y.try_lock(format!("swap-k{round}"), guard);
+        let x_valid = held[round].valid_until() > Instant::now();
         match r {
             Ok(lock) => {
                 problems.push(format!(
