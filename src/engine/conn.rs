@@ -76,6 +76,9 @@ pub(crate) struct Node {
     pub(super) votes_from: Option<Instant>,
     /// The master's `run_id` as of the last handshake.
     pub(super) run_id: Option<[u8; 40]>,
+    /// When a handshake last found a `run_id` other than the one before (a restart, or
+    /// another server behind the address): the amnesia guard counts from here too.
+    pub(super) run_id_changed: Option<Instant>,
     /// Same `run_id` as a master listed before this one: one server reached twice.
     pub(super) same_server: bool,
     /// `CONFIG GET append*` said `appendonly yes` and `appendfsync always` (last handshake).
@@ -131,6 +134,7 @@ impl Node {
             last_fault: None,
             votes_from: None,
             run_id: None,
+            run_id_changed: None,
             same_server: false,
             durable: false,
             gate: None,

@@ -1151,9 +1151,20 @@ impl Engine {
                     // Redis computes `uptime_in_seconds` from a start time truncated to the
                     // second, so it can overstate the uptime by up to a second: count one
                     // second less.
+                    // A `run_id` other than the one last seen at this address is a restart
+                    // whatever the uptime (another server took the address over: a promoted
+                    // replica, a VIP or a DNS name that flips, never saw our keys): held back
+                    // for max_ttl from the moment the change was seen, across reconnects.
                     let guard = self.cfg.amnesia_guard.unwrap_or_default();
                     let up = Duration::from_secs(uptime.saturating_sub(1));
-                    node.votes_from = Some(now + guard.saturating_sub(up));
+                    if node.run_id.is_some_and(|old| old != run_id) {
+                        node.run_id_changed = Some(now);
+                    }
+                    let mut from = now + guard.saturating_sub(up);
+                    if let Some(seen) = node.run_id_changed {
+                        from = from.max(seen + guard);
+                    }
+                    node.votes_from = Some(from);
                     node.run_id = Some(run_id);
                     self.mark_same_servers();
                 }
