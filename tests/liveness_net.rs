@@ -300,9 +300,9 @@ fn a_server_swapped_behind_an_address_is_held_back_by_the_amnesia_guard() {
     p.set_upstream(b.addr());
     p.reset_all();
     let mut problems = Vec::new();
-    for round in 0..2 {
+    for (round, x_lock) in held.iter().enumerate() {
         let r = y.try_lock(format!("swap-k{round}"), guard);
-        let x_valid = held[round].valid_until() > Instant::now();
+        let x_valid = x_lock.valid_until() > Instant::now();
         match r {
             Ok(lock) => {
                 problems.push(format!(
