@@ -13,7 +13,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use support::proxy::{Mode, Proxy};
-use support::{masters, wait_until, AdminReply, LocalMasters};
+use support::{masters, poll_until, wait_until, AdminReply, LocalMasters};
 
 use redlock_mux::{Error, LockGuard, Redlock};
 
@@ -325,4 +325,167 @@ fn a_server_swapped_behind_an_address_is_held_back_by_the_amnesia_guard() {
     }
     drop(x);
     assert!(problems.is_empty(), "{problems:#?}");
+}
+
+// ---------------------------------------------------------------------------------------
+// 8. Releases owed to a master that fell behind
+// ---------------------------------------------------------------------------------------
+
+/// Keys matching `pattern` on master `i` (`KEYS`, through the admin connection).
+fn keys(m: &LocalMasters, i: usize, pattern: &str) -> usize {
+    match m[i].cmd(&[b"KEYS", pattern.as_bytes()]).unwrap() {
+        AdminReply::Array(a) => a.len(),
+        other => panic!("KEYS: {other:?}"),
+    }
+}
+
+/// (8) A release a quorum confirmed while one master was cut off (the proxy discarded it)
+/// must take effect there once the master is reachable again, within the lock's TTL: it is
+/// sent again on the next connection. The shared client does it by itself (its loop keeps
+/// running while a release is owed); the single-owner client does it within its next
+/// calls (it runs its loop only inside them).
+/// On the old code the release was dropped with the connection and the key stayed for its
+/// whole TTL, voting "taken" against everyone.
+#[test]
+fn a_release_owed_to_a_master_that_was_cut_off_takes_effect_when_it_is_back() {
+    let ttl = Duration::from_secs(30);
+    let m = masters(3);
+    let p = Proxy::start(m[2].addr()).unwrap();
+    let urls = [m[0].url(), m[1].url(), p.url()];
+    let mut problems = Vec::new();
+    let cut_off_during = |p: &Proxy, release: &mut dyn FnMut()| {
+        p.set_mode(Mode::Blackhole);
+        let dropped = p.dropped_bytes();
+        release();
+        wait_until(
+            "the release to reach the proxy",
+            Duration::from_secs(10),
+            || p.dropped_bytes() > dropped,
+        );
+        p.set_mode(Mode::PassThrough);
+        // The connection that lost the release breaks.
+        p.reset_all();
+    };
+
+    // The shared client.
+    let c = Redlock::builder()
+        .masters(urls.clone())
+        .retry_count(0)
+        .build_shared()
+        .unwrap();
+    let g = c.try_lock("owed-shared", ttl).wait().unwrap();
+    wait_until("the key on master 2", Duration::from_secs(10), || {
+        support::get(&m, 2, "owed-shared").is_some()
+    });
+    let mut g = Some(g);
+    cut_off_during(&p, &mut || g.take().unwrap().release().wait().unwrap());
+    if !poll_until(Duration::from_secs(10), || {
+        support::get(&m, 2, "owed-shared").is_none()
+    }) {
+        problems.push("shared client: the released key is still on master 2 10 s later");
+    }
+
+    // The single-owner client, with its next call.
+    let mut c = Redlock::builder()
+        .masters(urls)
+        .retry_count(0)
+        .build()
+        .unwrap();
+    let lock = c.try_lock("owed-single", ttl).unwrap();
+    while support::get(&m, 2, "owed-single").is_none() {
+        // Its SET there is answered within the next call.
+        let l = c.try_lock("owed-sync", ttl).unwrap();
+        c.release(l).unwrap();
+    }
+    let mut lock = Some(lock);
+    cut_off_during(&p, &mut || c.release(lock.take().unwrap()).unwrap());
+    // It runs its loop only inside its calls: the next calls reconnect and send it again.
+    let gone = poll_until(Duration::from_secs(10), || {
+        if let Ok(l) = c.try_lock("owed-next", ttl) {
+            c.release(l).unwrap();
+        }
+        support::get(&m, 2, "owed-single").is_none()
+    });
+    if !gone {
+        problems.push("single owner: the released key is still on master 2 after its next calls");
+    }
+    assert!(problems.is_empty(), "{problems:#?}");
+}
+
+/// (8) The issue's run: 64 threads share one client (`retry_count(0)`), each taking and
+/// releasing its own resource in a loop; master 4 is paused (SIGSTOP) near the end and
+/// resumed before the threads stop; then the handle is dropped. Every release a quorum
+/// confirmed must take effect on master 4 too, and the client that released everything
+/// and shut down must leave no key. On the old code the loop stopped as soon as no round
+/// was undecided, with master 4 still catching up: the releases still queued for it were
+/// lost with the connection, and their keys stayed until their TTL.
+///
+/// It also counts the calls that failed and why (issue 19 asks to explain them).
+#[test]
+fn a_client_that_released_everything_and_shut_down_leaves_no_key() {
+    const THREADS: usize = 64;
+    let run = Duration::from_secs(2);
+    let ttl = Duration::from_secs(30);
+    let mut m = masters(5);
+    let c = Redlock::builder()
+        .masters(m.urls())
+        .retry_count(0)
+        .build_shared()
+        .unwrap();
+    let start = Instant::now();
+    let workers: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let c = c.clone();
+            thread::spawn(move || {
+                let (mut calls, mut failed) = (0u64, Vec::new());
+                let key = format!("owed-r{t}");
+                while start.elapsed() < run {
+                    calls += 1;
+                    match c.try_lock(&key, ttl).wait() {
+                        Ok(g) => {
+                            calls += 1;
+                            if let Err(e) = g.release().wait() {
+                                failed.push(format!("release: {e}"));
+                            }
+                        }
+                        Err(e) => failed.push(format!("try_lock: {e}")),
+                    }
+                }
+                (calls, failed)
+            })
+        })
+        .collect();
+    // Master 4 falls behind near the end of the run, and comes back before it ends.
+    thread::sleep(run * 3 / 4);
+    m[4].freeze().unwrap();
+    thread::sleep(run / 5);
+    m[4].thaw().unwrap();
+    let (mut calls, mut failed) = (0u64, Vec::new());
+    for w in workers {
+        let (n, f) = w.join().unwrap();
+        calls += n;
+        failed.extend(f);
+    }
+    drop(c);
+    // The loop drains for at most 2 s after the last handle is gone; the keys' TTL is 30 s.
+    let left = |m: &LocalMasters| (0..5).map(|i| keys(m, i, "owed-r*")).collect::<Vec<_>>();
+    let clean = poll_until(Duration::from_secs(6), || left(&m).iter().all(|n| *n == 0));
+    let mut kinds: std::collections::BTreeMap<String, usize> = Default::default();
+    for f in &failed {
+        let kind = f.split(" (").next().unwrap_or(f).to_string();
+        *kinds.entry(kind).or_default() += 1;
+    }
+    eprintln!(
+        "{calls} calls, {} failed: {kinds:#?}; keys left per master: {:?}",
+        failed.len(),
+        left(&m)
+    );
+    assert!(
+        clean,
+        "keys left per master after the client released everything and shut down: {:?} \
+         ({calls} calls, {} failed: {kinds:?}; an example: {:?})",
+        left(&m),
+        failed.len(),
+        failed.first()
+    );
 }
