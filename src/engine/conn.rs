@@ -24,6 +24,18 @@ pub(super) enum Tag {
     Setup(Setup),
     /// A round's request.
     Op { id: OpId, req: Request, eval: bool },
+    /// A release sent again on a new connection (the front of `Node::owed`).
+    Owed,
+}
+
+/// A release a connection closed before its master answered it (its round may well be
+/// decided: a quorum confirmed it elsewhere): sent again on the master's next connection
+/// while the lock's keys may still live there, so that a master that fell behind does not
+/// keep them for their whole TTL. (A compare-and-delete: harmless where it already ran.)
+pub(super) struct Owed {
+    pub args: super::ops::OpArgs,
+    /// The keys expire by then at the latest (the release's start plus the lock's TTL).
+    pub until: Instant,
 }
 
 /// The handshake requests written ahead of the first op on a connection.
@@ -94,6 +106,9 @@ pub(crate) struct Node {
     pub(super) addr: Option<SocketAddr>,
     /// The subscription connection, for release notifications (see `sub.rs`).
     pub(super) sub: super::sub::SubConn,
+    /// Releases owed to this master: sent on its next connection, oldest first (see
+    /// [`Owed`]). While sent and unanswered, they stay here (a `Tag::Owed` each).
+    pub(super) owed: VecDeque<Owed>,
 }
 
 impl Node {
@@ -141,6 +156,7 @@ impl Node {
             stats: Counters::default(),
             addr: None,
             sub: super::sub::SubConn::new(limits, now),
+            owed: VecDeque::new(),
         }
     }
 

@@ -18,7 +18,9 @@
 //! backs off: 25 ms, 50 ms, ... up to 1 s. During backoff the master is reported as
 //! [`Fault::Down`] at once, so a dead master costs a round nothing, not a connect timeout.
 //! A connection with requests outstanding and no byte received for `stall_timeout` is
-//! closed (a hung or frozen master), which also bounds the memory its FIFO can take.
+//! closed (a hung or frozen master), which also bounds the memory its FIFO can take. The
+//! releases still unanswered when a connection closes are owed to the master's next
+//! connection (`conn::Owed`), sent there after the handshake while the lock's TTL lasts.
 
 mod conn;
 mod encode;
@@ -40,7 +42,7 @@ use crate::rules::{self, Decision, ErrorText, Fault, Outcome, Request, Tally, Tl
 use crate::stats::MasterStats;
 
 pub(crate) use conn::Node;
-use conn::{interpret, write_handshake, Setup, SetupReply, Tag};
+use conn::{interpret, write_handshake, Owed, Setup, SetupReply, Tag};
 use encode::encode_request;
 use ops::OpState;
 pub(crate) use ops::{KeyList, Line, Op, OpArgs, OpId};
@@ -55,6 +57,9 @@ pub(crate) const WAKER: MioToken = MioToken(usize::MAX);
 
 /// Op slots the table has room for before it allocates.
 const OPS_RESERVED: usize = 256;
+/// Releases kept at most per master for its next connection (see `conn::Owed`): well
+/// under `NetConfig::max_pending`, so that sending them never fills the new connection.
+const OWED_MAX: usize = 512;
 /// Idle gaps between `drive` calls shorter than this do not shift the stall clocks.
 const IDLE_SHIFT_MIN: Duration = Duration::from_millis(1);
 
@@ -515,6 +520,12 @@ impl Engine {
         node.votes_from = None;
         node.durable = false;
         write_handshake(node, self.cfg.require_durable);
+        // The releases a closed connection still owed, behind the handshake (and its gate).
+        node.owed.retain(|o| o.until > now);
+        for o in node.owed.iter() {
+            encode_request(&mut node.out, Request::Release, &o.args, false);
+            node.pending.push_back(Tag::Owed);
+        }
         self.due_by(first);
     }
 
@@ -653,7 +664,23 @@ impl Engine {
         let answered = node.answered;
         let mut pending = std::mem::take(&mut node.pending);
         for tag in pending.drain(..) {
-            if let Tag::Op { id, .. } = tag {
+            if let Tag::Op { id, req, .. } = tag {
+                // A release the master may not have run: owed to its next connection.
+                let op = &self.ops[id.slot as usize];
+                if req == Request::Release && op.gen == id.gen {
+                    let until = op.started + Duration::from_millis(op.args.ttl_ms);
+                    if until > now {
+                        let args = op.args.clone();
+                        // Bounded (a master frozen under load is owed thousands), oldest
+                        // kept: a connection closed with a reset may still run the start of
+                        // what it was sent (Redis reads one more buffer, 16 KiB), not the
+                        // rest; past the bound a release is left to the TTL, as before.
+                        let owed = &mut self.nodes[i].owed;
+                        if owed.len() < OWED_MAX {
+                            owed.push_back(Owed { args, until });
+                        }
+                    }
+                }
                 self.owed_reply_arrived(id);
                 self.record(id, i, Outcome::Failed(fault), now);
                 self.maybe_free(id.slot);
@@ -669,6 +696,37 @@ impl Engine {
         } else {
             self.connect_failed(i, fault, now);
         }
+        // Releases owed: reconnect once the backoff allows (see `tick`).
+        if !self.nodes[i].owed.is_empty() {
+            self.due_by(self.nodes[i].retry_at.unwrap_or(now));
+        }
+    }
+
+    /// Releases wait to be sent: for a master's next connection (within the lock's TTL),
+    /// or behind bytes its connection has not taken (a master that stopped reading). The
+    /// shared client's loop keeps running for them (a cheap test: no queue is walked).
+    pub(crate) fn releases_unsent(&self) -> bool {
+        self.nodes
+            .iter()
+            .any(|n| !n.owed.is_empty() || (!n.pending.is_empty() && n.has_unwritten()))
+    }
+
+    /// Some master is still owed a release: queued or unanswered on its connection, or
+    /// waiting for its next connection (within the lock's TTL). A client that shuts down
+    /// delivers them first, within its bound.
+    pub(crate) fn owes_releases(&self) -> bool {
+        self.nodes.iter().any(|n| {
+            !n.owed.is_empty()
+                || n.pending.iter().any(|t| {
+                    matches!(
+                        t,
+                        Tag::Op {
+                            req: Request::Release,
+                            ..
+                        }
+                    )
+                })
+        })
     }
 
     fn owed_reply_arrived(&mut self, id: OpId) {
@@ -899,6 +957,23 @@ impl Engine {
                 }
                 _ => {}
             }
+            // Down with releases owed (and no request to bring it back): reconnect once
+            // the backoff allows; the new connection sends them.
+            let node = &mut self.nodes[i];
+            if matches!(node.conn, Conn::Down) && !node.owed.is_empty() {
+                node.owed.retain(|o| o.until > now);
+                if !node.owed.is_empty() {
+                    match node.retry_at {
+                        Some(t) if now < t => due(t),
+                        _ => {
+                            let _ = self.connect_if_down(i, now);
+                            let node = &self.nodes[i];
+                            let retry = node.retry_at.filter(|t| *t > now);
+                            due(retry.unwrap_or(node.connect_deadline));
+                        }
+                    }
+                }
+            }
         }
         if self.chans.live > 0 {
             self.sub_tick(now, &mut due);
@@ -1114,6 +1189,13 @@ impl Engine {
                     continue;
                 }
                 Tag::Setup(setup) => interpret(setup, &frame),
+                Tag::Owed => {
+                    // Delivered (or refused: then the keys expire by their TTL).
+                    node.in_start += used;
+                    node.answered = true;
+                    node.owed.pop_front();
+                    continue;
+                }
             };
             node.in_start += used;
             node.answered = true;

@@ -235,7 +235,8 @@ impl Core {
             }
             let mut wake = lp.iterate(|into| self.take_commands(into), now);
             if let Some(end) = *closing {
-                if (!lp.has_work() && lp.engine_idle()) || now >= end {
+                // Done once nothing is in flight and every release reached its master.
+                if (!lp.has_work() && lp.engine_idle() && !lp.owes_releases()) || now >= end {
                     return Ok(false);
                 }
                 wake = Some(wake.map_or(end, |w| w.min(end)));
