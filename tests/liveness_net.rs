@@ -292,9 +292,15 @@ fn a_server_swapped_behind_an_address_is_held_back_by_the_amnesia_guard() {
             .amnesia_guard(guard)
     };
     let mut y = client([p.url(), m[0].url(), m[1].url()]).build().unwrap();
-    // Y meets A behind the proxy.
-    let warm = y.try_lock("swap-warm", guard).unwrap();
-    y.release(warm).unwrap();
+    // Y meets A behind the proxy: until A's answers (after its handshake's) were read. (A
+    // round is decided at a quorum: its last answers are read by the next calls.)
+    wait_until("A's answers to Y", Duration::from_secs(10), || {
+        if let Ok(warm) = y.try_lock("swap-warm", guard) {
+            y.release(warm).unwrap();
+        }
+        let s = &y.stats()[0];
+        s.ok() + s.refused() > 0
+    });
 
     // X's lock: granted by A and m[0]; its request to m[1] is lost.
     lost.set_mode(Mode::Blackhole);
