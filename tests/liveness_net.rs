@@ -523,7 +523,8 @@ fn a_client_that_released_everything_and_shut_down_leaves_no_key() {
         calls += n;
         failed.extend(f);
     }
-    let behind = c.stats().wait().unwrap().swap_remove(4);
+    let stats = c.stats().wait().unwrap();
+    let behind = &stats[4];
     drop(c);
     // The loop drains for at most 2 s after the last handle is gone; the keys' TTL is 30 s.
     let left = |m: &LocalMasters| (0..5).map(|i| keys(m, i, "owed-r*")).collect::<Vec<_>>();
@@ -541,6 +542,9 @@ fn a_client_that_released_everything_and_shut_down_leaves_no_key() {
         left(&m),
         behind.last_fault()
     );
+    for s in &stats[..4] {
+        eprintln!("{s}, last fault {:?}", s.last_fault());
+    }
     assert!(
         clean,
         "keys left per master after the client released everything and shut down: {:?} \

@@ -57,9 +57,6 @@ pub(crate) const WAKER: MioToken = MioToken(usize::MAX);
 
 /// Op slots the table has room for before it allocates.
 const OPS_RESERVED: usize = 256;
-/// Releases kept at most per master for its next connection (see `conn::Owed`): well
-/// under `NetConfig::max_pending`, so that sending them never fills the new connection.
-const OWED_MAX: usize = 512;
 /// Idle gaps between `drive` calls shorter than this do not shift the stall clocks.
 const IDLE_SHIFT_MIN: Duration = Duration::from_millis(1);
 
@@ -675,8 +672,10 @@ impl Engine {
                         // kept: a connection closed with a reset may still run the start of
                         // what it was sent (Redis reads one more buffer, 16 KiB), not the
                         // rest; past the bound a release is left to the TTL, as before.
+                        // Half of `max_pending`: sending them leaves the new connection
+                        // room (a full one would be closed again at once).
                         let owed = &mut self.nodes[i].owed;
-                        if owed.len() < OWED_MAX {
+                        if owed.len() < self.cfg.max_pending / 2 {
                             owed.push_back(Owed { args, until });
                         }
                     }
