@@ -127,6 +127,8 @@ pub(crate) struct Counters {
     pub notices: u64,
     /// Why the last subscription connection closed, or a subscription was refused.
     pub last_sub_fault: Option<Fault>,
+    /// The master listed before this one that is the same server (same `run_id`).
+    pub same_as: Option<usize>,
 }
 
 impl Counters {
@@ -224,6 +226,14 @@ impl MasterStats {
     pub fn last_subscription_fault(&self) -> Option<Fault> {
         self.c.last_sub_fault
     }
+    /// This master is the same server (the same `run_id`, as of the last handshakes) as
+    /// the master listed at this index before it: one server under two names (a host name
+    /// and its address, an alias). It is sent no grants and the server votes once
+    /// ([`Fault::SameServer`] in reports): list each server once, or the client has less
+    /// fault tolerance than its list of masters suggests.
+    pub fn same_server_as(&self) -> Option<usize> {
+        self.c.same_as
+    }
 }
 
 impl fmt::Debug for MasterStats {
@@ -238,6 +248,7 @@ impl fmt::Debug for MasterStats {
             .field("timed_out", &self.c.timed_out)
             .field("latency", &self.c.latency)
             .field("last_fault", &self.c.last_fault)
+            .field("same_as", &self.c.same_as)
             .finish()
     }
 }
@@ -259,7 +270,15 @@ impl fmt::Display for MasterStats {
             l.max(),
             self.c.connects,
             self.c.disconnects
-        )
+        )?;
+        if let Some(k) = self.c.same_as {
+            write!(
+                f,
+                "; the same server as master {} (same run_id): sent no grants, votes once",
+                k + 1
+            )?;
+        }
+        Ok(())
     }
 }
 

@@ -493,7 +493,7 @@ impl Rounds {
                         true
                     }
                     Some(Tag::Unsubscribe) => true,
-                    Some(Tag::Op { .. }) | None => false,
+                    Some(Tag::Op { .. } | Tag::Owed) | None => false,
                 },
                 SubFrame::Other => false,
             };

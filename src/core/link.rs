@@ -66,6 +66,18 @@ pub(super) enum Tag {
     Subscribe(ChanId),
     /// A sub link's `UNSUBSCRIBE`.
     Unsubscribe,
+    /// A release sent again on a new connection (the front of `Master::owed`).
+    Owed,
+}
+
+/// A release a connection closed before its master answered it (its round may well be
+/// decided: a quorum confirmed it elsewhere): sent again on the master's next connection
+/// while the lock's keys may still live there, so that a master that fell behind does not
+/// keep them for their whole TTL. (A compare-and-delete: harmless where it already ran.)
+pub(super) struct Owed {
+    pub args: super::ops::OpArgs,
+    /// The keys expire by then at the latest (the release's start plus the lock's TTL).
+    pub until: Instant,
 }
 
 /// The handshake requests written ahead of the first op on a connection.
@@ -233,12 +245,18 @@ pub(crate) struct Master {
     pub(super) votes_from: Option<Instant>,
     /// The master's `run_id` as of the last handshake.
     pub(super) run_id: Option<[u8; 40]>,
+    /// When a handshake last found a `run_id` other than the one before (a restart, or
+    /// another server behind the address): the amnesia guard counts from here too.
+    pub(super) run_id_changed: Option<Instant>,
     /// Same `run_id` as a master listed before this one: one server reached twice.
     pub(super) same_server: bool,
     /// `CONFIG GET append*` said `appendonly yes` and `appendfsync always` (last handshake).
     pub(super) durable: bool,
     /// Counters, for tests and benchmarks.
     pub stats: Counters,
+    /// Releases owed to this master: sent on its lock link's next connection, oldest first
+    /// (see [`Owed`]). While sent and unanswered, they stay here (a `Tag::Owed` each).
+    pub(super) owed: VecDeque<Owed>,
 }
 
 impl Master {
@@ -255,9 +273,11 @@ impl Master {
             db,
             votes_from: None,
             run_id: None,
+            run_id_changed: None,
             same_server: false,
             durable: false,
             stats: Counters::default(),
+            owed: VecDeque::new(),
         }
     }
 }

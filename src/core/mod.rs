@@ -536,6 +536,17 @@ impl Core {
         self.rounds.is_idle()
     }
 
+    /// Releases wait to be sent (to a master that fell behind, or behind bytes its
+    /// connection has not taken): the loop keeps running for them.
+    pub fn releases_unsent(&self) -> bool {
+        self.rounds.releases_unsent()
+    }
+
+    /// Some master is still owed a release: a client that shuts down delivers them first.
+    pub fn owes_releases(&self) -> bool {
+        self.rounds.owes_releases()
+    }
+
     /// Some channel is held or lingers: the sub links want the loop run.
     pub fn listening(&self) -> bool {
         self.rounds.listening()

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use super::chans::{self, Channels, Fingerprint};
 use super::encode::encode_request;
 use super::link::{interpret, write_handshake, Action, ConnectPhase, Link, LinkId, Master};
-use super::link::{Setup, SetupReply, State, Tag, INBUF_START};
+use super::link::{Owed, Setup, SetupReply, State, Tag, INBUF_START};
 use super::ops::{Op, OpArgs, OpId, OpState};
 use crate::resp::{self, Frame};
 use crate::rules::{self, Decision, ErrorText, Fault, Outcome, Request, Tally, TlsFault};
@@ -116,6 +116,9 @@ pub(crate) struct Rounds {
     actions: VecDeque<Action>,
     /// The channels waiters listen on for releases (see `chans.rs`).
     pub(super) chans: Channels,
+    /// Some master is known to be the same server as another (same `run_id`): a yes to a
+    /// grant is then checked against the other names' votes (one server, one vote).
+    same_servers: bool,
 }
 
 /// Whoever started an op and wants to hear when it is decided (a task of the layer
@@ -152,6 +155,7 @@ impl Rounds {
             clock: (now, 0),
             actions: VecDeque::with_capacity(16),
             chans: Channels::default(),
+            same_servers: false,
         };
         // Pre-build a few slots so the first cycles do not allocate either.
         for _ in 0..4 {
@@ -282,11 +286,22 @@ impl Rounds {
                 continue;
             }
             // Releases always go out (the master may run an earlier SET of this lock
-            // that is still queued); grants wait until a backlogged master catches up.
-            if req != Request::Release && self.links[i].pending.len() >= self.cfg.backlog_limit {
-                self.unshare(i, at);
-                self.record(id, i, Outcome::Failed(Fault::Backlogged), now);
-                continue;
+            // that is still queued); grants wait until a backlogged master catches up, and
+            // are never sent to a master known to be the same server as one listed before
+            // it (its `SET` could run first and make the other name's answer "taken").
+            if req != Request::Release {
+                let refused = if self.masters[i].same_server {
+                    Some(Fault::SameServer)
+                } else if self.links[i].pending.len() >= self.cfg.backlog_limit {
+                    Some(Fault::Backlogged)
+                } else {
+                    None
+                };
+                if let Some(fault) = refused {
+                    self.unshare(i, at);
+                    self.record(id, i, Outcome::Failed(fault), now);
+                    continue;
+                }
             }
             match self.ensure_connection(i, now) {
                 Ok(()) => {
@@ -446,6 +461,12 @@ impl Rounds {
         master.votes_from = None;
         master.durable = false;
         write_handshake(link, master, durability);
+        // The releases a closed connection still owed, behind the handshake (and its gate).
+        master.owed.retain(|o| o.until > now);
+        for o in master.owed.iter() {
+            encode_request(&mut link.out, Request::Release, &o.args, false);
+            link.pending.push_back(Tag::Owed);
+        }
         self.actions.push_back(Action::Connect(LinkId(i)));
         self.due_by(first);
     }
@@ -509,7 +530,25 @@ impl Rounds {
         let answered = link.answered;
         let mut pending = std::mem::take(&mut link.pending);
         for tag in pending.drain(..) {
-            if let Tag::Op { id, .. } = tag {
+            if let Tag::Op { id, req, .. } = tag {
+                // A release the master may not have run: owed to its next connection.
+                let op = &self.ops[id.slot as usize];
+                if req == Request::Release && op.gen == id.gen {
+                    let until = op.started + Duration::from_millis(op.args.ttl_ms);
+                    // Bounded (a master frozen under load is owed thousands), oldest kept:
+                    // a connection closed with a reset may still run the start of what it
+                    // was sent (Redis reads one more buffer, 16 KiB), not the rest; past the
+                    // bound a release is left to the TTL, as before. Half of `max_pending`:
+                    // sending them leaves the new connection room (a full one would be
+                    // closed again at once).
+                    let owed = &mut self.masters[i].owed;
+                    if until > now && owed.len() < self.cfg.max_pending / 2 {
+                        owed.push_back(Owed {
+                            args: op.args.clone(),
+                            until,
+                        });
+                    }
+                }
                 self.owed_reply_arrived(id);
                 self.record(id, i, Outcome::Failed(fault), now);
                 self.maybe_free(id.slot);
@@ -525,6 +564,40 @@ impl Rounds {
         } else {
             self.backoff(i, fault, now);
         }
+        // Releases owed: reconnect once the backoff allows (see `tick`).
+        if !self.masters[i].owed.is_empty() {
+            self.due_by(self.links[i].retry_at.unwrap_or(now));
+        }
+    }
+
+    /// Releases wait to be sent: for a master's next connection (within the lock's TTL),
+    /// or behind bytes its connection has not taken (a master that stopped reading). The
+    /// shared client's loop keeps running for them (a cheap test: no queue is walked).
+    pub(crate) fn releases_unsent(&self) -> bool {
+        (0..self.n()).any(|i| {
+            let link = &self.links[i];
+            !self.masters[i].owed.is_empty()
+                || (!link.pending.is_empty()
+                    && (link.shared_from.is_some() || link.out_pos < link.out.len()))
+        })
+    }
+
+    /// Some master is still owed a release: queued or unanswered on its connection, or
+    /// waiting for its next connection (within the lock's TTL). A client that shuts down
+    /// delivers them first, within its bound.
+    pub(crate) fn owes_releases(&self) -> bool {
+        (0..self.n()).any(|i| {
+            !self.masters[i].owed.is_empty()
+                || self.links[i].pending.iter().any(|t| {
+                    matches!(
+                        t,
+                        Tag::Op {
+                            req: Request::Release,
+                            ..
+                        } | Tag::Owed
+                    )
+                })
+        })
     }
 
     fn owed_reply_arrived(&mut self, id: OpId) {
@@ -881,6 +954,22 @@ impl Rounds {
                 }
                 _ => {}
             }
+            // Down with releases owed (and no request to bring it back): reconnect once
+            // the backoff allows; the new connection sends them.
+            if self.links[i].state == State::Down && !self.masters[i].owed.is_empty() {
+                self.masters[i].owed.retain(|o| o.until > now);
+                if !self.masters[i].owed.is_empty() {
+                    match self.links[i].retry_at {
+                        Some(t) if now < t => due(t),
+                        _ => {
+                            let _ = self.connect_if_down(i, now);
+                            let link = &self.links[i];
+                            let retry = link.retry_at.filter(|t| *t > now);
+                            due(retry.unwrap_or(link.connect_deadline));
+                        }
+                    }
+                }
+            }
         }
         if self.chans.live > 0 {
             self.sub_tick(now, &mut due);
@@ -902,6 +991,13 @@ impl Rounds {
                 }
             };
             let tag = match link.pending.pop_front() {
+                Some(Tag::Owed) => {
+                    // Delivered (or refused: then the keys expire by their TTL).
+                    link.input.in_start += used;
+                    link.answered = true;
+                    self.masters[i].owed.pop_front();
+                    continue;
+                }
                 Some(Tag::Subscribe(_) | Tag::Unsubscribe) | None => {
                     // More replies than requests: the stream can not be trusted.
                     self.fail_node(i, Fault::Unexpected, now);
@@ -938,7 +1034,7 @@ impl Rounds {
                     continue;
                 }
                 Tag::Setup(setup) => interpret(setup, &frame),
-                Tag::Subscribe(_) | Tag::Unsubscribe => unreachable!("refused above"),
+                Tag::Subscribe(_) | Tag::Unsubscribe | Tag::Owed => unreachable!("taken above"),
             };
             link.input.in_start += used;
             link.answered = true;
@@ -978,10 +1074,22 @@ impl Rounds {
                     // Redis computes `uptime_in_seconds` from a start time truncated to the
                     // second, so it can overstate the uptime by up to a second: count one
                     // second less.
+                    // A `run_id` other than the one last seen at this address is a restart
+                    // whatever the uptime (another server took the address over: a promoted
+                    // replica, a VIP or a DNS name that flips, never saw our keys): held
+                    // back for max_ttl from the moment the change was seen, across
+                    // reconnects.
                     let guard = self.cfg.amnesia_guard.unwrap_or_default();
                     let up = Duration::from_secs(uptime.saturating_sub(1));
                     let master = &mut self.masters[i];
-                    master.votes_from = Some(now + guard.saturating_sub(up));
+                    if master.run_id.is_some_and(|old| old != run_id) {
+                        master.run_id_changed = Some(now);
+                    }
+                    let mut from = now + guard.saturating_sub(up);
+                    if let Some(seen) = master.run_id_changed {
+                        from = from.max(seen + guard);
+                    }
+                    master.votes_from = Some(from);
                     master.run_id = Some(run_id);
                     self.mark_same_servers();
                 }
@@ -990,23 +1098,56 @@ impl Rounds {
     }
 
     /// A master whose `run_id` equals that of a master listed before it is the same
-    /// server reached twice: mark it (its votes are refused). Run at every `INFO` reply.
+    /// server reached twice: mark it (it is sent no grants, and the server votes once).
+    /// Run at every `INFO` reply.
     fn mark_same_servers(&mut self) {
+        let mut any = false;
         for i in 0..self.n() {
             let id = self.masters[i].run_id;
-            let dup = id.is_some() && self.masters[..i].iter().any(|n| n.run_id == id);
-            self.masters[i].same_server = dup;
+            let first = match id {
+                Some(_) => self.masters[..i].iter().position(|n| n.run_id == id),
+                None => None,
+            };
+            any |= first.is_some();
+            #[cfg(feature = "tracing")]
+            if let (Some(k), None) = (first, self.masters[i].stats.same_as) {
+                tracing::warn!(
+                    master = &*self.masters[i].name,
+                    same_as = &*self.masters[k].name,
+                    "one server listed twice (same run_id): it is sent no grants and votes once"
+                );
+            }
+            let master = &mut self.masters[i];
+            master.same_server = first.is_some();
+            master.stats.same_as = first;
         }
+        self.same_servers = any;
     }
 
-    /// Why master `i`'s yes to a grant must not count now, if it must not: it is the same
-    /// server as an earlier master, fencing needs durability it lacks, or the amnesia
-    /// guard still holds it back. The vote's effect stands on the master; cleanup treats
-    /// it like any yes (`rules::may_hold`).
+    /// Another name of master `i`'s server (same `run_id`) already said yes in op `id`: the
+    /// server votes once. (A name known to be a duplicate is sent no grants; a reply to
+    /// one sent before the handshakes told the names apart counts if it came first.)
+    fn voted_under_another_name(&self, i: usize, id: OpId) -> bool {
+        let Some(run_id) = self.masters[i].run_id else {
+            return false;
+        };
+        let op = &self.ops[id.slot as usize];
+        op.gen == id.gen
+            && self.masters.iter().enumerate().any(|(k, n)| {
+                k != i
+                    && n.run_id == Some(run_id)
+                    && op.tally.outcomes().get(k) == Some(&Outcome::Ok)
+            })
+    }
+
+    /// Why master `i`'s yes to a grant in op `id` must not count now, if it must not: the
+    /// same server already said yes under another name, fencing needs durability it
+    /// lacks, or the amnesia guard still holds it back. The vote's effect stands on the
+    /// master; cleanup treats it like any yes (`rules::may_hold`).
     #[inline]
-    fn refuse_vote(&self, i: usize, now: Instant) -> Option<Fault> {
+    fn refuse_vote(&self, i: usize, id: OpId, now: Instant) -> Option<Fault> {
         let master = &self.masters[i];
-        if master.same_server {
+        if self.same_servers && self.voted_under_another_name(i, id) {
             Some(Fault::SameServer)
         } else if self.cfg.require_durable && !master.durable {
             Some(Fault::NotDurable)
@@ -1032,7 +1173,7 @@ impl Rounds {
         now: Instant,
     ) {
         if outcome.is_ok() && req.grants() {
-            if let Some(fault) = self.refuse_vote(i, now) {
+            if let Some(fault) = self.refuse_vote(i, id, now) {
                 outcome = Outcome::Failed(fault);
             }
         }

@@ -13,7 +13,8 @@
 //! * **What an announcement frees** ([`Core::hear`]): where the last attempt found the
 //!   key held, that holder's release frees that master (the copies of an older release are
 //!   ignored; those of the release that woke the task still count from the masters it had
-//!   not reached yet); any other release but our own cleanup's frees its master too (the
+//!   not reached yet: where its attempt found that holder, or, for several keys, found them
+//!   taken); any other release but our own cleanup's frees its master too (the
 //!   holder changed). The task whose turn it is tries once the masters still blocked leave
 //!   room for a quorum, on the announcement that freed one of them (one that frees nothing
 //!   starts nothing; the task's own cleanups' announcements are never news; masters that
@@ -129,7 +130,8 @@ impl Core {
     /// (it came after the attempt), or by any release but the one that started the attempt
     /// and our own cleanup's (the holder changed since). The copies of the release that woke
     /// the task count from the masters it had not reached yet when the attempt got there:
-    /// the attempt found its holder there. The task tries once the masters still blocked
+    /// the attempt found its holder there (a lock of several keys, whose holders the masters
+    /// do not name: the masters the attempt found taken, none announced since). The task tries once the masters still blocked
     /// leave room for a quorum: an attempt before that would only be refused again (even
     /// when the announcement names it: trying at the first one measured more refusals and
     /// no shorter hand-off, the release not having reached enough masters yet).
@@ -148,7 +150,13 @@ impl Core {
         let Some(m) = master else {
             return fresh;
         };
-        let holder_gone = matches!(t.holders.get(m), Some(Some(h)) if h == fp);
+        let holder_gone = match t.holders.get(m) {
+            Some(Some(h)) => h == fp,
+            // Who held the keys there is unknown (a lock of several keys): a copy of the
+            // release that woke the task frees a master its attempt found taken and that
+            // nothing announced since (the attempt got there before the release did).
+            _ => t.woken_by.as_ref() == Some(fp) && m < 64 && t.blocked & (1u64 << m) != 0,
+        };
         if !holder_gone && !fresh {
             return false;
         }

@@ -132,11 +132,18 @@ impl Loop {
         self.live > 0 || !self.keepers.is_empty() || !self.watched.is_empty()
     }
 
-    /// The loop must keep running: work, or subscriptions still lingering after the last
-    /// wait (their connections are read, and closed when the linger ends). Not a reason
-    /// to delay the loop's end once the client is gone.
+    /// The loop must keep running: work, subscriptions still lingering after the last
+    /// wait (their connections are read, and closed when the linger ends; not a reason to
+    /// delay the loop's end once the client is gone), or releases not sent yet to a master
+    /// that fell behind (sent when it is back, within the lock's TTL).
     pub(crate) fn wants_loop(&self) -> bool {
-        self.has_work() || self.m.listening()
+        self.has_work() || self.m.listening() || self.m.releases_unsent()
+    }
+
+    /// Some master is still owed a release (queued, unanswered, or for its next
+    /// connection): the loop delivers them before it ends, within its bound.
+    pub(crate) fn owes_releases(&self) -> bool {
+        self.m.owes_releases()
     }
 
     /// No round is undecided (cleanup releases included).

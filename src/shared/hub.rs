@@ -237,7 +237,8 @@ impl Hub {
             }
             let mut wake = lp.iterate(|into| self.take_commands(into), now);
             if let Some(end) = *closing {
-                if (!lp.has_work() && lp.rounds_idle()) || now >= end {
+                // Done once nothing is in flight and every release reached its master.
+                if (!lp.has_work() && lp.rounds_idle() && !lp.owes_releases()) || now >= end {
                     return Ok(false);
                 }
                 wake = Some(wake.map_or(end, |w| w.min(end)));

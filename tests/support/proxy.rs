@@ -9,6 +9,7 @@
 //! proxy.set_mode(Mode::PassThrough);
 //! proxy.reset_all();                                  // RST every current connection
 //! proxy.cut_next_reply(3);                            // next reply: 3 bytes, then close
+//! proxy.set_upstream(other.addr());                   // new connections go there
 //! ```
 //!
 //! Threads and std sockets: one accept thread, two pump threads per connection. Every
@@ -75,7 +76,8 @@ impl Conn {
 }
 
 struct Shared {
-    upstream: SocketAddr,
+    /// Where new connections go (switchable: a server swapped behind one address).
+    upstream: Mutex<SocketAddr>,
     mode: Mutex<Mode>,
     cut: Mutex<Option<usize>>,
     stop: AtomicBool,
@@ -108,7 +110,7 @@ impl std::fmt::Debug for Proxy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Proxy")
             .field("addr", &self.addr)
-            .field("upstream", &self.shared.upstream)
+            .field("upstream", &self.upstream())
             .field("mode", &self.shared.mode())
             .finish()
     }
@@ -123,7 +125,7 @@ impl Proxy {
         SockRef::from(&listener).set_read_timeout(Some(TICK))?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
-            upstream,
+            upstream: Mutex::new(upstream),
             mode: Mutex::new(Mode::PassThrough),
             cut: Mutex::new(None),
             stop: AtomicBool::new(false),
@@ -162,9 +164,16 @@ impl Proxy {
         format!("redis://127.0.0.1:{}", self.addr.port())
     }
 
-    /// The master behind it.
+    /// The master behind it (for new connections).
     pub fn upstream(&self) -> SocketAddr {
-        self.shared.upstream
+        *lock(&self.shared.upstream)
+    }
+
+    /// Sends new connections to `upstream` from now on (connections already open keep
+    /// theirs: [`Proxy::reset_all`] them to move every client): another server takes over
+    /// the address, as a promoted replica behind a VIP or a DNS name does.
+    pub fn set_upstream(&self, upstream: SocketAddr) {
+        *lock(&self.shared.upstream) = upstream;
     }
 
     /// Switches the mode for all connections, current and future.
@@ -266,7 +275,7 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             Ok((client, _)) => {
                 shared.accepted.fetch_add(1, Ordering::SeqCst);
                 if let Err(e) = open(client, &shared) {
-                    eprintln!("proxy {}: {e}", shared.upstream);
+                    eprintln!("proxy {}: {e}", *lock(&shared.upstream));
                 }
             }
             Err(e) if super::is_transient(&e) => {}
@@ -283,7 +292,8 @@ fn setup(stream: &TcpStream) -> io::Result<()> {
 }
 
 fn open(client: TcpStream, shared: &Arc<Shared>) -> io::Result<()> {
-    let upstream = match TcpStream::connect_timeout(&shared.upstream, Duration::from_secs(1)) {
+    let to = *lock(&shared.upstream);
+    let upstream = match TcpStream::connect_timeout(&to, Duration::from_secs(1)) {
         Ok(s) => s,
         Err(e) => {
             drop(client);

@@ -1573,7 +1573,13 @@ fn check_every_master(probe: &mut Redlock, ttl: Duration) -> Option<u8> {
                 return Some(crate::run::error_code(&e));
             }
         }
-        if probe.stats().iter().all(|s| s.ok() > 0) {
+        let stats = probe.stats();
+        // A master that is the same server as one listed before it is sent no grants.
+        if stats
+            .iter()
+            .all(|s| s.ok() > 0 || s.same_server_as().is_some())
+        {
+            crate::common::warn_same_servers(&stats);
             return None;
         }
         std::thread::sleep(Duration::from_millis(5));

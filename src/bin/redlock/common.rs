@@ -112,6 +112,26 @@ pub fn thousands(n: u64) -> String {
     out
 }
 
+/// Warn about masters that are the same server as one listed before them (the same
+/// `run_id`: a host name and its address, an alias): the server votes once, so the list
+/// promises more fault tolerance than there is. Returns whether it warned.
+pub fn warn_same_servers(stats: &[redlock_mux::MasterStats]) -> bool {
+    let mut warned = false;
+    for s in stats {
+        if let Some(k) = s.same_server_as() {
+            let first = stats.get(k).map_or("?", |f| f.name());
+            say!(
+                "warning: master {} is the same server as {first} (same run_id): it votes \
+                 once; list each server once ({} masters listed, fewer servers)",
+                s.name(),
+                stats.len()
+            );
+            warned = true;
+        }
+    }
+    warned
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -463,6 +463,8 @@ fn hold_and_run(args: &RunArgs, client: &mut Redlock, job: &Mutex<Job>, rx: Rece
         Err(Failed::Hopeless(code)) => return code,
         Err(Failed::Error(e)) => return acquire_failed(args, &e, no_wait),
     };
+    // Known once the handshakes are in: at the latest after the release.
+    let warned = crate::common::warn_same_servers(&client.stats());
     if args.verbose {
         let fence = lock
             .fencing_token()
@@ -590,6 +592,9 @@ fn hold_and_run(args: &RunArgs, client: &mut Redlock, job: &Mutex<Job>, rx: Rece
             }
         );
         return args.lost_exit_code;
+    }
+    if !warned {
+        crate::common::warn_same_servers(&client.stats());
     }
     if args.verbose {
         say!(
