@@ -62,14 +62,17 @@ pub const CLIENT_ID_LEN: usize = 8;
 /// release wakes that waiter's client only, not every client with a waiter.
 pub const NEXT_PREFIX: &[u8] = b"redlock-mux:next:";
 
-/// Compare-and-delete every key; returns 1 when all held the token, else 0. Every key it
-/// deletes is announced with the token's first [`NOTICE_LEN`] bytes: to the first live
-/// waiter in the key's line if there is one (the waiter whose turn it is), on its client's
-/// channel [`NEXT_PREFIX`]`<first 8 bytes of its id>` with its id after the fingerprint;
-/// else to every waiter, on [`RELEASED_PREFIX`]`<key>` (with `pcall` throughout: a user
-/// without the right to publish or to the line still releases). `ARGV[2]`, if given, is the
-/// releasing lock's id in the keys' lines: it leaves them (a lock that waited, at its
-/// release or its last cleanup; whether or not it still held the key).
+/// Compare-and-delete every key; returns 1 when all held the token, else 0. A key holds
+/// the token when its value is the token, or the token and [`WAITED`] (a waiter was
+/// refused while it was held: see [`ACQUIRE_WAIT`]). Only such a key's release looks for
+/// waiters and announces itself (an uncontended release runs `GET` and `DEL`, nothing
+/// more), with the token's first [`NOTICE_LEN`] bytes: to the first live waiter in the
+/// key's line if there is one (the waiter whose turn it is), on its client's channel
+/// [`NEXT_PREFIX`]`<first 8 bytes of its id>` with its id after the fingerprint; else to
+/// every waiter, on [`RELEASED_PREFIX`]`<key>` (with `pcall` throughout: a user without the
+/// right to publish or to the line still releases). `ARGV[2]`, if given, is the releasing
+/// lock's id in the keys' lines: it leaves them (a lock that waited, at its release or its
+/// last cleanup; whether or not it still held the key).
 pub const RELEASE: Script = Script {
     src: concat!(
         "local held = 1\n",
@@ -77,7 +80,10 @@ pub const RELEASE: Script = Script {
         "for i = 1, #KEYS do\n",
         "  local q = 'redlock-mux:queue:' .. KEYS[i]\n",
         "  if ARGV[2] then redis.pcall('zrem', q, ARGV[2]) end\n",
-        "  if redis.call('get', KEYS[i]) == ARGV[1] then\n",
+        "  local v = redis.call('get', KEYS[i])\n",
+        "  if v == ARGV[1] then\n",
+        "    redis.call('del', KEYS[i])\n",
+        "  elseif v == ARGV[1] .. '+' then\n",
         "    redis.call('del', KEYS[i])\n",
         "    local turn\n",
         "    if redis.pcall('exists', q) == 1 then\n",
@@ -104,8 +110,15 @@ pub const RELEASE: Script = Script {
         "end\n",
         "return held"
     ),
-    sha: "993df141b91dd780fe0cece1cb28a1292aa03920",
+    sha: "75817da7cb54815f8a0291f234d1b14f3507e7e6",
 };
+
+/// The mark a refused waiter appends to the value of a key held with one of this crate's
+/// tokens (32 lowercase hex digits): somebody waits, the release must look for them. The
+/// holder's token still names it (every script compares the value with the token, marked
+/// or not); a value that is not one of our tokens (another application's key) is never
+/// touched.
+pub const WAITED: &[u8] = b"+";
 
 /// Compare-and-extend: when every key holds the token, make each key live at least
 /// `ARGV[2]` ms from now, never shorter than it already does (a late or failed extend with
@@ -113,7 +126,8 @@ pub const RELEASE: Script = Script {
 pub const EXTEND: Script = Script {
     src: concat!(
         "for i = 1, #KEYS do\n",
-        "  if redis.call('get', KEYS[i]) ~= ARGV[1] then return 0 end\n",
+        "  local v = redis.call('get', KEYS[i])\n",
+        "  if v ~= ARGV[1] and v ~= ARGV[1] .. '+' then return 0 end\n",
         "end\n",
         "local ttl = tonumber(ARGV[2])\n",
         "for i = 1, #KEYS do\n",
@@ -121,7 +135,7 @@ pub const EXTEND: Script = Script {
         "end\n",
         "return 1"
     ),
-    sha: "f792595486921a2d800137f1d9918035081b2ae4",
+    sha: "024ed804c050520dd1717148b96177dbd691103e",
 };
 
 /// All-or-nothing multi-key acquire: set every key (`PX ARGV[2]`) only when none exists.
@@ -159,8 +173,22 @@ pub const ACQUIRE_MANY: Script = Script {
 /// than what the line has left), never earlier: a waiter with a short liveness (short
 /// retry delay) must not expire a line in which a waiter with a long one is still alive
 /// and asking (issue 19, item 3).
+///
+/// A waiter refused by a key held with one of this crate's tokens marks it
+/// ([`WAITED`]: the one-key waiter that stands in a line, and every waiter on several
+/// keys, which listens on the keys' channels), and a grant while the key's line exists
+/// sets the key marked: only a marked key's release looks for waiters and announces
+/// itself, so an uncontended release costs the master no more than the Redis page's
+/// compare-and-delete.
 pub const ACQUIRE_WAIT: Script = Script {
     src: concat!(
+        "local function mark(k)\n",
+        "  local v = redis.pcall('get', k)\n",
+        "  if type(v) == 'string' and #v == 32 and not string.find(v, '[^0-9a-f]') then\n",
+        "    redis.pcall('append', k, '+')\n",
+        "  end\n",
+        "  return v\n",
+        "end\n",
         "if #KEYS == 1 then\n",
         "  local id = ARGV[3]\n",
         "  local q = 'redlock-mux:queue:' .. KEYS[1]\n",
@@ -172,8 +200,9 @@ pub const ACQUIRE_WAIT: Script = Script {
         "  local function keep()\n",
         "    if redis.pcall('pttl', q) < tonumber(ARGV[4]) then redis.pcall('pexpire', q, ARGV[4]) end\n",
         "  end\n",
+        "  local lined = id and redis.pcall('exists', q) == 1\n",
         "  local behind = false\n",
-        "  if id and ARGV[5] == 'p' and redis.pcall('exists', q) == 1 then\n",
+        "  if lined and ARGV[5] == 'p' then\n",
         "    for _ = 1, 8 do\n",
         "      local r = redis.pcall('zrange', q, 0, 0)\n",
         "      local h = type(r) == 'table' and r[1]\n",
@@ -185,7 +214,9 @@ pub const ACQUIRE_WAIT: Script = Script {
         "      redis.pcall('zrem', q, h)\n",
         "    end\n",
         "  end\n",
-        "  if not behind and redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then\n",
+        "  local val = ARGV[1]\n",
+        "  if lined then val = val .. '+' end\n",
+        "  if not behind and redis.call('set', KEYS[1], val, 'NX', 'PX', ARGV[2]) then\n",
         "    if id and redis.pcall('exists', 'redlock-mux:waiter:' .. id) == 1 then\n",
         "      redis.pcall('set', 'redlock-mux:waiter:' .. id, '1', 'PX', ARGV[4])\n",
         "      keep()\n",
@@ -199,7 +230,8 @@ pub const ACQUIRE_WAIT: Script = Script {
         "  end\n",
         "  local left = redis.call('pttl', KEYS[1])\n",
         "  if left == -2 then left = -1 elseif left == 0 then left = 1 end\n",
-        "  local v = redis.pcall('get', KEYS[1])\n",
+        "  local v\n",
+        "  if id then v = mark(KEYS[1]) else v = redis.pcall('get', KEYS[1]) end\n",
         "  if type(v) ~= 'string' then v = '' end\n",
         "  return {left, string.sub(v, 1, 16)}\n",
         "end\n",
@@ -209,11 +241,14 @@ pub const ACQUIRE_WAIT: Script = Script {
         "  if t == -1 then left = -1\n",
         "  elseif t >= 0 and left >= 0 then left = math.max(left, t, 1) end\n",
         "end\n",
-        "if left ~= 0 then return left end\n",
+        "if left ~= 0 then\n",
+        "  for i = 1, #KEYS do mark(KEYS[i]) end\n",
+        "  return left\n",
+        "end\n",
         "for i = 1, #KEYS do redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2]) end\n",
         "return 0"
     ),
-    sha: "66252c2eb2f8208a673206120107bed3892aeaf8",
+    sha: "0bc37bc8dbc3c924de785b087fd71ee9808be19f",
 };
 
 /// Fencing draw (read-only): `KEYS` = the lock's n keys, then their n counters. When every
@@ -222,7 +257,8 @@ pub const FENCE_DRAW: Script = Script {
     src: concat!(
         "local n = #KEYS / 2\n",
         "for i = 1, n do\n",
-        "  if redis.call('get', KEYS[i]) ~= ARGV[1] then return 0 end\n",
+        "  local v = redis.call('get', KEYS[i])\n",
+        "  if v ~= ARGV[1] and v ~= ARGV[1] .. '+' then return 0 end\n",
         "end\n",
         "local top = 0\n",
         "for i = n + 1, #KEYS do\n",
@@ -231,7 +267,7 @@ pub const FENCE_DRAW: Script = Script {
         "end\n",
         "return top + 1"
     ),
-    sha: "03b58009bde0f17dd258880c0fcb98d5e41d3e7a",
+    sha: "275d0d082734ba1863507f86af15bf83ef7087fa",
 };
 
 /// Fencing write-back: `KEYS` as [`FENCE_DRAW`]. When every lock key holds the token,
@@ -240,7 +276,8 @@ pub const FENCE_RAISE: Script = Script {
     src: concat!(
         "local n = #KEYS / 2\n",
         "for i = 1, n do\n",
-        "  if redis.call('get', KEYS[i]) ~= ARGV[1] then return 0 end\n",
+        "  local v = redis.call('get', KEYS[i])\n",
+        "  if v ~= ARGV[1] and v ~= ARGV[1] .. '+' then return 0 end\n",
         "end\n",
         "local t = tonumber(ARGV[2])\n",
         "for i = n + 1, #KEYS do\n",
@@ -248,7 +285,7 @@ pub const FENCE_RAISE: Script = Script {
         "end\n",
         "return 1"
     ),
-    sha: "c6fca2d9375ab51887b50606d5e474e52a874884",
+    sha: "5ed1e2804f79de9ac51a20bca4f325c19326fa85",
 };
 
 /// Every script, in handshake order.

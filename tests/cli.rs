@@ -134,8 +134,19 @@ fn get(m: &LocalMasters, i: usize, key: &str) -> Option<Vec<u8>> {
     }
 }
 
+/// Who holds `key` on each master: the token (a refused waiter's mark after it,
+/// `scripts::WAITED`, is no other holder).
 fn holders(m: &LocalMasters, key: &str) -> Vec<Option<Vec<u8>>> {
-    (0..m.len()).map(|i| get(m, i, key)).collect()
+    (0..m.len())
+        .map(|i| {
+            get(m, i, key).map(|mut v| {
+                if v.len() == 33 && v.ends_with(redlock_mux::scripts::WAITED) {
+                    v.pop();
+                }
+                v
+            })
+        })
+        .collect()
 }
 
 fn json(out: &Output) -> serde_json::Value {

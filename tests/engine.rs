@@ -786,3 +786,63 @@ fn lock_commands_run(m: &LocalMasters) -> u64 {
         })
         .sum()
 }
+
+/// `INFO commandstats` of master `i`: calls per command (commands run by scripts count
+/// under their own names, as Redis counts them).
+fn command_calls(m: &LocalMasters, i: usize) -> std::collections::BTreeMap<String, u64> {
+    let text = match m[i].cmd(&[b"INFO", b"commandstats"]).expect("INFO") {
+        AdminReply::Bulk(Some(t)) => String::from_utf8(t).unwrap(),
+        other => panic!("INFO commandstats: {other:?}"),
+    };
+    text.lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_"))
+        .filter_map(|l| {
+            let (name, rest) = l.split_once(':')?;
+            let calls = rest
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            Some((name.to_string(), calls))
+        })
+        .collect()
+}
+
+/// Issue 23: an uncontended lock+release cycle runs on each master what the Redis page's
+/// compare-and-delete floor runs, `SET` then `EVALSHA` (`GET`, `DEL`), and nothing more: no
+/// look for waiters, no announcement when nobody waited (fails with the release that
+/// looked for a line and published every time: 1 `EXISTS` and 1 `PUBLISH` more per cycle).
+#[test]
+fn an_uncontended_cycle_runs_no_more_on_the_masters_than_the_lua_floor() {
+    let m = masters(3);
+    let mut c = client(&m);
+    // Connections and handshakes first: what is counted below is cycles only.
+    let lock = c.try_lock("warm", Duration::from_secs(10)).unwrap();
+    c.release(lock).unwrap();
+    let before: Vec<_> = (0..m.len()).map(|i| command_calls(&m, i)).collect();
+    const CYCLES: u64 = 50;
+    for _ in 0..CYCLES {
+        let lock = c.try_lock("floor", Duration::from_secs(10)).unwrap();
+        c.release(lock).unwrap();
+    }
+    for (i, before) in before.iter().enumerate() {
+        let after = command_calls(&m, i);
+        let mut ran: std::collections::BTreeMap<&str, u64> = after
+            .iter()
+            .map(|(k, v)| (k.as_str(), v - before.get(k).copied().unwrap_or(0)))
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        // The INFO that read `before` counts in `after`.
+        ran.remove("info");
+        let expected: std::collections::BTreeMap<&str, u64> = [
+            ("del", CYCLES),
+            ("evalsha", CYCLES),
+            ("get", CYCLES),
+            ("set", CYCLES),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(ran, expected, "master {i}: commands run by {CYCLES} cycles");
+    }
+}

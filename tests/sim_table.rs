@@ -806,6 +806,81 @@ fn cases() -> Vec<Case> {
         .c(0, &["ZRANGE", Q, "0", "-1", "WITHSCORES"]);
     v.push(case("acquire_wait_out_of_line", Kind::Plain, 1, s));
 
+    // The waiter's mark (issue 23: a release looks for waiters only where one was refused).
+    s.load_all(0)
+        .c(
+            1,
+            &[
+                "SUBSCRIBE",
+                RELEASED_K,
+                "redlock-mux:released:f",
+                "redlock-mux:released:m2",
+            ],
+        )
+        // An uncontended release: GET and DEL, no announcement.
+        .c(0, &["SET", "k", TH, "PX", "60000"])
+        .sha(0, scripts::RELEASE, &["k"], &[TH])
+        // A refused waiter marks a key held with one of our tokens...
+        .c(0, &["SET", "k", TH, "PX", "60000"])
+        .wait("k", TW1, W1, "60000", false, "100")
+        .c(0, &["GET", "k"])
+        .ttl(0, &["PTTL", "k"])
+        // ...once.
+        .wait("k", TW1, W1, "60000", false, "100")
+        .c(0, &["GET", "k"])
+        // The holder still holds it: extend and fencing read the marked value as its.
+        .sha(0, scripts::EXTEND, &["k"], &[TH, "90000"])
+        .sha(0, scripts::FENCE_DRAW, &["k", "redlock-mux:fence:k"], &[TH])
+        .sha(
+            0,
+            scripts::FENCE_RAISE,
+            &["k", "redlock-mux:fence:k"],
+            &[TH, "4"],
+        )
+        .sha(0, scripts::EXTEND, &["k"], &[TW1, "90000"])
+        // Its release announces (to W1, first in line).
+        .sha(0, scripts::RELEASE, &["k"], &[TH])
+        .c(0, &["EXISTS", "k"])
+        // Never another application's value; a waiter without a line (poll mode) reads it
+        // and marks nothing.
+        .c(0, &["SET", "f", "foreign-holder", "PX", "60000"])
+        .wait("f", TW2, W2, "60000", false, "200")
+        .c(0, &["GET", "f"])
+        .c(0, &["SET", "p", TH, "PX", "60000"])
+        .sha(0, scripts::ACQUIRE_WAIT, &["p"], &[TW2, "60000"])
+        .c(0, &["GET", "p"])
+        // A waiter on several keys marks each of ours it found (it listens on their
+        // channels), and the release of one announces it.
+        .c(0, &["SET", "m1", TH, "PX", "60000"])
+        .c(0, &["SET", "m2", TA, "PX", "60000"])
+        .sha_ttl(
+            0,
+            scripts::ACQUIRE_WAIT,
+            &["m1", "m2", "m3"],
+            &[TW3, "60000"],
+        )
+        .c(0, &["GET", "m1"])
+        .c(0, &["GET", "m2"])
+        .c(0, &["EXISTS", "m3"])
+        .sha(0, scripts::RELEASE, &["m2"], &[TA])
+        // A grant while the line exists sets the key marked; a grant with no line, not.
+        .c(0, &["DEL", "k"])
+        .wait("k", TW2, W2, "60000", false, "200")
+        .c(0, &["GET", "k"])
+        .sha(
+            0,
+            scripts::ACQUIRE_WAIT,
+            &["n"],
+            &[TW3, "60000", W3, "60000", "", "300"],
+        )
+        .c(0, &["GET", "n"]);
+    v.push(case(
+        "waiters_mark_the_key_they_wait_for",
+        Kind::Plain,
+        2,
+        s,
+    ));
+
     s.load_all(0)
         .c(2, &["SUBSCRIBE", RELEASED_K, &next(W1)])
         .c(0, &["SET", "k", TH, "PX", "60000"])

@@ -240,6 +240,7 @@ const COMMANDS: &[Cmd] = &[
     cmd("evalsha", -3),
     cmd("publish", 3),
     cmd("get", 2),
+    cmd("append", 3),
     cmd("set", -3),
     cmd("del", -2),
     cmd("exists", -2),
@@ -1011,6 +1012,25 @@ impl SimRedis {
                 }) => Reply::Bulk(v.clone()),
                 Some(_) => err(WRONGTYPE),
             },
+            "append" => match self.lookup(db, args[1], now) {
+                // Appends keep the key's expiry.
+                Some(Entry {
+                    value: Value::Str(v),
+                    ..
+                }) => {
+                    v.extend_from_slice(args[2]);
+                    Reply::Int(v.len() as i64)
+                }
+                Some(_) => err(WRONGTYPE),
+                None => {
+                    let entry = Entry {
+                        value: Value::Str(args[2].to_vec()),
+                        expire_at: None,
+                    };
+                    self.dbs[db].insert(args[1].to_vec(), entry);
+                    Reply::Int(args[2].len() as i64)
+                }
+            },
             "set" => self.cmd_set(db, args, now),
             "del" => {
                 let mut n = 0;
@@ -1389,59 +1409,64 @@ impl SimRedis {
             if let Some(id) = x.arg(2) {
                 self.pcall(x, &[Some(b"zrem"), Some(&q), Some(id)]);
             }
-            // L6: if redis.call('get', KEYS[i]) == ARGV[1] then
+            // L6: local v = redis.call('get', KEYS[i])
             let v = self.call(x, 6, &[Some(b"get"), key])?;
+            // L7: if v == ARGV[1] then
             if lua_eq(&v, x.arg(1)) {
-                // L7: redis.call('del', KEYS[i])
-                self.call(x, 7, &[Some(b"del"), key])?;
-                // L8: local turn
+                // L8: redis.call('del', KEYS[i])
+                self.call(x, 8, &[Some(b"del"), key])?;
+            // L9: elseif v == ARGV[1] .. '+' then
+            } else if lua_eq(&v, Some(&lua_concat(x, 9, x.arg(1), b"+")?)) {
+                // L10: redis.call('del', KEYS[i])
+                self.call(x, 10, &[Some(b"del"), key])?;
+                // L11: local turn
                 let mut turn: Option<Vec<u8>> = None;
-                // L9: if redis.pcall('exists', q) == 1 then
+                // L12: if redis.pcall('exists', q) == 1 then
                 if self.pcall(x, &[Some(b"exists"), Some(&q)]) == Reply::Int(1) {
-                    // L10: for _ = 1, 8 do
+                    // L13: for _ = 1, 8 do
                     for _ in 1..=8 {
-                        // L11: local r = redis.pcall('zrange', q, 0, 0)
+                        // L14: local r = redis.pcall('zrange', q, 0, 0)
                         let r = self.pcall(x, &[Some(b"zrange"), Some(&q), Some(b"0"), Some(b"0")]);
-                        // L12: local h = type(r) == 'table' and r[1]
-                        // L13: if not h then break end
+                        // L15: local h = type(r) == 'table' and r[1]
+                        // L16: if not h then break end
                         let Some(h) = first_string(&r) else {
                             break;
                         };
-                        // L14: if redis.pcall('exists', 'redlock-mux:waiter:' .. h) == 1 then
+                        // L17: if redis.pcall('exists', 'redlock-mux:waiter:' .. h) == 1 then
                         let live = cat(b"redlock-mux:waiter:", &h);
                         if self.pcall(x, &[Some(b"exists"), Some(&live)]) == Reply::Int(1) {
-                            // L15: turn = h
-                            // L16: break
+                            // L18: turn = h
+                            // L19: break
                             turn = Some(h);
                             break;
                         }
-                        // L18: redis.pcall('zrem', q, h)
+                        // L21: redis.pcall('zrem', q, h)
                         self.pcall(x, &[Some(b"zrem"), Some(&q), Some(&h)]);
                     }
                 }
-                // L21: local note = string.sub(ARGV[1], 1, 16)
+                // L24: local note = string.sub(ARGV[1], 1, 16)
                 // (ARGV[1] is a string here: it equalled a value.)
                 let note = lua_sub(x.arg(1).unwrap_or_default(), 1, 16);
                 match turn {
-                    // L22: if turn then
-                    // L23: redis.pcall('publish', 'redlock-mux:next:' .. string.sub(turn, 1, 8), note .. turn)
+                    // L25: if turn then
+                    // L26: redis.pcall('publish', 'redlock-mux:next:' .. string.sub(turn, 1, 8), note .. turn)
                     Some(turn) => {
                         let channel = cat(b"redlock-mux:next:", lua_sub(&turn, 1, 8));
                         let payload = cat(note, &turn);
                         self.pcall(x, &[Some(b"publish"), Some(&channel), Some(&payload)]);
                     }
-                    // L25: redis.pcall('publish', 'redlock-mux:released:' .. KEYS[i], note)
+                    // L28: redis.pcall('publish', 'redlock-mux:released:' .. KEYS[i], note)
                     None => {
                         let channel = cat(b"redlock-mux:released:", key.unwrap_or_default());
                         self.pcall(x, &[Some(b"publish"), Some(&channel), Some(note)]);
                     }
                 }
             } else {
-                // L28: held = 0
+                // L31: held = 0
                 held = 0;
             }
         }
-        // L31: return held
+        // L34: return held
         Ok(Reply::Int(held))
     }
 
@@ -1449,42 +1474,43 @@ impl SimRedis {
     fn lua_extend(&mut self, x: &Run<'_>) -> Result<Reply, Raised> {
         // L1: for i = 1, #KEYS do
         for i in 1..=x.nkeys() {
-            // L2: if redis.call('get', KEYS[i]) ~= ARGV[1] then return 0 end
+            // L2: local v = redis.call('get', KEYS[i])
             let v = self.call(x, 2, &[Some(b"get"), x.key(i as f64)])?;
-            if !lua_eq(&v, x.arg(1)) {
+            // L3: if v ~= ARGV[1] and v ~= ARGV[1] .. '+' then return 0 end
+            if !lua_holds(x, 3, &v)? {
                 return Ok(Reply::Int(0));
             }
         }
-        // L4: local ttl = tonumber(ARGV[2])
+        // L5: local ttl = tonumber(ARGV[2])
         let ttl = x.arg(2).and_then(lua_tonumber);
-        // L5: for i = 1, #KEYS do
+        // L6: for i = 1, #KEYS do
         for i in 1..=x.nkeys() {
             let key = x.key(i as f64);
-            // L6: if redis.call('pttl', KEYS[i]) < ttl then redis.call('pexpire', KEYS[i], ttl) end
-            let pttl = lua_number(&self.call(x, 6, &[Some(b"pttl"), key])?);
-            if lua_lt(x, 6, pttl, ttl)? {
+            // L7: if redis.call('pttl', KEYS[i]) < ttl then redis.call('pexpire', KEYS[i], ttl) end
+            let pttl = lua_number(&self.call(x, 7, &[Some(b"pttl"), key])?);
+            if lua_lt(x, 7, pttl, ttl)? {
                 let ms = lua_num_arg(ttl.unwrap_or_default());
-                self.call(x, 6, &[Some(b"pexpire"), key, Some(&ms)])?;
+                self.call(x, 7, &[Some(b"pexpire"), key, Some(&ms)])?;
             }
         }
-        // L8: return 1
+        // L9: return 1
         Ok(Reply::Int(1))
     }
 
-    /// ACQUIRE_WAIT's `keep()` (L9-L11): lengthen the line's expiry to this waiter's
+    /// ACQUIRE_WAIT's `keep()` (L16-L18): lengthen the line's expiry to this waiter's
     /// liveness, never shorten it.
     fn lua_keep(&mut self, x: &Run<'_>, q: &[u8]) -> Result<(), Raised> {
-        // L10: if redis.pcall('pttl', q) < tonumber(ARGV[4]) then redis.pcall('pexpire', q, ARGV[4]) end
+        // L17: if redis.pcall('pttl', q) < tonumber(ARGV[4]) then redis.pcall('pexpire', q, ARGV[4]) end
         let pttl = self.pcall(x, &[Some(b"pttl"), Some(q)]);
         let limit = x.arg(4).and_then(lua_tonumber);
         let below = match pttl {
-            Reply::Int(n) => lua_lt(x, 10, Some(n as f64), limit)?,
+            Reply::Int(n) => lua_lt(x, 17, Some(n as f64), limit)?,
             // An error table compared with a number (or nil) raises.
             _ => {
                 let ty = if limit.is_some() { "number" } else { "nil" };
                 return Err(Raised(
                     format!(
-                        "ERR user_script:10: attempt to compare table with {ty} script: {}, on @user_script:10.",
+                        "ERR user_script:17: attempt to compare table with {ty} script: {}, on @user_script:17.",
                         x.sha
                     )
                     .into_bytes(),
@@ -1523,68 +1549,88 @@ impl SimRedis {
 
     /// `scripts::ACQUIRE_WAIT`.
     fn lua_acquire_wait(&mut self, x: &Run<'_>) -> Result<Reply, Raised> {
-        // L1: if #KEYS == 1 then
+        // L1-L7: local function mark(k) ... end   (see `lua_mark`)
+        // L8: if #KEYS == 1 then
         if x.nkeys() == 1 {
             let key = x.key(1.0);
-            // L2: local id = ARGV[3]
+            // L9: local id = ARGV[3]
             let id = x.arg(3);
-            // L3: local q = 'redlock-mux:queue:' .. KEYS[1]
+            // L10: local q = 'redlock-mux:queue:' .. KEYS[1]
             let q = cat(b"redlock-mux:queue:", key.unwrap_or_default());
-            // L4: local out = ARGV[7] == 'o'
+            // L11: local out = ARGV[7] == 'o'
             let out = x.arg(7) == Some(b"o");
-            // L5: if id and out then
+            // L12: if id and out then
             if let (Some(id), true) = (id, out) {
-                // L6: redis.pcall('zrem', q, id)
+                // L13: redis.pcall('zrem', q, id)
                 self.pcall(x, &[Some(b"zrem"), Some(&q), Some(id)]);
-                // L7: redis.pcall('del', 'redlock-mux:waiter:' .. id)
+                // L14: redis.pcall('del', 'redlock-mux:waiter:' .. id)
                 let live = cat(b"redlock-mux:waiter:", id);
                 self.pcall(x, &[Some(b"del"), Some(&live)]);
             }
-            // L12: local behind = false
+            // L16-L18: local function keep() ... end   (see `lua_keep`)
+            // L19: local lined = id and redis.pcall('exists', q) == 1
+            let lined =
+                id.is_some() && self.pcall(x, &[Some(b"exists"), Some(&q)]) == Reply::Int(1);
+            // L20: local behind = false
             let mut behind = false;
-            // L13: if id and ARGV[5] == 'p' and redis.pcall('exists', q) == 1 then
-            if id.is_some()
-                && x.arg(5) == Some(b"p")
-                && self.pcall(x, &[Some(b"exists"), Some(&q)]) == Reply::Int(1)
-            {
-                // L14: for _ = 1, 8 do
+            // L21: if lined and ARGV[5] == 'p' then
+            if lined && x.arg(5) == Some(b"p") {
+                // L22: for _ = 1, 8 do
                 for _ in 1..=8 {
-                    // L15: local r = redis.pcall('zrange', q, 0, 0)
+                    // L23: local r = redis.pcall('zrange', q, 0, 0)
                     let r = self.pcall(x, &[Some(b"zrange"), Some(&q), Some(b"0"), Some(b"0")]);
-                    // L16: local h = type(r) == 'table' and r[1]
-                    // L17: if not h or h == id then break end
+                    // L24: local h = type(r) == 'table' and r[1]
+                    // L25: if not h or h == id then break end
                     let h = match first_string(&r) {
                         Some(h) if Some(h.as_slice()) != id => h,
                         _ => break,
                     };
-                    // L18: if redis.pcall('exists', 'redlock-mux:waiter:' .. h) == 1 then
+                    // L26: if redis.pcall('exists', 'redlock-mux:waiter:' .. h) == 1 then
                     let live = cat(b"redlock-mux:waiter:", &h);
                     if self.pcall(x, &[Some(b"exists"), Some(&live)]) == Reply::Int(1) {
-                        // L19: behind = true
-                        // L20: break
+                        // L27: behind = true
+                        // L28: break
                         behind = true;
                         break;
                     }
-                    // L22: redis.pcall('zrem', q, h)
+                    // L30: redis.pcall('zrem', q, h)
                     self.pcall(x, &[Some(b"zrem"), Some(&q), Some(&h)]);
                 }
             }
-            // L25: if not behind and redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+            // L33: local val = ARGV[1]
+            // L34: if lined then val = val .. '+' end
+            let val: Option<Vec<u8>> = if lined {
+                match x.arg(1) {
+                    Some(t) => Some(cat(t, b"+")),
+                    None => {
+                        return Err(Raised(
+                            format!(
+                                "ERR user_script:34: attempt to concatenate local 'val' (a nil value) script: {}, on @user_script:34.",
+                                x.sha
+                            )
+                            .into_bytes(),
+                        ))
+                    }
+                }
+            } else {
+                x.arg(1).map(<[u8]>::to_vec)
+            };
+            // L35: if not behind and redis.call('set', KEYS[1], val, 'NX', 'PX', ARGV[2]) then
             if !behind {
                 let args = [
                     Some(&b"set"[..]),
                     key,
-                    x.arg(1),
+                    val.as_deref(),
                     Some(b"NX"),
                     Some(b"PX"),
                     x.arg(2),
                 ];
-                if self.call(x, 25, &args)? != Reply::Nil {
-                    // L26: if id and redis.pcall('exists', 'redlock-mux:waiter:' .. id) == 1 then
+                if self.call(x, 35, &args)? != Reply::Nil {
+                    // L36: if id and redis.pcall('exists', 'redlock-mux:waiter:' .. id) == 1 then
                     if let Some(id) = id {
                         let live = cat(b"redlock-mux:waiter:", id);
                         if self.pcall(x, &[Some(b"exists"), Some(&live)]) == Reply::Int(1) {
-                            // L27: redis.pcall('set', 'redlock-mux:waiter:' .. id, '1', 'PX', ARGV[4])
+                            // L37: redis.pcall('set', 'redlock-mux:waiter:' .. id, '1', 'PX', ARGV[4])
                             let args = [
                                 Some(&b"set"[..]),
                                 Some(&live),
@@ -1593,75 +1639,86 @@ impl SimRedis {
                                 x.arg(4),
                             ];
                             self.pcall(x, &args);
-                            // L28: keep()
+                            // L38: keep()
                             self.lua_keep(x, &q)?;
                         }
                     }
-                    // L30: return 0
+                    // L40: return 0
                     return Ok(Reply::Int(0));
                 }
             }
-            // L32: if id and not out then
+            // L42: if id and not out then
             if let (Some(id), false) = (id, out) {
-                // L33: redis.pcall('zadd', q, 'NX', ARGV[6], id)
+                // L43: redis.pcall('zadd', q, 'NX', ARGV[6], id)
                 self.pcall(
                     x,
                     &[Some(b"zadd"), Some(&q), Some(b"NX"), x.arg(6), Some(id)],
                 );
-                // L34: keep()
+                // L44: keep()
                 self.lua_keep(x, &q)?;
-                // L35: redis.pcall('set', 'redlock-mux:waiter:' .. id, '1', 'PX', ARGV[4])
+                // L45: redis.pcall('set', 'redlock-mux:waiter:' .. id, '1', 'PX', ARGV[4])
                 let live = cat(b"redlock-mux:waiter:", id);
                 self.pcall(
                     x,
                     &[Some(b"set"), Some(&live), Some(b"1"), Some(b"PX"), x.arg(4)],
                 );
             }
-            // L37: local left = redis.call('pttl', KEYS[1])
-            let mut left = match self.call(x, 37, &[Some(b"pttl"), key])? {
+            // L47: local left = redis.call('pttl', KEYS[1])
+            let mut left = match self.call(x, 47, &[Some(b"pttl"), key])? {
                 Reply::Int(n) => n,
                 _ => 0,
             };
-            // L38: if left == -2 then left = -1 elseif left == 0 then left = 1 end
+            // L48: if left == -2 then left = -1 elseif left == 0 then left = 1 end
             if left == -2 {
                 left = -1;
             } else if left == 0 {
                 left = 1;
             }
-            // L39: local v = redis.pcall('get', KEYS[1])
-            // L40: if type(v) ~= 'string' then v = '' end
-            let v = match self.pcall(x, &[Some(b"get"), key]) {
+            // L49: local v
+            // L50: if id then v = mark(KEYS[1]) else v = redis.pcall('get', KEYS[1]) end
+            let v = if id.is_some() {
+                self.lua_mark(x, key)
+            } else {
+                self.pcall(x, &[Some(b"get"), key])
+            };
+            // L51: if type(v) ~= 'string' then v = '' end
+            let v = match v {
                 Reply::Bulk(v) => v,
                 _ => Vec::new(),
             };
-            // L41: return {left, string.sub(v, 1, 16)}
+            // L52: return {left, string.sub(v, 1, 16)}
             return Ok(Reply::Array(vec![
                 Reply::Int(left),
                 Reply::Bulk(lua_sub(&v, 1, 16).to_vec()),
             ]));
         }
-        // L43: local left = 0
+        // L54: local left = 0
         let mut left: i64 = 0;
-        // L44: for i = 1, #KEYS do
+        // L55: for i = 1, #KEYS do
         for i in 1..=x.nkeys() {
-            // L45: local t = redis.call('pttl', KEYS[i])
-            let t = match self.call(x, 45, &[Some(b"pttl"), x.key(i as f64)])? {
+            // L56: local t = redis.call('pttl', KEYS[i])
+            let t = match self.call(x, 56, &[Some(b"pttl"), x.key(i as f64)])? {
                 Reply::Int(n) => n,
                 _ => 0,
             };
-            // L46: if t == -1 then left = -1
-            // L47: elseif t >= 0 and left >= 0 then left = math.max(left, t, 1) end
+            // L57: if t == -1 then left = -1
+            // L58: elseif t >= 0 and left >= 0 then left = math.max(left, t, 1) end
             if t == -1 {
                 left = -1;
             } else if t >= 0 && left >= 0 {
                 left = left.max(t).max(1);
             }
         }
-        // L49: if left ~= 0 then return left end
+        // L60: if left ~= 0 then
         if left != 0 {
+            // L61: for i = 1, #KEYS do mark(KEYS[i]) end
+            for i in 1..=x.nkeys() {
+                self.lua_mark(x, x.key(i as f64));
+            }
+            // L62: return left
             return Ok(Reply::Int(left));
         }
-        // L50: for i = 1, #KEYS do redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2]) end
+        // L64: for i = 1, #KEYS do redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2]) end
         for i in 1..=x.nkeys() {
             let args = [
                 Some(&b"set"[..]),
@@ -1670,10 +1727,24 @@ impl SimRedis {
                 Some(b"PX"),
                 x.arg(2),
             ];
-            self.call(x, 50, &args)?;
+            self.call(x, 64, &args)?;
         }
-        // L51: return 0
+        // L65: return 0
         Ok(Reply::Int(0))
+    }
+
+    /// ACQUIRE_WAIT's `mark(k)` (L1-L7): a key held with one of our tokens, unmarked, gets
+    /// the waiter's mark; the value read is the answer.
+    fn lua_mark(&mut self, x: &Run<'_>, k: Option<&[u8]>) -> Reply {
+        // L2: local v = redis.pcall('get', k)
+        let v = self.pcall(x, &[Some(b"get"), k]);
+        // L3: if type(v) == 'string' and #v == 32 and not string.find(v, '[^0-9a-f]') then
+        if is_token(&v) {
+            // L4: redis.pcall('append', k, '+')
+            self.pcall(x, &[Some(b"append"), k, Some(b"+")]);
+        }
+        // L6: return v
+        v
     }
 
     /// `scripts::FENCE_DRAW`.
@@ -1683,30 +1754,31 @@ impl SimRedis {
         // L2: for i = 1, n do
         let mut i = 1.0;
         while i <= n {
-            // L3: if redis.call('get', KEYS[i]) ~= ARGV[1] then return 0 end
+            // L3: local v = redis.call('get', KEYS[i])
             let v = self.call(x, 3, &[Some(b"get"), x.key(i)])?;
-            if !lua_eq(&v, x.arg(1)) {
+            // L4: if v ~= ARGV[1] and v ~= ARGV[1] .. '+' then return 0 end
+            if !lua_holds(x, 4, &v)? {
                 return Ok(Reply::Int(0));
             }
             i += 1.0;
         }
-        // L5: local top = 0
+        // L6: local top = 0
         let mut top = 0.0;
-        // L6: for i = n + 1, #KEYS do
+        // L7: for i = n + 1, #KEYS do
         let mut i = n + 1.0;
         while i <= x.nkeys() as f64 {
-            // L7: local c = tonumber(redis.call('get', KEYS[i]) or '0')
-            let c = match self.call(x, 7, &[Some(b"get"), x.key(i)])? {
+            // L8: local c = tonumber(redis.call('get', KEYS[i]) or '0')
+            let c = match self.call(x, 8, &[Some(b"get"), x.key(i)])? {
                 Reply::Bulk(v) => lua_tonumber(&v),
                 _ => lua_tonumber(b"0"),
             };
-            // L8: if c > top then top = c end   (Lua evaluates `top < c`)
-            if lua_lt(x, 8, Some(top), c)? {
+            // L9: if c > top then top = c end   (Lua evaluates `top < c`)
+            if lua_lt(x, 9, Some(top), c)? {
                 top = c.unwrap_or_default();
             }
             i += 1.0;
         }
-        // L10: return top + 1   (a Lua number; Redis replies with its integer part)
+        // L11: return top + 1   (a Lua number; Redis replies with its integer part)
         Ok(Reply::Int((top + 1.0) as i64))
     }
 
@@ -1717,29 +1789,30 @@ impl SimRedis {
         // L2: for i = 1, n do
         let mut i = 1.0;
         while i <= n {
-            // L3: if redis.call('get', KEYS[i]) ~= ARGV[1] then return 0 end
+            // L3: local v = redis.call('get', KEYS[i])
             let v = self.call(x, 3, &[Some(b"get"), x.key(i)])?;
-            if !lua_eq(&v, x.arg(1)) {
+            // L4: if v ~= ARGV[1] and v ~= ARGV[1] .. '+' then return 0 end
+            if !lua_holds(x, 4, &v)? {
                 return Ok(Reply::Int(0));
             }
             i += 1.0;
         }
-        // L5: local t = tonumber(ARGV[2])
+        // L6: local t = tonumber(ARGV[2])
         let t = x.arg(2).and_then(lua_tonumber);
-        // L6: for i = n + 1, #KEYS do
+        // L7: for i = n + 1, #KEYS do
         let mut i = n + 1.0;
         while i <= x.nkeys() as f64 {
-            // L7: if tonumber(redis.call('get', KEYS[i]) or '0') < t then redis.call('set', KEYS[i], ARGV[2]) end
-            let c = match self.call(x, 7, &[Some(b"get"), x.key(i)])? {
+            // L8: if tonumber(redis.call('get', KEYS[i]) or '0') < t then redis.call('set', KEYS[i], ARGV[2]) end
+            let c = match self.call(x, 8, &[Some(b"get"), x.key(i)])? {
                 Reply::Bulk(v) => lua_tonumber(&v),
                 _ => lua_tonumber(b"0"),
             };
-            if lua_lt(x, 7, c, t)? {
-                self.call(x, 7, &[Some(b"set"), x.key(i), x.arg(2)])?;
+            if lua_lt(x, 8, c, t)? {
+                self.call(x, 8, &[Some(b"set"), x.key(i), x.arg(2)])?;
             }
             i += 1.0;
         }
-        // L9: return 1
+        // L10: return 1
         Ok(Reply::Int(1))
     }
 }
@@ -1750,6 +1823,35 @@ impl SimRedis {
 /// the nil reply, never equals; nor does anything equal a nil argument).
 fn lua_eq(v: &Reply, s: Option<&[u8]>) -> bool {
     matches!((v, s), (Reply::Bulk(a), Some(b)) if a.as_slice() == b)
+}
+
+/// `s .. suffix` in Lua: concatenating a nil raises.
+fn lua_concat(x: &Run<'_>, line: u32, s: Option<&[u8]>, suffix: &[u8]) -> Result<Vec<u8>, Raised> {
+    match s {
+        Some(s) => Ok(cat(s, suffix)),
+        None => Err(Raised(
+            format!(
+                "ERR user_script:{line}: attempt to concatenate field '?' (a nil value) script: {}, on @user_script:{line}.",
+                x.sha
+            )
+            .into_bytes(),
+        )),
+    }
+}
+
+/// `v == ARGV[1] or v == ARGV[1] .. '+'` (the scripts' `v ~= ARGV[1] and v ~= ARGV[1] ..
+/// '+'`, negated): the key holds the token, marked by a waiter or not.
+fn lua_holds(x: &Run<'_>, line: u32, v: &Reply) -> Result<bool, Raised> {
+    if lua_eq(v, x.arg(1)) {
+        return Ok(true);
+    }
+    Ok(lua_eq(v, Some(&lua_concat(x, line, x.arg(1), b"+")?)))
+}
+
+/// `type(v) == 'string' and #v == 32 and not string.find(v, '[^0-9a-f]')`: one of this
+/// crate's tokens, unmarked.
+fn is_token(v: &Reply) -> bool {
+    matches!(v, Reply::Bulk(v) if v.len() == 32 && v.iter().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b)))
 }
 
 /// `type(r) == 'table' and r[1]`, as a string: the first element of an array reply (an

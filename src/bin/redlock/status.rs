@@ -463,7 +463,15 @@ fn probe_io(spec: &MasterSpec, key: &[u8], timeout: Duration, tls: &Tls) -> io::
             return Ok(State::Failed(String::from_utf8_lossy(e).into_owned()));
         }
         match (reply.checked_sub(setup), frame) {
-            (Some(0), Frame::Bulk(t)) => token = Some(t.to_vec()),
+            // A holder's token, with the mark of a refused waiter or without
+            // (`scripts::WAITED`): the same holder on every master.
+            (Some(0), Frame::Bulk(t)) => {
+                let t = match t.strip_suffix(redlock_mux::scripts::WAITED) {
+                    Some(token) if token.len() == 32 => token,
+                    _ => t,
+                };
+                token = Some(t.to_vec())
+            }
             (Some(1), Frame::Integer(ms)) => pttl = ms,
             _ => {}
         }
