@@ -36,7 +36,11 @@ use crate::resp::{self, Frame};
 use crate::rules::{self, Decision, ErrorText, Fault, Outcome, Request, Tally, TlsFault};
 use crate::stats::MasterStats;
 
-/// Op slots the table has room for before it allocates.
+/// Op slots the table has room for before it allocates, at least: the back-pressure bound
+/// (`NetConfig::backlog_limit`) is the real one. A master that falls behind (descheduled
+/// on a loaded machine, paused) keeps the rounds it owes answers to alive, and a round
+/// decided at the quorum goes on without it: up to the backlog limit, that costs no
+/// allocation (the reserved pages are only touched when used).
 const OPS_RESERVED: usize = 256;
 /// Idle gaps between `drive` calls shorter than this do not shift the stall clocks.
 pub(crate) const IDLE_SHIFT_MIN: Duration = Duration::from_millis(1);
@@ -130,9 +134,10 @@ impl Rounds {
     pub(crate) fn new(masters: Vec<Master>, cfg: NetConfig, now: Instant) -> Self {
         let n = masters.len();
         let quorum = rules::quorum(n);
+        let reserved = cfg.backlog_limit.max(OPS_RESERVED);
         let mut links = Vec::with_capacity(2 * n);
         for _ in 0..n {
-            links.push(Link::new(cfg.limits, INBUF_START, 256, now));
+            links.push(Link::new(cfg.limits, INBUF_START, reserved, now));
         }
         for _ in 0..n {
             links.push(Link::new(cfg.limits, 0, 0, now));
@@ -143,14 +148,14 @@ impl Rounds {
             // Reserved, not touched: the table grows into it without an allocation when a
             // lagging master keeps many ops waiting for its replies (the pages are only
             // mapped when used).
-            ops: Vec::with_capacity(OPS_RESERVED),
-            free: Vec::with_capacity(OPS_RESERVED),
+            ops: Vec::with_capacity(reserved),
+            free: Vec::with_capacity(reserved),
             shared: Vec::with_capacity(1024),
             cfg,
             quorum,
-            active: Vec::with_capacity(OPS_RESERVED),
+            active: Vec::with_capacity(reserved),
             next_due: None,
-            decided: Vec::with_capacity(OPS_RESERVED),
+            decided: Vec::with_capacity(reserved),
             base: now,
             clock: (now, 0),
             actions: VecDeque::with_capacity(16),
