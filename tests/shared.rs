@@ -331,10 +331,13 @@ fn argument_errors_come_back_at_once() {
 #[test]
 fn fenced_and_multi_resource_locks() {
     let m = support::masters_with(3, &["--appendonly", "yes", "--appendfsync", "always"]);
+    // Patient rounds: an fsync per write on a loaded machine outlasts the default 50 ms,
+    // and this test is about tokens, not speed.
     let c = Redlock::builder()
         .masters(m.urls())
         .fencing(true)
         .retry_count(0)
+        .node_timeout(Duration::from_secs(2))
         .build_shared()
         .unwrap();
     let mut last = 0;

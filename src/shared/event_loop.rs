@@ -18,8 +18,8 @@ use crate::keep::{AfterExtend, KeepAlive};
 /// Who waits for a task.
 enum Waiter {
     Lock(Arc<Slot>),
-    /// `None`: a dropped guard's release; nobody waits.
-    Release(Option<Arc<Slot>>),
+    /// A release somebody waits for (a dropped guard's goes out detached).
+    Release(Arc<Slot>),
     /// `slot: None`: an auto-extension (the keeper of `state` waits).
     Extend {
         state: Arc<LockState>,
@@ -184,8 +184,14 @@ impl Loop {
             Command::Release { state, slot } => {
                 self.keepers.retain(|k| !Arc::ptr_eq(&k.state, &state));
                 self.watched.retain(|s| !Arc::ptr_eq(s, &state));
-                let id = self.m.submit_release(&state.to_lock(), now);
-                self.wait_for(id, Waiter::Release(slot));
+                match slot {
+                    Some(slot) => {
+                        let id = self.m.submit_release(&state.to_lock(), now);
+                        self.wait_for(id, Waiter::Release(slot));
+                    }
+                    // A dropped guard: the same path as the single owner's dropped lock.
+                    None => self.m.release_detached(&state.to_lock(), now),
+                }
                 self.recycle(state);
             }
             Command::Extend { state, ttl, slot } => {
@@ -254,17 +260,15 @@ impl Loop {
                     Done::Locked(lock) => Out::Lock(self.new_state(lock)),
                     other => unreachable!("a lock task ended with {other:?}"),
                 });
-                // Nobody wants it any more (the `Pending` was dropped): release it.
+                // Nobody wants it any more (the `Pending` was dropped): released as a
+                // dropped lock is.
                 if let Some(Ok(Out::Lock(state))) = slot.complete(out) {
-                    let id = self.m.submit_release(&state.to_lock(), now);
-                    self.wait_for(id, Waiter::Release(None));
+                    self.m.release_detached(&state.to_lock(), now);
                     self.recycle(state);
                 }
             }
             Waiter::Release(slot) => {
-                if let Some(slot) = slot {
-                    slot.complete(result.map(|_| Out::Unit));
-                }
+                slot.complete(result.map(|_| Out::Unit));
             }
             Waiter::Extend { state, slot } => {
                 let k = self
@@ -368,7 +372,7 @@ impl Loop {
         for (_, w) in self.waiters.drain(..).flatten() {
             match w {
                 Waiter::Lock(slot)
-                | Waiter::Release(Some(slot))
+                | Waiter::Release(slot)
                 | Waiter::Extend {
                     slot: Some(slot), ..
                 } => {
