@@ -519,7 +519,10 @@ impl Core {
                         news = Some(fp);
                     }
                 }
-                let recheck = !self.covered(id, t1) && self.confirmed_after(id, t1);
+                // The cover the attempt lacked was completed while it ran: a release in
+                // between may have gone unheard, try once more (a partial cover waits for
+                // the confirmation that completes it: `on_subscribed`).
+                let recheck = !self.covered(id, t1) && self.covered(id, now);
                 self.tasks[id.slot as usize].heard = heard;
                 if news.is_some() || recheck {
                     self.tasks[id.slot as usize].phase = Phase::Sleep;

@@ -26,8 +26,9 @@
 //! * **Never unheard for long**: a task is *covered* when some master that said "taken" in
 //!   its last attempt had confirmed the subscriptions (the key's, and the client's own if it
 //!   stands in line) before that attempt was sent. An uncovered task tries once more when
-//!   the next confirmation arrives (its first subscription, or a subscription connection
-//!   that came back); everything else falls to the timed retry.
+//!   a confirmation completes its cover (its first subscriptions, or a subscription
+//!   connection that came back): a release before that may have gone unheard; one
+//!   attempt, not one per channel confirmed. Everything else falls to the timed retry.
 //! * **Fairness** (opt-in): attempts are polite (the script does not give a free key to a
 //!   waiter while a live one stands ahead of it in line), so grants follow arrival across
 //!   clients; within the client, an announcement that names nobody wakes the oldest waiter
@@ -284,15 +285,6 @@ impl Core {
         })
     }
 
-    /// Some master confirmed the subscription after `t1`: a release before that could have
-    /// gone unheard.
-    pub(super) fn confirmed_after(&self, id: TaskId, t1: Instant) -> bool {
-        let t = &self.tasks[id.slot as usize];
-        t.chans.iter().chain(t.direct.iter()).any(|&c| {
-            (0..self.rounds.n()).any(|i| self.rounds.subscribed_since(c, i).is_some_and(|s| s > t1))
-        })
-    }
-
     /// Start a sleeping task's next attempt now (not a timed one: its retry budget is
     /// untouched), told of release `fp` if a notice woke it.
     pub(super) fn wake_now(&mut self, id: TaskId, fp: Option<Fingerprint>, now: Instant) {
@@ -460,8 +452,11 @@ impl Core {
             if !self.sleeping_task(id) || !self.eligible(id) {
                 continue;
             }
+            // Once: when this confirmation completes the cover that the last attempt lacked
+            // (a release in between may have gone unheard). A partial cover waits for the
+            // rest (each confirmation of each channel would otherwise be one more attempt).
             let t1 = self.tasks[id.slot as usize].t1;
-            if !self.covered(id, t1) {
+            if !self.covered(id, t1) && self.covered(id, now) {
                 self.wake_now(id, None, now);
             }
         }
