@@ -60,7 +60,17 @@ impl TlsStream {
     /// timeout).
     #[inline(never)]
     pub(super) fn handshake(&mut self, stats: &mut IoCounts) -> Result<bool, Fault> {
-        while self.conn.is_handshaking() {
+        while self.conn.is_handshaking() && self.read_records(stats)? {
+            self.flush(stats)?;
+        }
+        self.flush(stats)?;
+        Ok(!self.conn.is_handshaking())
+    }
+
+    /// Read the records the socket holds and process them: `Ok(false)` when it would
+    /// block (nothing was read).
+    fn read_records(&mut self, stats: &mut IoCounts) -> Result<bool, Fault> {
+        loop {
             if self.eof {
                 return Err(Fault::Closed(io::ErrorKind::UnexpectedEof));
             }
@@ -68,15 +78,13 @@ impl TlsStream {
             match self.conn.read_tls(&mut self.tcp) {
                 Ok(0) => self.eof = true,
                 Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(Fault::Closed(e.kind())),
             }
             self.conn.process_new_packets().map_err(tls_fault)?;
-            self.flush(stats)?;
+            return Ok(true);
         }
-        self.flush(stats)?;
-        Ok(!self.conn.is_handshaking())
     }
 
     #[inline]
@@ -130,18 +138,9 @@ impl TlsStream {
                 // The peer closed without close_notify.
                 Err(e) => return Err(Fault::Closed(e.kind())),
             }
-            if self.eof {
-                return Err(Fault::Closed(io::ErrorKind::UnexpectedEof));
+            if !self.read_records(stats)? {
+                return Ok(0);
             }
-            stats.reads += 1;
-            match self.conn.read_tls(&mut self.tcp) {
-                Ok(0) => self.eof = true,
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(0),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(Fault::Closed(e.kind())),
-            }
-            self.conn.process_new_packets().map_err(tls_fault)?;
         }
     }
 }
