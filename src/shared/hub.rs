@@ -12,15 +12,19 @@
 //! The queue's mutex guards the hand-over: a driver stops only after seeing the queue
 //! empty under it, and a submitter reads under it whether someone drives, so a command is
 //! never left with nobody to run it. Lock order: loop, then queue; never the other way.
+//!
+//! The hand-over is written against [`Drive`], what it needs of a loop: the shared
+//! client's [`Loop`], or a loop without sockets in the `loom` model tests
+//! (`loom_tests.rs`), which check these invariants at every interleaving.
 
 use std::io;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::event_loop::Loop;
 use super::pending::Slot;
+use super::sync::{lock, thread, AtomicBool, Condvar, Mutex, MutexGuard, Ordering, TryLockError};
 use super::Command;
 use crate::core::Core;
 use crate::driver::Driver;
@@ -29,19 +33,77 @@ use crate::error::Error;
 /// How long the loop goes on after the last handle is gone, finishing what is in flight.
 const DRAIN: Duration = Duration::from_secs(2);
 
-pub(crate) struct Hub {
-    queue: Mutex<Queue>,
+/// A loop as the hand-over drives it: [`Loop`]'s methods of the same names.
+pub(crate) trait Drive: Send + 'static {
+    /// What the handles queue for the loop.
+    type Command: Send + 'static;
+    /// Wakes a driver from [`Drive::wait`] (from any thread, without the loop).
+    type Waker: Send + Sync + 'static;
+    fn wake(waker: &Self::Waker);
+    /// A command that will never run: its waiter learns why.
+    fn fail(cmd: Self::Command);
+    fn enter(&mut self) -> io::Result<Instant>;
+    fn iterate(
+        &mut self,
+        take: impl FnOnce(&mut Vec<Self::Command>),
+        now: Instant,
+    ) -> Option<Instant>;
+    fn wait(&mut self, now: Instant, wake: Option<Instant>) -> io::Result<Instant>;
+    fn has_work(&self) -> bool;
+    fn wants_loop(&self) -> bool;
+    fn rounds_idle(&self) -> bool;
+    fn owes_releases(&self) -> bool;
+    fn shut(&mut self, why: io::Error, kill: impl FnOnce(&mut Vec<Self::Command>));
+}
+
+impl Drive for Loop {
+    type Command = Command;
+    type Waker = Arc<mio::Waker>;
+    fn wake(waker: &Arc<mio::Waker>) {
+        let _ = waker.wake();
+    }
+    fn fail(cmd: Command) {
+        fail(cmd);
+    }
+    fn enter(&mut self) -> io::Result<Instant> {
+        Loop::enter(self)
+    }
+    fn iterate(&mut self, take: impl FnOnce(&mut Vec<Command>), now: Instant) -> Option<Instant> {
+        Loop::iterate(self, take, now)
+    }
+    fn wait(&mut self, now: Instant, wake: Option<Instant>) -> io::Result<Instant> {
+        Loop::wait(self, now, wake)
+    }
+    fn has_work(&self) -> bool {
+        Loop::has_work(self)
+    }
+    fn wants_loop(&self) -> bool {
+        Loop::wants_loop(self)
+    }
+    fn rounds_idle(&self) -> bool {
+        Loop::rounds_idle(self)
+    }
+    fn owes_releases(&self) -> bool {
+        Loop::owes_releases(self)
+    }
+    fn shut(&mut self, why: io::Error, kill: impl FnOnce(&mut Vec<Command>)) {
+        Loop::shut(self, why, kill);
+    }
+}
+
+pub(crate) struct Hub<L: Drive = Loop> {
+    queue: Mutex<Queue<L::Command>>,
     /// The loop's thread parks here when nobody needs it.
     cv: Condvar,
-    lp: Mutex<Loop>,
+    lp: Mutex<L>,
     /// Every handle is gone: finish what is in flight, then stop.
     closed: AtomicBool,
-    waker: Arc<mio::Waker>,
+    waker: L::Waker,
     busy_poll: bool,
 }
 
-pub(crate) struct Queue {
-    pub commands: Vec<Command>,
+pub(crate) struct Queue<C> {
+    pub commands: Vec<C>,
     /// Someone holds the loop and is driving it (in a poll, or about to be).
     driving: bool,
     /// Work is left that the loop's thread must drive.
@@ -53,14 +115,24 @@ pub(crate) struct Queue {
     dead: bool,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 impl Hub {
     /// The hub of a new shared client, and its loop thread started.
     pub(crate) fn start((core, driver): (Core, Driver)) -> io::Result<Arc<Hub>> {
         let busy_poll = core.rounds.cfg.busy_poll;
+        let waker = driver.waker();
+        let (hub, _thread) = Hub::launch(Loop::new(core, driver), waker, busy_poll)?;
+        Ok(hub)
+    }
+}
+
+impl<L: Drive> Hub<L> {
+    /// The hub of `lp`, and the loop's thread started (its handle: the shared client lets
+    /// it go; a model test joins it).
+    pub(crate) fn launch(
+        lp: L,
+        waker: L::Waker,
+        busy_poll: bool,
+    ) -> io::Result<(Arc<Self>, thread::JoinHandle<()>)> {
         let hub = Arc::new(Hub {
             queue: Mutex::new(Queue {
                 commands: Vec::with_capacity(64),
@@ -70,24 +142,24 @@ impl Hub {
                 dead: false,
             }),
             cv: Condvar::new(),
-            waker: driver.waker(),
+            waker,
             busy_poll,
-            lp: Mutex::new(Loop::new(core, driver)),
+            lp: Mutex::new(lp),
             closed: AtomicBool::new(false),
         });
         let h = hub.clone();
-        std::thread::Builder::new()
+        let handle = thread::Builder::new()
             .name("redlock-mux".into())
             .spawn(move || h.background())?;
-        Ok(hub)
+        Ok((hub, handle))
     }
 
     /// Queue `cmd`; with `wake`, make sure someone drives the loop to run it.
-    pub(crate) fn submit(&self, cmd: Command, wake: bool) {
+    pub(crate) fn submit(&self, cmd: L::Command, wake: bool) {
         let mut q = lock(&self.queue);
         if q.dead {
             drop(q);
-            fail(cmd);
+            L::fail(cmd);
             return;
         }
         q.commands.push(cmd);
@@ -103,7 +175,7 @@ impl Hub {
 
     /// Make sure someone drives the loop and sees the queue: wake the driver from its poll,
     /// or the loop's thread from its park.
-    fn wake_driver(&self, mut q: MutexGuard<'_, Queue>) {
+    fn wake_driver(&self, mut q: MutexGuard<'_, Queue<L::Command>>) {
         if q.driving {
             // The driver takes the whole queue each turn: wake it once, and only if it has
             // something to take (busy-polling drivers look anyway).
@@ -112,7 +184,7 @@ impl Hub {
             }
             q.woken = true;
             drop(q);
-            let _ = self.waker.wake();
+            L::wake(&self.waker);
         } else {
             q.wanted = true;
             drop(q);
@@ -127,7 +199,7 @@ impl Hub {
         q.wanted = true;
         drop(q);
         self.cv.notify_one();
-        let _ = self.waker.wake();
+        L::wake(&self.waker);
     }
 
     /// A blocked caller waits for `slot`: drive the loop until it is complete if nobody
@@ -172,7 +244,7 @@ impl Hub {
     }
 
     /// Stop driving: if work is left (or queued meanwhile), hand it to the loop's thread.
-    fn stop_driving(&self, lp: &Loop) {
+    fn stop_driving(&self, lp: &L) {
         let mut q = lock(&self.queue);
         q.driving = false;
         if lp.wants_loop() || !q.commands.is_empty() {
@@ -183,7 +255,7 @@ impl Hub {
     }
 
     /// Drive until `done` (or until the loop has nothing left, when `done` never holds).
-    fn run_until(&self, lp: &mut Loop, mut done: impl FnMut() -> bool) -> io::Result<()> {
+    fn run_until(&self, lp: &mut L, mut done: impl FnMut() -> bool) -> io::Result<()> {
         let mut now = lp.enter()?;
         loop {
             let wake = lp.iterate(|into| self.take_commands(into), now);
@@ -202,7 +274,10 @@ impl Hub {
             {
                 let mut q = lock(&self.queue);
                 while !q.wanted && !self.closed.load(Ordering::Acquire) {
-                    q = self.cv.wait(q).unwrap_or_else(PoisonError::into_inner);
+                    q = self
+                        .cv
+                        .wait(q)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
                 }
                 q.wanted = false;
             }
@@ -229,7 +304,7 @@ impl Hub {
 
     /// Drive until nothing is left to do (`Ok(true)`: park) or the client is closed and
     /// drained (`Ok(false)`: stop).
-    fn drive_while_wanted(&self, lp: &mut Loop, closing: &mut Option<Instant>) -> io::Result<bool> {
+    fn drive_while_wanted(&self, lp: &mut L, closing: &mut Option<Instant>) -> io::Result<bool> {
         let mut now = lp.enter()?;
         loop {
             if closing.is_none() && self.closed.load(Ordering::Acquire) {
@@ -254,14 +329,14 @@ impl Hub {
     }
 
     /// Move every queued command into `into` (the driver).
-    pub(crate) fn take_commands(&self, into: &mut Vec<Command>) {
+    pub(crate) fn take_commands(&self, into: &mut Vec<L::Command>) {
         let mut q = lock(&self.queue);
         q.woken = false;
         std::mem::swap(&mut q.commands, into);
     }
 
     /// The loop stops: take what is queued, refuse what comes.
-    pub(crate) fn kill(&self, into: &mut Vec<Command>) {
+    pub(crate) fn kill(&self, into: &mut Vec<L::Command>) {
         let mut q = lock(&self.queue);
         q.dead = true;
         q.driving = false;

@@ -10,6 +10,7 @@ mod guard;
 mod hub;
 mod pending;
 mod state;
+mod sync;
 
 pub use guard::{LockGuard, Lost};
 pub use pending::Pending;

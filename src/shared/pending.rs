@@ -4,13 +4,12 @@
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
-use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use super::state::LockState;
+use super::sync::{lock, thread, AtomicBool, AtomicU32, Mutex, Ordering};
 use super::{Command, Inner};
 use crate::error::Error;
 use crate::stats::MasterStats;
@@ -41,13 +40,9 @@ pub(crate) struct Slot {
 struct SlotState {
     result: Option<Result<Out, Error>>,
     waker: Option<Waker>,
-    thread: Option<Thread>,
+    thread: Option<thread::Thread>,
     /// Nobody will take the result: the `Pending` was dropped first.
     dropped: bool,
-}
-
-fn lock(m: &Mutex<SlotState>) -> MutexGuard<'_, SlotState> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Slot {
@@ -99,6 +94,37 @@ impl Slot {
         }
         None
     }
+
+    /// Block the calling thread until the result is in, and take it.
+    ///
+    /// The thread is registered under the lock that [`Slot::complete`] stores the result
+    /// under: either the result is seen here, or `complete` finds the thread to unpark.
+    pub(crate) fn wait(&self) -> Result<Out, Error> {
+        let mut st = lock(&self.state);
+        loop {
+            if let Some(r) = st.result.take() {
+                return r;
+            }
+            st.thread = Some(thread::current());
+            drop(st);
+            thread::park();
+            st = lock(&self.state);
+        }
+    }
+
+    /// Take the result if it is in; otherwise leave `cx`'s waker for [`Slot::complete`]
+    /// (under the same lock, so a completion in between is never missed).
+    pub(crate) fn poll(&self, cx: &mut Context<'_>) -> Poll<Result<Out, Error>> {
+        let mut st = lock(&self.state);
+        if let Some(r) = st.result.take() {
+            return Poll::Ready(r);
+        }
+        match &st.waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            _ => st.waker = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
 }
 
 /// Spare completion slots, shared by the handles and the loop.
@@ -125,11 +151,7 @@ impl SlotPool {
     /// A slot for an operation (held by its `Pending` and by whoever completes it).
     pub(crate) fn take(&self) -> Arc<Slot> {
         let holders = 2;
-        let spare = self
-            .spare
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop();
+        let spare = lock(&self.spare).pop();
         match spare {
             Some(slot) => {
                 slot.reset(holders);
@@ -145,10 +167,27 @@ impl SlotPool {
         if slot.holders.fetch_sub(1, Ordering::AcqRel) != 1 {
             return;
         }
-        let mut spare = self.spare.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut spare = lock(&self.spare);
         if spare.len() < MAX_SPARE_SLOTS {
             spare.push(slot.clone());
         }
+    }
+
+    /// A `Pending` is dropped without having taken its result. If the result is in, it
+    /// is returned (the `Pending` deals with it: a lock is released) and the slot let go.
+    /// Otherwise the slot is marked so that [`Slot::complete`] hands the result back to
+    /// the loop, and it is not let go: a queued cancel may still name it.
+    pub(crate) fn abandon(&self, slot: &Arc<Slot>) -> Option<Result<Out, Error>> {
+        let mut st = lock(&slot.state);
+        let result = st.result.take();
+        if result.is_none() {
+            st.dropped = true;
+        }
+        drop(st);
+        if result.is_some() {
+            self.let_go(slot);
+        }
+        result
     }
 }
 
@@ -244,17 +283,9 @@ impl<T> Pending<T> {
                 std::thread::yield_now();
             }
         }
-        let mut st = lock(&self.slot.state);
-        loop {
-            if let Some(r) = st.result.take() {
-                self.taken = true;
-                return r;
-            }
-            st.thread = Some(std::thread::current());
-            drop(st);
-            std::thread::park();
-            st = lock(&self.slot.state);
-        }
+        let r = self.slot.wait();
+        self.taken = true;
+        r
     }
 
     pub(crate) fn poll_out(&mut self, cx: &mut Context<'_>) -> Poll<Result<Out, Error>> {
@@ -262,16 +293,11 @@ impl<T> Pending<T> {
             self.kicked = true;
             self.inner.hub().kick();
         }
-        let mut st = lock(&self.slot.state);
-        if let Some(r) = st.result.take() {
+        let r = self.slot.poll(cx);
+        if r.is_ready() {
             self.taken = true;
-            return Poll::Ready(r);
         }
-        match &st.waker {
-            Some(w) if w.will_wake(cx.waker()) => {}
-            _ => st.waker = Some(cx.waker().clone()),
-        }
-        Poll::Pending
+        r
     }
 }
 
@@ -316,24 +342,14 @@ impl<T> Drop for Pending<T> {
             self.inner.slots.let_go(&self.slot);
             return;
         }
-        let mut st = lock(&self.slot.state);
-        match st.result.take() {
+        match self.inner.slots.abandon(&self.slot) {
             // Completed but never taken: the lock is released (queued to the loop; nothing
             // blocks), as a guard's drop would.
             Some(Ok(Out::Lock(state))) => {
-                drop(st);
                 self.inner.submit(Command::Release { state, slot: None });
-                self.inner.slots.let_go(&self.slot);
             }
-            Some(_) => {
-                drop(st);
-                self.inner.slots.let_go(&self.slot);
-            }
-            None => {
-                st.dropped = true;
-                drop(st);
-                self.inner.submit(Command::Cancel(self.slot.clone()));
-            }
+            Some(_) => {}
+            None => self.inner.submit(Command::Cancel(self.slot.clone())),
         }
     }
 }
