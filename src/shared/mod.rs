@@ -8,6 +8,8 @@
 mod event_loop;
 mod guard;
 mod hub;
+#[cfg(all(test, loom))]
+mod loom_tests;
 mod pending;
 mod state;
 mod sync;

@@ -1,0 +1,467 @@
+//! `loom` models of what the shared client's threads share: the completion slot
+//! ([`Slot`], [`SlotPool`]) between the loop and a `Pending`, and the hand-over of who
+//! drives the loop ([`Hub`]) between callers, the loop's own thread and `close`.
+//!
+//! Built only with `RUSTFLAGS="--cfg loom"` (then `super::sync` is `loom`'s); every
+//! interleaving up to `LOOM_MAX_PREEMPTIONS` preemptions (3 unless set; `.ci/run` uses 2)
+//! is run. A target directory of its own keeps the normal builds cached:
+//!
+//! ```text
+//! RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --lib shared::loom_tests
+//! ```
+//!
+//! (`--release` runs the interleavings about twice as fast, but builds slower.)
+//!
+//! A `Pending` holds the whole client, so the models make the same calls on the slot
+//! that it makes: [`Slot::wait`] for `wait`, [`Slot::poll`] for `.await`,
+//! [`SlotPool::let_go`] once it took its result, [`SlotPool::abandon`] when dropped
+//! before. A lost wake-up shows as a deadlock (every thread blocked), which `loom`
+//! reports as a failure.
+//!
+//! The hub drives [`FakeLoop`]: the same hand-over code as the shared client's, over a
+//! loop with no sockets whose `wait` blocks, like `mio::Poll`, until its waker is woken
+//! when nothing it sent is answered yet.
+
+use std::future::poll_fn;
+use std::io;
+use std::sync::Arc;
+use std::task::{Context, Waker};
+use std::time::Instant;
+
+use loom::sync::mpsc;
+
+use super::hub::{Drive, Hub};
+use super::pending::{Out, Slot, SlotPool};
+use super::sync::{lock, thread, Condvar, Mutex};
+use crate::error::Error;
+
+/// Run `f` at every interleaving, with at most 3 preemptions unless
+/// `LOOM_MAX_PREEMPTIONS` says otherwise; says how many it ran (`--nocapture`).
+fn model(f: impl Fn() + Sync + Send + 'static) {
+    let mut b = loom::model::Builder::new();
+    if b.preemption_bound.is_none() {
+        b.preemption_bound = Some(3);
+    }
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = runs.clone();
+    b.check(move || {
+        counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        f();
+    });
+    let bound = b.preemption_bound.unwrap_or(0);
+    let runs = runs.load(std::sync::atomic::Ordering::Relaxed);
+    println!("{runs} interleavings (at most {bound} preemptions)");
+}
+
+/// A result that says which operation it is for.
+fn tagged(tag: u32) -> Result<Out, Error> {
+    Err(Error::InvalidArgument(tag.to_string()))
+}
+
+/// The tag of a result made by [`tagged`]; `None` for any other (a failure).
+fn tag(r: &Result<Out, Error>) -> Option<u32> {
+    match r {
+        Err(Error::InvalidArgument(t)) => t.parse().ok(),
+        _ => None,
+    }
+}
+
+// The completion slot.
+
+/// The loop completes while a thread waits: the waiter gets the result (no lost wake-up:
+/// its thread is registered before or after `complete`, at every point), and the slot is
+/// back in the pool for the next operation, clean even while `complete` returns (not
+/// ready: a caller would park without driving the loop for its command).
+#[test]
+fn loom_slot_complete_vs_wait() {
+    model(|| {
+        let pool = SlotPool::new();
+        let slot = pool.take();
+        let s = slot.clone();
+        let lp = thread::spawn(move || s.complete(tagged(1)).is_none());
+        let r = slot.wait();
+        assert_eq!(tag(&r), Some(1));
+        pool.let_go(&slot);
+        let next = pool.take();
+        assert!(Arc::ptr_eq(&next, &slot), "both holders let go: reused");
+        assert!(
+            !next.is_ready(),
+            "a reused slot is ready before its operation"
+        );
+        assert!(
+            lp.join().unwrap(),
+            "a waiting Pending's result went to the loop"
+        );
+    });
+}
+
+/// The loop completes while a future is polled: after a first poll with another waker
+/// (the task moved), the waker of the last poll is the one woken.
+#[test]
+fn loom_slot_complete_vs_poll() {
+    model(|| {
+        let pool = SlotPool::new();
+        let slot = pool.take();
+        let s = slot.clone();
+        let lp = thread::spawn(move || s.complete(tagged(1)).is_none());
+        let first = slot.poll(&mut Context::from_waker(Waker::noop()));
+        let r = match first {
+            std::task::Poll::Ready(r) => r,
+            std::task::Poll::Pending => loom::future::block_on(poll_fn(|cx| slot.poll(cx))),
+        };
+        assert_eq!(tag(&r), Some(1));
+        assert!(
+            lp.join().unwrap(),
+            "a polled Pending's result came back to the loop"
+        );
+        pool.let_go(&slot);
+        assert!(Arc::ptr_eq(&pool.take(), &slot));
+    });
+}
+
+/// A `Pending` dropped while the loop completes: the result goes to exactly one of them
+/// (the dropping `Pending`, which releases a lock, or the loop, from `complete`), and a
+/// slot the loop may still complete is not reused.
+#[test]
+fn loom_slot_complete_vs_drop() {
+    model(|| {
+        let pool = SlotPool::new();
+        let slot = pool.take();
+        let s = slot.clone();
+        let lp = thread::spawn(move || s.complete(tagged(1)).map(|r| tag(&r)));
+        let to_pending = pool.abandon(&slot).map(|r| tag(&r));
+        let to_loop = lp.join().unwrap();
+        match (to_pending, to_loop) {
+            (Some(Some(1)), None) => {
+                assert!(Arc::ptr_eq(&pool.take(), &slot), "let go by both: reused");
+            }
+            (None, Some(Some(1))) => {
+                assert!(
+                    !Arc::ptr_eq(&pool.take(), &slot),
+                    "a cancel may still name it"
+                );
+            }
+            other => panic!("result delivered to (Pending, loop) = {other:?}, not once"),
+        }
+    });
+}
+
+/// Slot reuse through the pool: operation 1's `Pending` is dropped at any point while
+/// the loop completes it, then operation 2 takes a slot from the pool and waits. The loop
+/// completes the slots in the order it is sent them. Operation 2 gets its own result,
+/// never operation 1's (a slot is not handed out while the loop may still complete it),
+/// and operation 1's result goes to exactly one taker.
+#[test]
+fn loom_slot_reuse_waits_for_every_holder() {
+    model(|| {
+        let pool = Arc::new(SlotPool::new());
+        let (tx, rx) = mpsc::channel::<(Arc<Slot>, u32)>();
+        let lp = thread::spawn(move || {
+            let mut back = Vec::new();
+            for _ in 0..2 {
+                let (slot, t) = rx.recv().unwrap();
+                if let Some(r) = slot.complete(tagged(t)) {
+                    back.push(tag(&r));
+                }
+            }
+            back
+        });
+        let one = pool.take();
+        tx.send((one.clone(), 1)).unwrap();
+        let kept = pool.abandon(&one).map(|r| tag(&r));
+        let two = pool.take();
+        assert!(
+            !two.is_ready(),
+            "a reused slot is ready before its operation"
+        );
+        tx.send((two.clone(), 2)).unwrap();
+        let r = two.wait();
+        assert_eq!(
+            tag(&r),
+            Some(2),
+            "operation 2 got another operation's result"
+        );
+        pool.let_go(&two);
+        let back = lp.join().unwrap();
+        let delivered = usize::from(kept.is_some()) + back.len();
+        assert_eq!(
+            delivered, 1,
+            "operation 1's result: Pending {kept:?}, loop {back:?}"
+        );
+    });
+}
+
+// The hand-over of who drives.
+
+/// What a model's handles queue; each completes its slot with its tag.
+enum Cmd {
+    /// Answered by the wait after the turn that sent it.
+    Op(Arc<Slot>, u32),
+    /// A lock that waits for a release: done only once some `Free` was answered. Until
+    /// then the loop has work, and its `wait` blocks until the waker is woken.
+    Waits(Arc<Slot>, u32),
+    /// A release: answered like `Op`, and it frees every `Waits`.
+    Free(Arc<Slot>, u32),
+}
+
+impl Cmd {
+    fn done(self, r: impl FnOnce(u32) -> Result<Out, Error>) {
+        let (Cmd::Op(slot, t) | Cmd::Waits(slot, t) | Cmd::Free(slot, t)) = self;
+        let back = slot.complete(r(t));
+        assert!(back.is_none(), "no model drops a Pending");
+    }
+}
+
+fn stopped(_: u32) -> Result<Out, Error> {
+    Err(Error::Io(io::Error::other("stopped")))
+}
+
+/// The loop's `mio::Waker` and the part of its poll the waker reaches: a wake-up is
+/// latched until a `wait` returns (an edge-triggered eventfd's event is reported once).
+#[derive(Default)]
+struct Poll {
+    woken: Mutex<bool>,
+    cv: Condvar,
+}
+
+/// A loop without sockets.
+struct FakeLoop {
+    poll: Arc<Poll>,
+    /// The fixed start of time: time moves only to the deadlines `wait` is given.
+    t0: Instant,
+    inbox: Vec<Cmd>,
+    /// Sent, not answered yet.
+    sent: Vec<Cmd>,
+    /// Answered by the last wait, for the next turn to deliver.
+    answered: Vec<Cmd>,
+    /// `Waits` answered, not freed yet.
+    waiting: Vec<Cmd>,
+    freed: bool,
+}
+
+impl FakeLoop {
+    fn new(poll: Arc<Poll>) -> FakeLoop {
+        FakeLoop {
+            poll,
+            t0: Instant::now(),
+            inbox: Vec::new(),
+            sent: Vec::new(),
+            answered: Vec::new(),
+            waiting: Vec::new(),
+            freed: false,
+        }
+    }
+}
+
+impl Drive for FakeLoop {
+    type Command = Cmd;
+    type Waker = Arc<Poll>;
+
+    fn wake(poll: &Arc<Poll>) {
+        *lock(&poll.woken) = true;
+        poll.cv.notify_one();
+    }
+
+    fn fail(cmd: Cmd) {
+        cmd.done(stopped);
+    }
+
+    fn enter(&mut self) -> io::Result<Instant> {
+        Ok(self.t0)
+    }
+
+    fn iterate(&mut self, take: impl FnOnce(&mut Vec<Cmd>), _now: Instant) -> Option<Instant> {
+        take(&mut self.inbox);
+        for cmd in self.answered.drain(..) {
+            match cmd {
+                Cmd::Waits(..) => self.waiting.push(cmd),
+                Cmd::Free(..) => {
+                    self.freed = true;
+                    cmd.done(tagged);
+                }
+                Cmd::Op(..) => cmd.done(tagged),
+            }
+        }
+        if self.freed {
+            for cmd in self.waiting.drain(..) {
+                cmd.done(tagged);
+            }
+        }
+        self.sent.append(&mut self.inbox);
+        None
+    }
+
+    fn wait(&mut self, now: Instant, wake: Option<Instant>) -> io::Result<Instant> {
+        let mut woken = lock(&self.poll.woken);
+        if self.sent.is_empty() {
+            while !*woken {
+                if let Some(t) = wake {
+                    return Ok(t);
+                }
+                woken = self.poll.cv.wait(woken).unwrap();
+            }
+        }
+        *woken = false;
+        drop(woken);
+        self.answered.append(&mut self.sent);
+        Ok(now)
+    }
+
+    fn has_work(&self) -> bool {
+        !(self.sent.is_empty() && self.answered.is_empty() && self.waiting.is_empty())
+    }
+
+    fn wants_loop(&self) -> bool {
+        self.has_work()
+    }
+
+    fn rounds_idle(&self) -> bool {
+        true
+    }
+
+    /// A release is answered in the turn after it is sent (`has_work` until then).
+    fn owes_releases(&self) -> bool {
+        false
+    }
+
+    fn shut(&mut self, _why: io::Error, kill: impl FnOnce(&mut Vec<Cmd>)) {
+        kill(&mut self.inbox);
+        let all = [
+            &mut self.inbox,
+            &mut self.sent,
+            &mut self.answered,
+            &mut self.waiting,
+        ];
+        for cmds in all {
+            for cmd in cmds.drain(..) {
+                cmd.done(stopped);
+            }
+        }
+    }
+}
+
+/// What `Pending::wait` does: drive the loop for its slot if nobody else does, then park
+/// until the result is in.
+fn wait_out(hub: &Hub<FakeLoop>, slot: &Slot) -> Option<u32> {
+    if !slot.is_ready() {
+        hub.drive_for(slot);
+    }
+    tag(&slot.wait())
+}
+
+/// What `.await` on a `Pending` does: kick the loop once, then poll until the result is in.
+fn await_out(hub: &Hub<FakeLoop>, slot: &Slot) -> Option<u32> {
+    hub.kick();
+    tag(&loom::future::block_on(poll_fn(|cx| slot.poll(cx))))
+}
+
+fn start() -> (Arc<Hub<FakeLoop>>, thread::JoinHandle<()>) {
+    let poll = Arc::new(Poll::default());
+    Hub::launch(FakeLoop::new(poll.clone()), poll, false).expect("a model thread")
+}
+
+/// A caller queues a lock that waits for a release and waits for it on its thread (so
+/// drives the loop itself, or leaves it to whoever drives), while a guard's release comes
+/// from another thread: whoever drives takes the release (a driver blocked in its poll is
+/// woken), the caller gets its lock, and the loop's thread ends after `close`.
+#[test]
+fn loom_hub_caller_drives_while_a_release_comes() {
+    model(|| {
+        let (hub, background) = start();
+        let pool = Arc::new(SlotPool::new());
+        let (h, p) = (hub.clone(), pool.clone());
+        let caller = thread::spawn(move || {
+            let slot = p.take();
+            h.submit(Cmd::Waits(slot.clone(), 1), false);
+            let r = wait_out(&h, &slot);
+            p.let_go(&slot);
+            r
+        });
+        let release = pool.take();
+        hub.submit(Cmd::Free(release.clone(), 2), true);
+        assert_eq!(caller.join().unwrap(), Some(1));
+        hub.close();
+        background.join().unwrap();
+        assert!(
+            release.is_ready(),
+            "a release was left with nobody to run it"
+        );
+        assert_eq!(tag(&release.wait()), Some(2));
+    });
+}
+
+/// Two callers at once, one waiting on its thread and one awaiting a future, while a
+/// release is queued with a wake-up: every command is taken by some driver and each
+/// caller gets its own result.
+#[test]
+fn loom_hub_a_waiter_and_a_future() {
+    model(|| {
+        let (hub, background) = start();
+        let pool = Arc::new(SlotPool::new());
+        let (h, p) = (hub.clone(), pool.clone());
+        let waiter = thread::spawn(move || {
+            let slot = p.take();
+            h.submit(Cmd::Op(slot.clone(), 1), false);
+            wait_out(&h, &slot)
+        });
+        let (h, p) = (hub.clone(), pool.clone());
+        let task = thread::spawn(move || {
+            let slot = p.take();
+            h.submit(Cmd::Waits(slot.clone(), 2), false);
+            await_out(&h, &slot)
+        });
+        let release = pool.take();
+        hub.submit(Cmd::Free(release.clone(), 3), true);
+        assert_eq!(waiter.join().unwrap(), Some(1));
+        assert_eq!(task.join().unwrap(), Some(2));
+        hub.close();
+        background.join().unwrap();
+        assert!(
+            release.is_ready(),
+            "a release was left with nobody to run it"
+        );
+    });
+}
+
+/// Commands queued with a wake-up and nobody waiting (a dropped guard's release, a lock
+/// nobody will free) while the loop's thread parks and `close` comes: the loop's thread
+/// runs the release, gives up the lock at the end of the drain, then stops; a command
+/// after that fails at once.
+#[test]
+fn loom_hub_close_drains() {
+    model(|| {
+        let (hub, background) = start();
+        let pool = Arc::new(SlotPool::new());
+        let (release, stuck) = (pool.take(), pool.take());
+        let h = hub.clone();
+        let (r, s) = (release.clone(), stuck.clone());
+        let guard = thread::spawn(move || {
+            h.submit(Cmd::Op(r, 1), true);
+            h.submit(Cmd::Waits(s, 2), true);
+        });
+        guard.join().unwrap();
+        hub.close();
+        background.join().unwrap();
+        assert!(
+            release.is_ready() && stuck.is_ready(),
+            "left with nobody to run it"
+        );
+        assert_eq!(
+            tag(&release.wait()),
+            Some(1),
+            "a release queued before close ran"
+        );
+        assert_eq!(
+            tag(&stuck.wait()),
+            None,
+            "a lock still waiting at the end fails"
+        );
+        let late = pool.take();
+        hub.submit(Cmd::Op(late.clone(), 3), true);
+        assert!(
+            late.is_ready(),
+            "a command for a stopped loop fails at once"
+        );
+        assert_eq!(tag(&late.wait()), None);
+    });
+}
