@@ -88,7 +88,7 @@ pub(crate) enum Notice {
         id: Fingerprint,
     },
     /// A master confirmed the subscription: releases there are heard from now on.
-    Subscribed { chan: ChanId },
+    Subscribed { chan: ChanId, master: usize },
 }
 
 /// Where one channel's subscription stands on one master.
@@ -461,9 +461,10 @@ impl Rounds {
                         if let Some(c) = self.chans.chans.get_mut(id.slot as usize) {
                             if c.live && c.gen == id.gen && c.on[i] == On::Asked {
                                 c.on[i] = On::Since(now);
-                                self.chans
-                                    .notices
-                                    .push_back(Notice::Subscribed { chan: id });
+                                self.chans.notices.push_back(Notice::Subscribed {
+                                    chan: id,
+                                    master: i,
+                                });
                             }
                         }
                         true

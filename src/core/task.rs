@@ -104,6 +104,9 @@ pub(super) struct Task {
     pub taken: u64,
     /// Of those, the masters whose holder has not been announced gone since.
     pub blocked: u64,
+    /// Of those, the masters that had not answered when the last attempt was decided (who
+    /// holds the key there is not known).
+    pub unknown: u64,
     /// Masters (bit i) that failed the last attempt or timed out: no announcement frees
     /// them (they count against a quorum until the next attempt).
     pub failed: u64,
@@ -151,6 +154,7 @@ impl Task {
             holders: SmallVec::new(),
             taken: 0,
             blocked: 0,
+            unknown: 0,
             failed: 0,
             polls: 0,
             next_poll: now,
@@ -182,6 +186,7 @@ impl Task {
         self.holders.clear();
         self.taken = 0;
         self.blocked = 0;
+        self.unknown = 0;
         self.failed = 0;
         self.polls = 0;
         self.next_poll = now;
@@ -504,6 +509,7 @@ impl Core {
         // one more master looked like room for a quorum, and two callers of one client
         // still woke each other while the lock was held elsewhere (issue 19, item 4).
         t.blocked = hint.taken | hint.unknown;
+        t.unknown = hint.unknown;
         t.failed = hint.failed;
         t.holders = hint.holders;
         if self.notify() {

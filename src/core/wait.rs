@@ -312,7 +312,7 @@ impl Core {
                         self.notify_task(task, Some(master), fp, true, now);
                     }
                 }
-                Notice::Subscribed { chan } => self.on_subscribed(chan, now),
+                Notice::Subscribed { chan, master } => self.on_subscribed(chan, master, now),
             }
         }
     }
@@ -433,7 +433,7 @@ impl Core {
     /// A master confirmed channel `chan`: waiters that are not covered (refused before
     /// any confirmation, or every master that covered them lost its connection) try once
     /// more now.
-    fn on_subscribed(&mut self, chan: ChanId, now: Instant) {
+    fn on_subscribed(&mut self, chan: ChanId, master: usize, now: Instant) {
         let list: SmallVec<[TaskId; 8]> = match self.waitlists.get(chan.slot()) {
             Some(list) if !list.is_empty() => list.iter().copied().collect(),
             // The client's own channel: every task that stands in line.
@@ -448,15 +448,32 @@ impl Core {
                 })
                 .collect(),
         };
+        let (n, quorum) = (self.rounds.n(), self.rounds.quorum());
         for id in list {
             if !self.sleeping_task(id) || !self.eligible(id) {
                 continue;
             }
-            // Once: when this confirmation completes the cover that the last attempt lacked
-            // (a release in between may have gone unheard). A partial cover waits for the
-            // rest (each confirmation of each channel would otherwise be one more attempt).
+            // A master the last attempt could not reach, or had no answer from when it was
+            // decided, answers again: it may make room for a quorum (then try, as on an
+            // announcement that frees one; once per master come back, not once per
+            // channel).
+            let t = &mut self.tasks[id.slot as usize];
+            let mut back = false;
+            let bit = 1u64 << master.min(63);
+            if master < 64 && (t.failed | t.unknown) & bit != 0 {
+                t.failed &= !bit;
+                if t.unknown & bit != 0 {
+                    t.unknown &= !bit;
+                    t.blocked &= !bit;
+                }
+                let out = (t.blocked | t.failed).count_ones() as usize;
+                back = n - out.min(n) >= quorum;
+            }
+            // The cover the last attempt lacked is complete now: a release in between
+            // may have gone unheard, try once. A partial cover waits for the rest (each
+            // channel's confirmation would otherwise be one more attempt).
             let t1 = self.tasks[id.slot as usize].t1;
-            if !self.covered(id, t1) && self.covered(id, now) {
+            if back || (!self.covered(id, t1) && self.covered(id, now)) {
                 self.wake_now(id, None, now);
             }
         }
