@@ -1,7 +1,8 @@
 //! Replays the checked-in seeds of the `engine` fuzz target (`fuzz/seeds/engine/`) through
-//! its body (`fuzz/engine_body.rs`), so the target is exercised by every `cargo test` and
-//! cannot rot. A local fuzzing run's corpus (`fuzz/corpus/engine/`, not tracked) is
-//! replayed too when present. Then a few thousand seeded random mutations of the seeds.
+//! its body (`fuzz/engine_body.rs`: the real sans-IO core, driven in simulated time), so the
+//! target is exercised by every `cargo test` and cannot rot. A local fuzzing run's corpus
+//! (`fuzz/corpus/engine/`, not tracked) is replayed too when present. Then seeded random
+//! mutations of the seeds, and seeded random inputs: a cheap stand-in for the fuzzer.
 
 #[path = "../fuzz/engine_body.rs"]
 mod engine_body;
@@ -42,13 +43,24 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
+/// Runs `engine_body` on `data`; the panic message if it panicked.
+fn run(data: &[u8]) -> Option<String> {
+    let err = std::panic::catch_unwind(|| engine_body(data)).err()?;
+    Some(
+        err.downcast_ref::<String>()
+            .cloned()
+            .or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "(not a string)".into()),
+    )
+}
+
 #[test]
 fn replay_engine_seeds() {
     let mut failed = Vec::new();
     let all = seeds();
     for (name, data) in &all {
-        if std::panic::catch_unwind(|| engine_body(data)).is_err() {
-            failed.push(name.clone());
+        if let Some(msg) = run(data) {
+            failed.push(format!("{name}: {msg}"));
         }
     }
     assert!(
@@ -66,7 +78,7 @@ fn replay_engine_seeds() {
 fn engine_body_survives_seeded_mutations() {
     let seeds: Vec<Vec<u8>> = seeds().into_iter().map(|(_, d)| d).collect();
     let mut rng = fastrand::Rng::with_seed(0x5eed_e791);
-    for i in 0..20_000u32 {
+    for i in 0..3_000u32 {
         let mut d = seeds[rng.usize(..seeds.len())].clone();
         for _ in 0..rng.usize(1..=8) {
             match rng.u8(..4) {
@@ -90,8 +102,32 @@ fn engine_body_survives_seeded_mutations() {
                 }
             }
         }
-        if std::panic::catch_unwind(|| engine_body(&d)).is_err() {
-            panic!("mutation {i} failed; input (add it to fuzz/seeds/engine/): {d:?}");
+        if let Some(msg) = run(&d) {
+            panic!("mutation {i} failed: {msg}\ninput (add it to fuzz/seeds/engine/): {d:?}");
         }
     }
+}
+
+/// Seeded random inputs: a random header (any client configuration) and random events,
+/// 2,000 of them, up to 400 bytes each.
+#[test]
+fn engine_body_survives_random_inputs() {
+    let mut rng = fastrand::Rng::with_seed(0x7a5d_0e61);
+    for i in 0..2_000u32 {
+        let len = rng.usize(1..=400);
+        let d: Vec<u8> = (0..len).map(|_| rng.u8(..)).collect();
+        if let Some(msg) = run(&d) {
+            panic!("random input {i} failed: {msg}\ninput (add it to fuzz/seeds/engine/): {d:?}");
+        }
+    }
+}
+
+/// Replays one input file with a trace of every event (`ENGINE_TRACE=1 ENGINE_INPUT=path
+/// cargo test --test fuzz_engine_corpus replay_one -- --ignored --nocapture`).
+#[test]
+#[ignore]
+fn replay_one() {
+    let path = std::env::var("ENGINE_INPUT").expect("ENGINE_INPUT=<file>");
+    let data = std::fs::read(&path).expect("read the input");
+    engine_body(&data);
 }
