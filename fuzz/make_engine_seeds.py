@@ -379,6 +379,30 @@ SEEDS = {
     + submit(LOCK_, 0)
     + b"".join(canned(LOCK, r) for r in range(32))
     + b"".join(canned(SUB, r, 1) for r in range(32)),
+    # BUG engine-fuzz-1 (STRICT_TIMERS in engine_body.rs): refused before its subscriptions
+    # were confirmed (1 ms later), the waiter tries once more at the confirmation (untimed);
+    # that attempt times out at 251 ms (seen at the step at 261 ms) and the waiter sleeps
+    # until its timed retry planned at 100 ms: next_timer is 161 ms in the past after the
+    # step, and the timed attempt follows at once.
+    "strict_bug_1_overdue_wake": hdr(retries=3, delay=100, jitter=0, node=250)
+    + submit(LOCK_, 0)
+    + answer(LOCK, NO)
+    + time_ms(1)
+    + answer(SUB, YES)
+    + time_ms(260),
+    # The same, minimized by the `minimize` test from a mutation (retry delay 0).
+    "strict_bug_1_minimized": bytes(
+        [0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0]
+        + [0, 1, 0, 8, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 10, 0, 0, 140, 0, 0, 1, 0, 10, 0, 1]
+    ),
+    # BUG engine-fuzz-2 (STRICT_CONNECTS): the subscription link's connect never completes
+    # (manual connects), times out, backs off; the tick that reconnects it schedules no
+    # timer for the new connect's timeout (8 ms): the next timer is the channel's linger,
+    # 1.97 s later.
+    "strict_bug_2_sub_connect_timer": bytes(
+        [0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1]
+        + [0, 119, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 119, 0, 119, 0, 119, 0, 119, 0, 119, 0]
+    ),
     "unsolicited_reply_first": hdr() + submit(TRY, 0) + canned(LOCK, C_OK) + answer(LOCK, YES),
 }
 
