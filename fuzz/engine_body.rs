@@ -100,7 +100,16 @@
 //!   `start + ttl - drift`; `Expired` exactly when it was asked past the lock's validity;
 //! * graceful ending: every attempt that may have set a key (no answer, a yes, or a
 //!   vote not counted) and was not granted is followed by a release of its token on that
-//!   connection;
+//!   connection; every waiter that stood in a line and is not a lock still held leaves
+//!   the line (a release naming it) after its last attempt, on every open connection;
+//! * timeliness: a release or extend ends within its round timeout, a lock call with a
+//!   deadline by the deadline, a `try_lock` (without fencing) within its round timeout;
+//! * votes (when every reply read answers a command written): a lock is granted only
+//!   with a quorum of masters whose yes to its acquire the core may count (amnesia guard:
+//!   up for `max_ttl` by its INFO; fencing: durable by its CONFIG), and with fencing a
+//!   quorum of draws and of write-backs; an extension with a quorum of counted yes to its
+//!   extend, a release with a quorum of yes to its release; a fenced lock's token is the
+//!   value its write-backs wrote;
 //! * liveness: with every link closed and the time run past the deadlines and retry
 //!   budgets, every task is done; then no round is undecided, no channel held, no timer
 //!   left;
@@ -344,6 +353,14 @@ enum Reply {
     },
     /// `[ttl, holder]`, as `ACQUIRE_WAIT` answers a taken key.
     Holder,
+    /// `INFO server` with a `run_id` and an uptime (s).
+    Info {
+        uptime: u64,
+    },
+    /// Any other aggregate, read as `CONFIG GET` pairs: durable or not.
+    Pairs {
+        durable: bool,
+    },
     Other,
 }
 
@@ -356,8 +373,75 @@ fn classify_reply(f: &Frame<'_>) -> Reply {
             noscript: m.starts_with(b"NOSCRIPT"),
         },
         Frame::Aggregate(a) if rules::holder_left(a).is_some() => Reply::Holder,
+        Frame::Aggregate(a) => {
+            let (mut aof, mut always) = (false, false);
+            let mut it = a.iter();
+            while let (Some(name), Some(value)) = (it.next(), it.next()) {
+                if let (Frame::Bulk(name), Frame::Bulk(value)) = (name, value) {
+                    if name.eq_ignore_ascii_case(b"appendonly") {
+                        aof = value.eq_ignore_ascii_case(b"yes");
+                    } else if name.eq_ignore_ascii_case(b"appendfsync") {
+                        always = value.eq_ignore_ascii_case(b"always");
+                    }
+                }
+            }
+            Reply::Pairs {
+                durable: aof && always,
+            }
+        }
+        Frame::Bulk(text) | Frame::Verbatim { text, .. } => {
+            let (mut uptime, mut run_id) = (None, false);
+            for line in text.split(|b| *b == b'\n') {
+                let line = line.strip_suffix(b"\r").unwrap_or(line);
+                if let Some(v) = line.strip_prefix(b"uptime_in_seconds:") {
+                    uptime = std::str::from_utf8(v).ok().and_then(|v| v.parse().ok());
+                } else if let Some(v) = line.strip_prefix(b"run_id:") {
+                    run_id = v.len() == 40;
+                }
+            }
+            match (uptime, run_id) {
+                (Some(uptime), true) => Reply::Info { uptime },
+                _ => Reply::Other,
+            }
+        }
         _ => Reply::Other,
     }
+}
+
+/// A vote a master may give.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Vote {
+    Acquire,
+    Draw,
+    Raise,
+    Release,
+    Extend,
+}
+
+/// Command `c` answered `r`: the yes vote it is (a vote that grants or releases), and for
+/// which token.
+fn yes_vote<'c>(c: &'c [Vec<u8>], r: Reply) -> Option<(Vote, &'c [u8])> {
+    if c[0].eq_ignore_ascii_case(b"SET") {
+        return (r == Reply::Ok).then_some((Vote::Acquire, &c[2][..]));
+    }
+    let (s, _) = script_of(c)?;
+    let (_, args) = keys_args(c)?;
+    let token = &args.first()?[..];
+    let Reply::Int(v) = r else { return None };
+    let vote = if s == scripts::ACQUIRE_MANY && v == 1 || s == scripts::ACQUIRE_WAIT && v == 0 {
+        Vote::Acquire
+    } else if s == scripts::FENCE_DRAW && v > 0 {
+        Vote::Draw
+    } else if s == scripts::FENCE_RAISE && v == 1 {
+        Vote::Raise
+    } else if s == scripts::RELEASE && v > 0 {
+        Vote::Release
+    } else if s == scripts::EXTEND && v > 0 {
+        Vote::Extend
+    } else {
+        return None;
+    };
+    Some((vote, token))
 }
 
 /// A `message` push on a subscription connection (not the answer to a command).
@@ -391,6 +475,8 @@ struct Conn {
     /// Frames read that answer commands (every frame on a lock link; all but `message`
     /// pushes on a sub link), in order: reply k answers command k.
     replies: Vec<Reply>,
+    /// When each reply was read (µs).
+    reply_at: Vec<u64>,
     messages: usize,
     noscripts: usize,
     evals: usize,
@@ -410,6 +496,7 @@ impl Conn {
             fed_at: 0,
             broken: false,
             replies: Vec::new(),
+            reply_at: Vec::new(),
             messages: 0,
             noscripts: 0,
             evals: 0,
@@ -424,7 +511,9 @@ enum Kind {
         deadline: Option<Instant>,
         retries: u32,
     },
-    Release,
+    Release {
+        token: Vec<u8>,
+    },
     Extend {
         token: Vec<u8>,
         old: Instant,
@@ -596,6 +685,8 @@ struct Sim {
     held: Vec<Lock>,
     /// Tokens of every lock granted.
     granted: HashSet<Vec<u8>>,
+    /// Token and fencing token of every fenced lock granted.
+    fences: Vec<(Vec<u8>, u64)>,
     /// (master, token) of every acquire written.
     acquired: HashSet<(usize, Vec<u8>)>,
     client_id: Option<Vec<u8>>,
@@ -667,6 +758,7 @@ impl Sim {
             tasks: Vec::new(),
             held: Vec::new(),
             granted: HashSet::new(),
+            fences: Vec::new(),
             acquired: HashSet::new(),
             client_id: None,
             waiters: Vec::new(),
@@ -725,7 +817,8 @@ impl Sim {
                     let lock = self.held.remove(i % self.held.len());
                     let now = self.now();
                     let id = self.core.submit_release(&lock, now);
-                    self.track(id, Kind::Release, now);
+                    let token = lock.token().as_bytes().to_vec();
+                    self.track(id, Kind::Release { token }, now);
                 }
             }
             2 => {
@@ -1393,6 +1486,7 @@ impl Sim {
         if self.trace {
             eprintln!("  link {} reads {:?}", self.conns[c].link, lossy(bytes));
         }
+        let us = self.us;
         let conn = &mut self.conns[c];
         conn.fed.extend_from_slice(bytes);
         while !conn.broken {
@@ -1406,6 +1500,7 @@ impl Sim {
                             conn.noscripts += 1;
                         }
                         conn.replies.push(r);
+                        conn.reply_at.push(us);
                     }
                     conn.fed_at += used;
                 }
@@ -1579,6 +1674,58 @@ impl Sim {
         out
     }
 
+    // ---- Votes ----------------------------------------------------------------------------
+
+    /// Every reply read so far answers a command already written (none was read ahead of
+    /// its command): the votes for a token are all visible.
+    fn replies_known(&self) -> bool {
+        self.conns.iter().all(|c| c.replies.len() <= c.cmds.len())
+    }
+
+    /// Whether the core counts a yes to a grant read as reply `k` of lock connection `c`:
+    /// with the amnesia guard, only once the master has been up for `max_ttl` by its
+    /// `INFO` (less one second); with fencing (not assumed durable), only if `CONFIG GET`
+    /// said durable.
+    fn counted(&self, c: &Conn, k: usize) -> bool {
+        let at = |name: &[u8]| self.handshake.iter().position(|h| h[0] == name);
+        if let Some(guard) = self.cfg.amnesia {
+            let Some(j) = at(b"INFO") else { return false };
+            let Some(Reply::Info { uptime }) = c.replies.get(j) else {
+                return false;
+            };
+            let up = Duration::from_secs(uptime.saturating_sub(1));
+            let wait = u64::try_from(guard.saturating_sub(up).as_micros()).unwrap_or(u64::MAX);
+            if c.reply_at[k] < c.reply_at[j].saturating_add(wait) {
+                return false;
+            }
+        }
+        if self.cfg.fencing && !self.cfg.assume_durable {
+            let Some(j) = at(b"CONFIG") else { return false };
+            if c.replies.get(j) != Some(&Reply::Pairs { durable: true }) {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// The masters that gave a yes `vote` for `token` read at `since` or later (counted by
+    /// the core, when `grant`).
+    fn yes_votes(&self, vote: Vote, token: &[u8], since: u64, grant: bool) -> usize {
+        let mut masters = HashSet::new();
+        for c in self.conns.iter().filter(|c| c.link < self.n) {
+            for (k, cmd) in c.cmds.iter().enumerate() {
+                let Some(&r) = c.replies.get(k) else { break };
+                if c.reply_at[k] >= since
+                    && yes_vote(cmd, r) == Some((vote, token))
+                    && (!grant || self.counted(c, k))
+                {
+                    masters.insert(c.link);
+                }
+            }
+        }
+        masters.len()
+    }
+
     // ---- Results -------------------------------------------------------------------------
 
     fn check_tasks(&mut self) {
@@ -1605,6 +1752,46 @@ impl Sim {
                 "task {i} still done after its result was taken"
             );
             self.check_result(i, result, now);
+        }
+        self.check_timeliness(now);
+    }
+
+    /// The latest a task can still be running at, where one timer ends it whatever the
+    /// time did before: a release or extend is one round (its timeout is at most the node
+    /// timeout, default 50 ms); a lock call with a deadline ends by it (its rounds are cut
+    /// short at it, its sleeps end before it); a `try_lock` without fencing is one round.
+    /// `None` for chains of timers (fencing rounds, retries): after a jump of the time each
+    /// link starts late, as it would for a driver that slept too long.
+    fn latest(&self, t: &TaskRec) -> Option<Instant> {
+        let round = self.cfg.node_timeout.unwrap_or(ms(50));
+        match &t.kind {
+            Kind::Release { .. } | Kind::Extend { .. } => Some(t.at + round),
+            Kind::Lock {
+                deadline: Some(d), ..
+            } => Some(*d),
+            Kind::Lock { retries: 0, .. } if !self.cfg.fencing => Some(t.at + round),
+            Kind::Lock { .. } => None,
+        }
+    }
+
+    /// No task runs past its latest end ([`Sim::latest`]): its timers fired. (Unless a
+    /// timer is due right now, e.g. a retry delay of 0: the driver steps again at once.)
+    fn check_timeliness(&self, now: Instant) {
+        if self.core.next_timer(None).is_some_and(|t| t <= now) {
+            return;
+        }
+        for (i, t) in self.tasks.iter().enumerate() {
+            if t.taken {
+                continue;
+            }
+            if let Some(latest) = self.latest(t) {
+                assert!(
+                    now <= latest,
+                    "task {i} ({:?}) still runs {:?} after it must have ended",
+                    t.kind,
+                    now - latest
+                );
+            }
         }
     }
 
@@ -1677,6 +1864,28 @@ impl Sim {
                 let attempts = lock.attempts();
                 self.check_attempts(i, attempts, *retries, deadline.is_some());
                 let token = lock.token().as_bytes().to_vec();
+                if self.replies_known() {
+                    let since = self.tasks[i].at;
+                    let since = u64::try_from((since - self.base).as_micros()).unwrap_or(0);
+                    let votes = |v| self.yes_votes(v, &token, since, true);
+                    let acquired = votes(Vote::Acquire);
+                    assert!(
+                        acquired >= quorum,
+                        "task {i}: granted with {acquired} counted yes votes of {} (quorum \
+                         {quorum})",
+                        self.n
+                    );
+                    if self.cfg.fencing {
+                        let (drawn, raised) = (votes(Vote::Draw), votes(Vote::Raise));
+                        assert!(
+                            drawn >= quorum && raised >= quorum,
+                            "task {i}: fenced with {drawn} draws and {raised} write-backs"
+                        );
+                    }
+                }
+                if let Some(f) = lock.fencing_token() {
+                    self.fences.push((token.clone(), f));
+                }
                 assert!(
                     self.granted.insert(token),
                     "task {i}: a token granted twice"
@@ -1731,8 +1940,17 @@ impl Sim {
                     }
                 }
             }
-            (Kind::Release, Ok(Done::Released)) => {}
-            (Kind::Release, Err(e)) => {
+            (Kind::Release { token }, Ok(Done::Released)) => {
+                if self.replies_known() {
+                    let since = u64::try_from((t.at - self.base).as_micros()).unwrap_or(0);
+                    let released = self.yes_votes(Vote::Release, token, since, false);
+                    assert!(
+                        released >= quorum,
+                        "release task {i}: released with {released} yes votes"
+                    );
+                }
+            }
+            (Kind::Release { .. }, Err(e)) => {
                 let what = format!("release task {i}: {e}");
                 match &e {
                     Error::NotHeld(r) => {
@@ -1909,6 +2127,55 @@ impl Sim {
                 );
             }
         }
+        self.check_lines_left();
+    }
+
+    /// Every waiter that stood in a resource's line (an `ACQUIRE_WAIT` with a place) and is
+    /// not a lock still held left the line: a release naming it (`ARGV[2]`) follows its
+    /// last attempt on every connection still open.
+    fn check_lines_left(&self) {
+        if !self.replies_known() {
+            return;
+        }
+        let line = |c: &[Vec<u8>]| -> Option<(Vec<u8>, Vec<u8>)> {
+            let (s, _) = script_of(c)?;
+            let (_, argv) = keys_args(c)?;
+            (s == scripts::ACQUIRE_WAIT && argv.len() == 6)
+                .then(|| (argv[0].clone(), argv[2].clone()))
+        };
+        let held: HashSet<&[u8]> = self.held.iter().map(|l| l.token().as_bytes()).collect();
+        let mut staying: HashSet<Vec<u8>> = HashSet::new();
+        for c in &self.conns {
+            for (token, id) in c.cmds.iter().filter_map(|c| line(c)) {
+                if held.contains(&token[..]) {
+                    staying.insert(id);
+                }
+            }
+        }
+        for c in self.conns.iter().filter(|c| c.open && c.link < self.n) {
+            let mut last: Vec<(Vec<u8>, usize)> = Vec::new();
+            for (k, cmd) in c.cmds.iter().enumerate() {
+                if let Some((_, id)) = line(cmd) {
+                    last.retain(|(w, _)| *w != id);
+                    last.push((id, k));
+                }
+            }
+            for (id, k) in last {
+                if staying.contains(&id) {
+                    continue;
+                }
+                let left = c.cmds[k + 1..].iter().any(|cmd| {
+                    release_token(cmd).is_some()
+                        && keys_args(cmd).is_some_and(|(_, argv)| argv.get(1) == Some(&id))
+                });
+                assert!(
+                    left,
+                    "master {}: waiter {} never left the line after its last attempt ({k})",
+                    c.link,
+                    lossy(&id)
+                );
+            }
+        }
     }
 
     /// The time for every task to end with no master reachable: its deadline, its timed
@@ -1984,6 +2251,30 @@ impl Sim {
     }
 
     fn check_stats(&self) {
+        // A fenced lock's token is what its write-back wrote.
+        for c in self.conns.iter().filter(|c| c.link < self.n) {
+            for cmd in &c.cmds {
+                let Some((s, _)) = script_of(cmd) else {
+                    continue;
+                };
+                let Some((_, argv)) = keys_args(cmd) else {
+                    continue;
+                };
+                if s != scripts::FENCE_RAISE {
+                    continue;
+                }
+                for (token, f) in &self.fences {
+                    if argv[0] == *token {
+                        assert_eq!(
+                            argv[1],
+                            f.to_string().into_bytes(),
+                            "master {}: the write-back of a lock whose token is {f}",
+                            c.link
+                        );
+                    }
+                }
+            }
+        }
         let stats = self.core.stats();
         assert_eq!(stats.len(), self.n);
         for (i, s) in stats.iter().enumerate() {

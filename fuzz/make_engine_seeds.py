@@ -172,6 +172,19 @@ SEEDS = {
     + answer(5, NO)
     + answer(6, ERR),
     "release_not_held": hdr() + granted() + release(0) + answer(LOCK, NO),
+    # A release and an extend that one master answers: their rounds time out (50 ms).
+    "release_round_times_out": hdr()
+    + granted()
+    + time_s(1)
+    + release(0)
+    + answer(0, YES)
+    + time_ms(60),
+    "extend_round_times_out": hdr(ttl=(2, 100))
+    + granted()
+    + time_s(1)
+    + extend(0)
+    + answer(1, YES)
+    + time_ms(51),
     "lock_many_granted_three": hdr()
     + submit(MANY, 0, three=True)
     + answer(LOCK, YES)

@@ -108,14 +108,80 @@ fn engine_body_survives_seeded_mutations() {
     }
 }
 
-/// Seeded random inputs: a random header (any client configuration) and random events,
-/// 2,000 of them, up to 400 bytes each.
+/// A random input shaped like the layout (`fuzz/engine_body.rs`): a random client
+/// configuration, then 1 to 40 well-formed events, the ones that move rounds along
+/// (submissions, owed answers to every link) more often than the rest.
+fn random_input(rng: &mut fastrand::Rng) -> Vec<u8> {
+    let mut d = vec![
+        rng.u8(..),                              // masters
+        rng.u8(..),                              // flags
+        rng.u8(..),                              // retry count
+        rng.u8(..=120),                          // retry delay, ms
+        rng.u8(..=60),                           // retry jitter, ms
+        if rng.bool() { 0 } else { rng.u8(..) }, // node timeout
+        rng.u8(..),                              // drift
+    ];
+    let minv: u16 = if rng.u8(..4) == 0 { rng.u16(..) } else { 0 };
+    d.extend_from_slice(&minv.to_le_bytes());
+    for _ in 0..2 {
+        d.push(rng.u8(..4));
+        d.extend_from_slice(&rng.u16(..2000).to_le_bytes());
+    }
+    d.extend_from_slice(&rng.u16(..).to_le_bytes()); // amnesia extra
+    d.push(rng.u8(..)); // connect timeout
+    d.push(rng.u8(..)); // stall timeout
+    d.push(if rng.u8(..4) == 0 { rng.u8(..) } else { 0 }); // manual connects
+    d.push(if rng.u8(..4) == 0 { rng.u8(1..) } else { 0 }); // write cap
+    d.push(rng.u8(..)); // seed
+    d.push(rng.u8(..)); // ending
+    let link = |rng: &mut fastrand::Rng| match rng.u8(..6) {
+        0..=2 => 255,
+        3 => 254,
+        _ => rng.u8(..),
+    };
+    for _ in 0..rng.usize(1..=40) {
+        match rng.u8(..16) {
+            0..=2 => d.extend_from_slice(&[0, rng.u8(..), rng.u8(..30)]),
+            3..=6 => d.extend_from_slice(&[rng.u8(1..=4), rng.u8(..)]),
+            7 => d.extend_from_slice(&[5, link(rng), rng.u8(..)]),
+            8 => {
+                let len = rng.u8(..20);
+                d.extend_from_slice(&[6, link(rng), len]);
+                d.extend((0..len).map(|_| rng.u8(..)));
+            }
+            9 => d.extend_from_slice(&[7, link(rng), rng.u8(..), rng.u8(..4)]),
+            10..=12 => {
+                let mood = if rng.bool() { rng.u8(..2) } else { rng.u8(..) };
+                let split = if rng.u8(..4) == 0 { rng.u8(..) } else { 0 };
+                d.extend_from_slice(&[8, link(rng), mood, rng.u8(..4), split]);
+            }
+            13 => d.extend_from_slice(&[9, link(rng), rng.u8(..)]),
+            14 => {
+                let scale = if rng.u8(..8) == 0 {
+                    rng.u8(..)
+                } else {
+                    rng.u8(..2)
+                };
+                let v: u32 = if rng.bool() {
+                    rng.u32(..300)
+                } else {
+                    rng.u32(..)
+                };
+                d.extend_from_slice(&[10, scale]);
+                d.extend_from_slice(&v.to_le_bytes());
+            }
+            _ => d.extend_from_slice(&[11, rng.u8(..)]),
+        }
+    }
+    d
+}
+
+/// Seeded random inputs shaped like the layout: 2,000 of them.
 #[test]
 fn engine_body_survives_random_inputs() {
     let mut rng = fastrand::Rng::with_seed(0x7a5d_0e61);
     for i in 0..2_000u32 {
-        let len = rng.usize(1..=400);
-        let d: Vec<u8> = (0..len).map(|_| rng.u8(..)).collect();
+        let d = random_input(&mut rng);
         if let Some(msg) = run(&d) {
             panic!("random input {i} failed: {msg}\ninput (add it to fuzz/seeds/engine/): {d:?}");
         }
