@@ -420,7 +420,7 @@ enum Vote {
 
 /// Command `c` answered `r`: the yes vote it is (a vote that grants or releases), and for
 /// which token.
-fn yes_vote<'c>(c: &'c [Vec<u8>], r: Reply) -> Option<(Vote, &'c [u8])> {
+fn yes_vote(c: &[Vec<u8>], r: Reply) -> Option<(Vote, &[u8])> {
     if c[0].eq_ignore_ascii_case(b"SET") {
         return (r == Reply::Ok).then_some((Vote::Acquire, &c[2][..]));
     }
