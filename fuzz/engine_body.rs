@@ -1178,6 +1178,17 @@ impl Sim {
             }
         }
         self.parse_wire(c);
+        if self.cap == 0 {
+            // The kernel took everything the link may write: whole commands (a handshake
+            // gated on AUTH or SELECT stops at its end).
+            let conn = &self.conns[c];
+            assert_eq!(
+                conn.wire_at,
+                conn.wire.len(),
+                "link {l}: a whole write ended inside a command: {:?}",
+                lossy(&conn.wire[conn.wire_at..])
+            );
+        }
     }
 
     /// Hand `bytes` to link `l` as the driver's read path does.
@@ -1799,6 +1810,12 @@ impl Sim {
         assert_eq!(r.outcomes().count(), self.n, "{what}: report of {r}");
         assert_eq!(r.quorum(), rules::quorum(self.n), "{what}: report of {r}");
         assert!(r.attempts() >= 1, "{what}: report of {r}");
+        assert!(
+            r.total() >= r.elapsed(),
+            "{what}: the call's total {:?} is shorter than its last round {:?}",
+            r.total(),
+            r.elapsed()
+        );
     }
 
     fn check_result(&mut self, i: usize, result: Result<Done, Error>, now: Instant) {
@@ -1916,7 +1933,7 @@ impl Sim {
                     }
                     Error::NoQuorum(r) => {
                         self.check_report(r, &what);
-                        assert!(r.ok() < quorum, "{what}");
+                        assert!(r.ok() < quorum && !has(r, Outcome::Taken), "{what}");
                     }
                     Error::ValidityUsedUp(r) => {
                         self.check_report(r, &what);
@@ -2008,7 +2025,7 @@ impl Sim {
                             }
                             Error::NoQuorum(r) => {
                                 self.check_report(r, &what);
-                                assert!(r.ok() < quorum, "{what}");
+                                assert!(!has(r, Outcome::NotHeld) && r.ok() < quorum, "{what}");
                             }
                             Error::ValidityUsedUp(r) => {
                                 self.check_report(r, &what);
