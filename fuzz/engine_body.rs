@@ -31,7 +31,7 @@
 //! | 20 | the kernel takes at most b bytes per link per flush (0: everything) |
 //! | 21 | seed (tokens, jitter) |
 //! | 22 | ending: bit 0 graceful (see below) |
-//! | 23.. | events, each a kind byte (k % 12) and its payload |
+//! | 23.. | events, each a kind byte (k % 13) and its payload |
 //!
 //! Events (`l` is a link byte: 255 every lock link, 254 every sub link, else link
 //! b % 2N: `i < N` master i's lock link, `N + i` its subscription link):
@@ -50,6 +50,7 @@
 //! | 9 | l, f | the connection breaks (`handle_closed`, f % 4: reset, EOF, broken pipe, refused) |
 //! | 10 | s, u32 v | the time passes: s % 4 = 0 v % 2^16 µs, 1 v % 2^16 ms, 2 v seconds, 3 `MAX_TTL` + v ms |
 //! | 11 | b | the time jumps to the core's next timer, + b µs |
+//! | 12 | u16 v | the client was away from the loop v ms (the time passes unwatched), then enters it: `shift_clocks` |
 //!
 //! Canned replies (r % 32; p = r / 32): `+OK`, `$-1`, `_`, `:0`, `:1`, `:-1`, `:5000`,
 //! `*2 :100 $16 <holder>`, `-NOSCRIPT`, `-ERR`, `-NOPERM`, `-WRONGPASS`, the SHA1 of
@@ -797,7 +798,7 @@ impl Sim {
 
     fn event(&mut self, b: &mut Bytes<'_>) {
         let at = b.at;
-        let kind = b.u8() % 12;
+        let kind = b.u8() % 13;
         if self.trace {
             let end = (at + 8).min(b.data.len());
             eprintln!(
@@ -907,11 +908,28 @@ impl Sim {
                 };
                 self.advance(d);
             }
-            _ => {
+            11 => {
                 let extra = Duration::from_micros(b.u8().into());
                 if let Some(t) = self.core.next_timer(None) {
                     let now = self.now();
                     self.advance(t.saturating_duration_since(now) + extra);
+                }
+            }
+            _ => {
+                // The single-owner client was away from the loop (between two calls): the
+                // time passes unwatched, then its next call enters the loop and shifts the
+                // stall clocks and connect deadlines (gaps under 1 ms are not shifted).
+                let away = ms(b.u16().into());
+                self.advance(away);
+                if away >= ms(1) {
+                    let now = self.now();
+                    self.core.shift_clocks(away, now);
+                    for c in self.link.iter().flatten() {
+                        let conn = &mut self.conns[*c];
+                        if !conn.up {
+                            conn.opened += away;
+                        }
+                    }
                 }
             }
         }

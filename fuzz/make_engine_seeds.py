@@ -143,6 +143,11 @@ def timer(extra_us=0):
     return bytes([11, extra_us])
 
 
+def away(ms):
+    """The single-owner client was away from the loop `ms` ms (shift_clocks)."""
+    return bytes([12]) + struct.pack("<H", ms)
+
+
 def granted(link=LOCK):
     """A try_lock on resource 0, every master says yes."""
     return submit(TRY, 0) + answer(link, YES)
@@ -374,6 +379,17 @@ SEEDS = {
     + answer(LOCK, YES, split=5)
     + release(0)
     + answer(LOCK, YES, split=2),
+    # Away from the loop for 3 s while a release waits for a slow master: the stall clock
+    # is shifted (the master is not closed for the client's absence), the round times out.
+    "client_away_between_calls": hdr(st=124)
+    + granted()
+    + release(0)
+    + answer(0, YES)
+    + away(3000)
+    + answer(LOCK, YES)
+    + submit(TRY, 1)
+    + away(500)
+    + answer(LOCK, YES),
     "stall_closes_a_silent_master": hdr(st=2, retries=1)
     + submit(LOCK_, 0)
     + answer(0, YES)

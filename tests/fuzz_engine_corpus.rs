@@ -141,7 +141,7 @@ fn random_input(rng: &mut fastrand::Rng) -> Vec<u8> {
         _ => rng.u8(..),
     };
     for _ in 0..rng.usize(1..=40) {
-        match rng.u8(..16) {
+        match rng.u8(..17) {
             0..=2 => d.extend_from_slice(&[0, rng.u8(..), rng.u8(..30)]),
             3..=6 => d.extend_from_slice(&[rng.u8(1..=4), rng.u8(..)]),
             7 => d.extend_from_slice(&[5, link(rng), rng.u8(..)]),
@@ -171,7 +171,16 @@ fn random_input(rng: &mut fastrand::Rng) -> Vec<u8> {
                 d.extend_from_slice(&[10, scale]);
                 d.extend_from_slice(&v.to_le_bytes());
             }
-            _ => d.extend_from_slice(&[11, rng.u8(..)]),
+            15 => d.extend_from_slice(&[11, rng.u8(..)]),
+            _ => {
+                let away: u16 = if rng.bool() {
+                    rng.u16(..3000)
+                } else {
+                    rng.u16(..)
+                };
+                d.push(12);
+                d.extend_from_slice(&away.to_le_bytes());
+            }
         }
     }
     d
@@ -262,7 +271,8 @@ fn minimize() {
 }
 
 /// Looks for inputs that break the strict properties (`ENGINE_STRICT`, default both):
-/// seeded mutations of the seeds; writes the first failure per message to /tmp.
+/// seeded mutations of the seeds and of random inputs; writes the first failure per
+/// message to /tmp/engine-strict-N.
 #[test]
 #[ignore]
 fn hunt_strict() {
@@ -272,7 +282,10 @@ fn hunt_strict() {
     let mut seen = std::collections::HashSet::new();
     for i in 0..20_000u32 {
         let mut d = seeds[rng.usize(..seeds.len())].clone();
-        for _ in 0..rng.usize(1..=8) {
+        if i % 2 == 1 {
+            d = random_input(&mut rng);
+        }
+        for _ in 0..rng.usize(0..=8) {
             let at = rng.usize(..=d.len());
             match rng.u8(..3) {
                 0 if at < d.len() => d[at] = rng.u8(..),
