@@ -64,7 +64,8 @@
 //! After every event the driver's order of calls runs: `step`, every `Action` (Connect:
 //! a new connection, connected at once unless manual; Close: forgotten), a flush (every
 //! link `flush_wanted` names and every link with output, partial writes as byte 20 says),
-//! `flushed`, again while `has_news`. Then every finished task is taken.
+//! `flushed`, again while `has_news` or a timer is overdue (the driver would poll with a
+//! zero timeout). Then every finished task is taken.
 //!
 //! At the end of the input: everything queued is written. A graceful ending (byte 22)
 //! then cancels every lock task and runs the timers with the connections open, and checks
