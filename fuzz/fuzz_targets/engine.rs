@@ -1,6 +1,6 @@
-//! Fuzz target `engine`: one fan-out round of the Redlock core driven by arbitrary replies,
-//! timeouts and disconnects. The body is `engine_body` in `fuzz/engine_body.rs`, shared with
-//! the corpus-replay test `tests/fuzz_engine_corpus.rs`.
+//! Fuzz target `engine`: the real sans-IO client core (`redlock_mux::core::Core`) driven by
+//! structure-aware events (calls, connects, replies, time). The body is `engine_body` in
+//! `fuzz/engine_body.rs`, shared with the corpus-replay test `tests/fuzz_engine_corpus.rs`.
 #![no_main]
 
 #[path = "../engine_body.rs"]

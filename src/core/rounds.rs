@@ -919,8 +919,12 @@ impl Rounds {
         self.next_due
     }
 
-    /// Handle timers and recompute [`Rounds::next_due`].
+    /// Handle timers and recompute [`Rounds::next_due`]: the timers due later, and every
+    /// timer the tick itself set (a reconnect, a new connect's timeout: dropping those
+    /// left a subscription link's connect without its timeout, found by the engine fuzzer,
+    /// BUG engine-fuzz-2).
     fn tick(&mut self, now: Instant) {
+        self.next_due = None;
         let mut next: Option<Instant> = None;
         let mut due = |t: Instant| next = Some(next.map_or(t, |n: Instant| n.min(t)));
         // Backwards: expiring an op swap-removes it from `active`.
@@ -979,7 +983,10 @@ impl Rounds {
         if self.chans.live > 0 {
             self.sub_tick(now, &mut due);
         }
-        self.next_due = next;
+        self.next_due = match (self.next_due, next) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
     }
 
     /// Parse and dispatch every complete reply of master `i`'s lock link; `false` if the

@@ -600,6 +600,11 @@ impl Core {
             if t.polls >= t.retries && t.deadline.is_none() {
                 return Err(err);
             }
+        }
+        // A timed attempt plans the next one a retry delay away; so does an attempt made on
+        // a notice that ran past the timed one it had planned (that one would otherwise go
+        // out at once, right behind it: found by the engine fuzzer, BUG engine-fuzz-1).
+        if t.timed || t.next_poll <= now {
             let delay =
                 rules::retry_delay(self.cfg.retry_delay, self.cfg.retry_jitter, &mut self.rng);
             self.tasks[id.slot as usize].next_poll = now + delay;
