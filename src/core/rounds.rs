@@ -36,11 +36,12 @@ use crate::resp::{self, Frame};
 use crate::rules::{self, Decision, ErrorText, Fault, Outcome, Request, Tally, TlsFault};
 use crate::stats::MasterStats;
 
-/// Op slots the table has room for before it allocates, at least: the back-pressure bound
-/// (`NetConfig::backlog_limit`) is the real one. A master that falls behind (descheduled
-/// on a loaded machine, paused) keeps the rounds it owes answers to alive, and a round
-/// decided at the quorum goes on without it: up to the backlog limit, that costs no
-/// allocation (the reserved pages are only touched when used).
+/// Op slots the table has room for before it allocates, at least: the hard bound on what
+/// a link may owe (`NetConfig::max_pending`: past it the connection is closed) is the real
+/// one. A master that falls behind (descheduled on a loaded machine, paused) keeps the
+/// rounds it owes answers to alive, and a round decided at the quorum goes on without it:
+/// up to that bound, that costs no allocation (the reserved pages are only touched when
+/// used).
 const OPS_RESERVED: usize = 256;
 /// Idle gaps between `drive` calls shorter than this do not shift the stall clocks.
 pub(crate) const IDLE_SHIFT_MIN: Duration = Duration::from_millis(1);
@@ -134,7 +135,7 @@ impl Rounds {
     pub(crate) fn new(masters: Vec<Master>, cfg: NetConfig, now: Instant) -> Self {
         let n = masters.len();
         let quorum = rules::quorum(n);
-        let reserved = cfg.backlog_limit.max(OPS_RESERVED);
+        let reserved = cfg.max_pending.max(OPS_RESERVED);
         let mut links = Vec::with_capacity(2 * n);
         for _ in 0..n {
             links.push(Link::new(cfg.limits, INBUF_START, reserved, now));
