@@ -23,8 +23,8 @@ use crate::scripts::{FENCE_PREFIX, QUEUE_PREFIX};
 
 /// How long an operator's round waits for the masters beyond the connect timeout (its
 /// connection may have to be opened first, its handshake answered, and the script sent
-/// again with `EVAL`): the node timeout when it is longer.
-const ADMIN_ANSWER: Duration = Duration::from_millis(500);
+/// again with `EVAL`, on a machine that may be loaded): the node timeout when it is longer.
+const ADMIN_ANSWER: Duration = Duration::from_secs(1);
 
 /// Master `i` answered operator's round `id` with `frame`: keep the answer (while the
 /// round waits for it; a late one is not counted by the round either).
@@ -43,7 +43,7 @@ pub(super) fn keep_view(ops: &mut [Op], i: usize, id: OpId, req: Request, frame:
 impl Core {
     /// Look at `resource` on every master: its holder's fingerprint, TTL, line of waiters
     /// and fencing counter (`Done::Inspected`). The round waits for every master, up to
-    /// the connect timeout and half a second (or the node timeout, if longer).
+    /// the connect timeout and a second (or the node timeout, if longer).
     pub fn submit_inspect(&mut self, resource: &[u8], now: Instant) -> TaskId {
         self.submit_admin(Kind::Inspect, resource, now)
     }

@@ -395,7 +395,7 @@ impl Redlock {
     /// fingerprint of the holder's token, never the token), for how long, who waits in its
     /// line, its fencing counter; and whether a quorum holds it ([`Inspection::is_held`]).
     /// Read-only. Waits for every master's answer (not just a quorum), up to the connect
-    /// timeout and half a second; a master that fails is in the inspection with its fault.
+    /// timeout and a second; a master that fails is in the inspection with its fault.
     ///
     /// ```
     /// # #[cfg(feature = "local")] fn main() -> Result<(), Box<dyn std::error::Error>> {
