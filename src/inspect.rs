@@ -485,13 +485,21 @@ impl fmt::Display for Inspection {
                 "held by {h} on {} of {n} masters (quorum {q})",
                 self.held_on()
             )?,
-            Some(h) if self.is_free() => write!(
-                f,
-                "free on a quorum ({q} of {n}); {h} holds a leftover on {} {} (it expires \
-                 with its TTL)",
-                self.held_on(),
-                masters_word(self.held_on())
-            )?,
+            Some(h) if self.is_free() => {
+                write!(
+                    f,
+                    "free on a quorum (quorum {q} of {n}); {h} holds a leftover on {} {}",
+                    self.held_on(),
+                    masters_word(self.held_on())
+                )?;
+                let expiring = self
+                    .masters
+                    .iter()
+                    .any(|m| m.holder() == Some(h) && m.ttl().is_some());
+                if expiring {
+                    f.write_str(" (it expires with its TTL)")?;
+                }
+            }
             Some(h) => write!(
                 f,
                 "not held by a quorum: {h} holds {} of {n} masters (quorum {q}), {answered} \

@@ -425,3 +425,349 @@ fn force_release_wakes_the_waiters() {
     }
     std::mem::forget(lock);
 }
+
+/// The CLI's operators' commands: `redlock list`, `redlock release --force`, `redlock
+/// status` with the line.
+#[cfg(feature = "cli")]
+mod cli {
+    use std::path::PathBuf;
+    use std::process::{Child, Command, ExitStatus, Output, Stdio};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::mpsc;
+    use std::thread;
+    use std::time::{Duration, Instant};
+
+    use redlock_mux::Redlock;
+
+    use super::support::{self, masters, wait_until, AdminReply, LocalMasters};
+
+    const BIN: &str = env!("CARGO_BIN_EXE_redlock");
+
+    fn redlock(m: &LocalMasters, args: &[&str]) -> Command {
+        let mut cmd = Command::new(BIN);
+        cmd.args(args).env("REDLOCK_MASTERS", m.urls().join(","));
+        cmd
+    }
+
+    /// Run to completion (bounded).
+    fn output(mut cmd: Command) -> Output {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let child = cmd.spawn().expect("spawn redlock");
+        let (tx, rx) = mpsc::channel();
+        thread::spawn(move || {
+            let _ = tx.send(child.wait_with_output());
+        });
+        rx.recv_timeout(Duration::from_secs(20))
+            .expect("redlock finished within 20 s")
+            .expect("wait for redlock")
+    }
+
+    fn code(out: &Output) -> i32 {
+        out.status.code().expect("redlock exited (no signal)")
+    }
+
+    fn text(b: &[u8]) -> String {
+        String::from_utf8_lossy(b).into_owned()
+    }
+
+    fn json(out: &Output) -> serde_json::Value {
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "not JSON ({e}): {}\n{}",
+                text(&out.stdout),
+                text(&out.stderr)
+            )
+        })
+    }
+
+    fn wait_exit(child: &mut Child, within: Duration) -> ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                return status;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("process {} did not exit within {within:?}", child.id());
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// A scratch directory, removed on drop.
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn new() -> Self {
+            static N: AtomicUsize = AtomicUsize::new(0);
+            let dir = std::env::temp_dir().join(format!(
+                "redlock-ops-test-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            std::fs::create_dir_all(&dir).expect("scratch dir");
+            Scratch(dir)
+        }
+        fn file(&self, name: &str) -> String {
+            self.0.join(name).to_string_lossy().into_owned()
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// Kills a process when dropped during a panic (a `redlock run` left behind).
+    struct KillOnDrop(u32);
+
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            if thread::panicking() {
+                let _ = Command::new("kill")
+                    .args(["-9", &self.0.to_string()])
+                    .status();
+            }
+        }
+    }
+
+    fn alive(pid: u32) -> bool {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Ok(stat) => stat
+                .rsplit_once(')')
+                .is_none_or(|(_, rest)| !rest.trim_start().starts_with('Z')),
+            Err(_) => false,
+        }
+    }
+
+    /// The holder's fingerprint on master `i` (its token's first 16 hex digits).
+    fn holder(m: &LocalMasters, i: usize, key: &str) -> Option<String> {
+        support::get(m, i, key).map(|v| text(&v[..16.min(v.len())]))
+    }
+
+    #[test]
+    fn list_shows_a_lock_held_by_run_and_release_force_frees_it() {
+        let m = masters(3);
+        let s = Scratch::new();
+        let key = "ops:cli";
+        let pid_file = s.file("pid");
+        // The command runs until the lock is lost (SIGTERM) or 60 s pass.
+        let script = format!(
+            "echo $$ > '{pid_file}'; trap 'exit 0' TERM; i=0; while [ $i -lt 1200 ]; do \
+             sleep 0.05; i=$((i+1)); done"
+        );
+        let mut run = redlock(
+            &m,
+            &["run", "--ttl", "3s", "--lost-exit-code", "42", key, "--"],
+        )
+        .args(["sh", "-c", &script])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn redlock run");
+        let _kill = KillOnDrop(run.id());
+        wait_until("the command started", Duration::from_secs(15), || {
+            std::fs::read_to_string(&pid_file).is_ok_and(|p| p.trim().parse::<u32>().is_ok())
+        });
+        let pid: u32 = std::fs::read_to_string(&pid_file)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        wait_until("every master holds it", Duration::from_secs(10), || {
+            (0..3).all(|i| holder(&m, i, key).is_some())
+        });
+        let fp = holder(&m, 0, key).unwrap();
+        // Other keys are not locks: a plain value, a hash, the crate's own keys.
+        assert!(m[0].cmd(&[b"SET", b"ops:plain", b"hello"]).unwrap().is_ok());
+        assert!(m[0]
+            .cmd(&[b"HSET", b"ops:hash", b"f", b"v"])
+            .is_ok_and(|r| r == AdminReply::Int(1)));
+        assert!(m[1]
+            .cmd(&[b"SET", b"redlock-mux:fence:ops:cli", b"7"])
+            .unwrap()
+            .is_ok());
+
+        let out = output(redlock(&m, &["list"]));
+        assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+        let table = text(&out.stdout);
+        let row = table
+            .lines()
+            .find(|l| l.starts_with(key))
+            .unwrap_or_else(|| panic!("no row for {key}: {table}"));
+        assert!(
+            row.contains(&fp) && row.contains("3/3") && row.contains(" yes "),
+            "{row}"
+        );
+        assert!(
+            row.contains(" 7 ") || row.contains(" 7  "),
+            "the fencing counter: {row}"
+        );
+        assert!(
+            !table.contains("ops:plain") && !table.contains("ops:hash"),
+            "{table}"
+        );
+        assert!(table.contains("1 lock ("), "{table}");
+        let j = json(&output(redlock(&m, &["list", "--json", "ops:*"])));
+        assert_eq!(j["complete"], true, "{j}");
+        let locks = j["locks"].as_array().unwrap();
+        assert_eq!(locks.len(), 1, "{j}");
+        assert_eq!(locks[0]["resource"], key, "{j}");
+        assert_eq!(locks[0]["holder"], fp.as_str(), "{j}");
+        assert_eq!(
+            (locks[0]["held_on"].as_u64(), locks[0]["locked"].as_bool()),
+            (Some(3), Some(true))
+        );
+        let ttls = locks[0]["ttl_ms"].as_array().unwrap();
+        assert!(
+            ttls.iter().all(|t| t.as_u64().is_some_and(|t| t <= 3000)),
+            "{j}"
+        );
+        // A pattern that matches nothing.
+        let out = output(redlock(&m, &["list", "nothing:*"]));
+        assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+        assert!(
+            text(&out.stdout).starts_with("no locks"),
+            "{}",
+            text(&out.stdout)
+        );
+
+        // A live holder: refused without --yes, nothing deleted.
+        let out = output(redlock(&m, &["release", "--force", key]));
+        assert_eq!(code(&out), 1, "{}", text(&out.stderr));
+        let err = text(&out.stderr);
+        assert!(err.contains(&fp) && err.contains("--yes"), "{err}");
+        assert!((0..3).all(|i| holder(&m, i, key).as_deref() == Some(fp.as_str())));
+        // Usage: --force is required, and so is the resource.
+        for args in [&["release", key][..], &["release", "--force"]] {
+            let out = output(redlock(&m, args));
+            assert_eq!(code(&out), 64, "{args:?}: {}", text(&out.stderr));
+            assert!(
+                text(&out.stderr).starts_with("redlock: "),
+                "{}",
+                text(&out.stderr)
+            );
+        }
+
+        // With --yes: deleted everywhere, who held it said; the run loses it at its next
+        // extension and stops the command with its lost exit code.
+        let forced = Instant::now();
+        let out = output(redlock(&m, &["release", "--force", "--yes", key]));
+        assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+        let said = text(&out.stdout);
+        assert!(said.contains(&format!("deleted {fp}'s key")), "{said}");
+        assert!(said.contains("free"), "{said}");
+        assert!((0..3).all(|i| support::get(&m, i, key).is_none()));
+        let status = wait_exit(&mut run, Duration::from_secs(15));
+        let mut err = String::new();
+        let _ = std::io::Read::read_to_string(&mut run.stderr.take().unwrap(), &mut err);
+        assert_eq!(status.code(), Some(42), "{err}");
+        assert!(err.contains("LOST THE LOCK"), "{err}");
+        // Its next extension is at most a third of the 3 s TTL away, then SIGTERM.
+        assert!(
+            forced.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            forced.elapsed()
+        );
+        assert!(!alive(pid), "the command outlived the lost lock");
+        let st = json(&output(redlock(&m, &["status", "--json", key])));
+        assert_eq!(
+            (st["locked"].as_bool(), st["free"].as_bool()),
+            (Some(false), Some(true))
+        );
+
+        // A leftover on one master (no quorum holds it): no --yes needed.
+        assert!(m[2]
+            .cmd(&[
+                b"SET",
+                key.as_bytes(),
+                b"0123456789abcdef0123456789abcdef",
+                b"PX",
+                b"60000"
+            ])
+            .unwrap()
+            .is_ok());
+        let out = output(redlock(&m, &["release", "--force", key]));
+        assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+        assert!(text(&out.stdout).contains("deleted 0123456789abcdef's key"));
+        assert_eq!(support::get(&m, 2, key), None);
+        // Nothing anywhere: said so, exit 0.
+        let out = output(redlock(&m, &["release", "--force", key]));
+        assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("nothing to release"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+
+    #[test]
+    fn status_shows_the_line_and_list_is_bounded() {
+        let m = masters(3);
+        let key = "ops:queue";
+        let mut holder = Redlock::new(m.urls()).expect("holder");
+        let lock = holder
+            .try_lock(key, Duration::from_secs(30))
+            .expect("the holder takes it");
+        let mut waiter = redlock(&m, &["run", "-w", "20", key, "--", "true"])
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redlock run");
+        let _kill = KillOnDrop(waiter.id());
+        let line = format!("redlock-mux:queue:{key}");
+        wait_until("run waiting in line", Duration::from_secs(15), || {
+            (0..3).all(|i| m[i].cmd(&[b"ZCARD", line.as_bytes()]).unwrap() == AdminReply::Int(1))
+        });
+        let out = output(redlock(&m, &["status", key]));
+        assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+        let table = text(&out.stdout);
+        assert!(
+            table.contains("LINE") && table.contains("1 waiter in line"),
+            "{table}"
+        );
+        assert_eq!(
+            table.matches("(asking)").count(),
+            3,
+            "one line per master: {table}"
+        );
+        let st = json(&output(redlock(&m, &["status", "--json", key])));
+        assert_eq!(st["waiters"], 1, "{st}");
+        let first = &st["masters"][0]["first_waiters"][0];
+        assert_eq!(first["alive"], true, "{st}");
+        assert_eq!(first["client"].as_str().map(str::len), Some(8), "{st}");
+        assert_eq!(st["masters"][0]["contended"], true, "{st}");
+        // The lock's fingerprint, whole (16 hex digits, no ellipsis), never the token.
+        let fp = &lock.token().as_str()[..16];
+        assert_eq!(st["holder"], fp, "{st}");
+        assert!(!text(&out.stdout).contains(lock.token().as_str()));
+        holder.release(lock).expect("release");
+        let status = wait_exit(&mut waiter, Duration::from_secs(15));
+        assert!(status.success(), "{status:?}");
+
+        // SCAN's bounds: a scan cut short says so (exit 1), never runs KEYS.
+        for k in 0..20 {
+            let name = format!("ops:many:{k}");
+            assert!(m[0].cmd(&[b"SET", name.as_bytes(), b"x"]).unwrap().is_ok());
+        }
+        let out = output(redlock(&m, &["list", "--count", "5", "--max-keys", "5"]));
+        assert_eq!(code(&out), 1, "{}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("--max-keys 5"),
+            "{}",
+            text(&out.stderr)
+        );
+        let out = output(redlock(&m, &["list", "--count", "0"]));
+        assert_eq!(code(&out), 64, "{}", text(&out.stderr));
+        // A master down: the others are listed, the exit says incomplete.
+        let mut m = m;
+        m[1].kill().unwrap();
+        let out = output(redlock(&m, &["list"]));
+        assert_eq!(code(&out), 1, "{}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains(&m[1].addr().to_string()),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+}
