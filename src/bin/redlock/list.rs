@@ -18,7 +18,8 @@ use crate::{duration, MasterArgs};
 
 pub const AFTER_HELP: &str = "\
 Scans every master at once with SCAN (MATCH PATTERN, COUNT --count, TYPE string), never
-KEYS: at most --max-keys keys per master and --timeout in all. The keys this crate
+KEYS: about --max-keys keys per master at most (COUNT is a hint to the master: a page may
+hold a few more) and --timeout in all. The keys this crate
 reserves (redlock-mux:*) are skipped; a key is a lock when its value is one of this
 crate's tokens (32 hex digits, marked or not by a waiter). Every resource found is then
 inspected on every master (as `redlock status`): its holder's fingerprint (the first 16
@@ -86,11 +87,21 @@ fn scan(spec: &MasterSpec, args: &ListArgs, deadline: Instant, tls: &Tls) -> Sca
         complete: false,
         stopped: None,
     };
-    let waited = deadline.saturating_duration_since(Instant::now());
+    // A read or write that runs into the deadline is the scan's bound, not a master's
+    // fault: said as such.
+    let words = |e: &io::Error| match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut if Instant::now() >= deadline => {
+            format!(
+                "stopped at --timeout {}",
+                humantime::format_duration(args.timeout)
+            )
+        }
+        _ => io_words(e, args.timeout),
+    };
     let mut s = match Session::open(spec, deadline, tls) {
         Ok(s) => s,
         Err(e) => {
-            found.stopped = Some(io_words(&e, waited));
+            found.stopped = Some(words(&e));
             return found;
         }
     };
@@ -100,13 +111,16 @@ fn scan(spec: &MasterSpec, args: &ListArgs, deadline: Instant, tls: &Tls) -> Sca
             found.stopped = Some(format!("stopped at --max-keys {}", args.max_keys));
             return found;
         }
+        // No page asks for more than the keys left to --max-keys (COUNT is a hint: a page
+        // may hold a few more).
+        let count = u64::from(args.count).min(args.max_keys - found.scanned);
         let page = s.pipeline(&[vec![
             Arg::from("SCAN"),
             Arg::Bytes(&cursor),
             Arg::from("MATCH"),
             Arg::Bytes(args.pattern.as_bytes()),
             Arg::from("COUNT"),
-            Arg::Uint(args.count.into()),
+            Arg::Uint(count),
             Arg::from("TYPE"),
             Arg::from("string"),
         ]]);
@@ -127,7 +141,7 @@ fn scan(spec: &MasterSpec, args: &ListArgs, deadline: Instant, tls: &Tls) -> Sca
                 return found;
             }
             Err(e) => {
-                found.stopped = Some(io_words(e, waited));
+                found.stopped = Some(words(e));
                 return found;
             }
         };
@@ -154,7 +168,7 @@ fn scan(spec: &MasterSpec, args: &ListArgs, deadline: Instant, tls: &Tls) -> Sca
                     }
                 }
                 Err(e) => {
-                    found.stopped = Some(io_words(&e, waited));
+                    found.stopped = Some(words(&e));
                     return found;
                 }
             }
