@@ -102,9 +102,30 @@ fn the_lock_span_records_the_wait_and_the_hold() {
             .lock("traced2", Duration::from_secs(5))
             .wait()
             .unwrap();
+        guard.release().wait().unwrap();
+        let guard = shared
+            .lock("traced3", Duration::from_secs(5))
+            .wait()
+            .unwrap();
+        // Released by the loop thread, after the drop: recorded a little later.
         drop(guard);
-        drop(shared);
     });
+    let recorded = |span_name: &str| {
+        let spans = seen.spans.lock().unwrap();
+        let Some(k) = spans.iter().position(|s| s.contains(span_name)) else {
+            return false;
+        };
+        let id = k as u64 + 1;
+        seen.records
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(s, r)| *s == id && r.starts_with("held_us="))
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !recorded("traced3") && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let spans = seen.spans.lock().unwrap();
     let records = seen.records.lock().unwrap();
     let value = |span: u64, field: &str| -> Option<u64> {
@@ -118,12 +139,15 @@ fn the_lock_span_records_the_wait_and_the_hold() {
     let held = value(1, "held_us").expect("held_us recorded");
     assert!(waited < 5_000_000, "{records:?}");
     assert!(held >= 20_000, "held {held} us: {records:?}");
-    // The shared client's lock span gets both too, the hold at the dropped guard's release.
-    let shared_lock = spans
-        .iter()
-        .position(|s| s.contains("traced2"))
-        .expect("the shared lock's span") as u64
-        + 1;
-    assert!(value(shared_lock, "waited_us").is_some(), "{records:?}");
-    assert!(value(shared_lock, "held_us").is_some(), "{records:?}");
+    // The shared client's lock spans get both too: the hold at the guard's release, and
+    // at a dropped guard's release by the loop.
+    for name in ["traced2", "traced3"] {
+        let span = spans
+            .iter()
+            .position(|s| s.contains(name))
+            .expect("the shared lock's span") as u64
+            + 1;
+        assert!(value(span, "waited_us").is_some(), "{name}: {records:?}");
+        assert!(value(span, "held_us").is_some(), "{name}: {records:?}");
+    }
 }
