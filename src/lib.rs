@@ -211,6 +211,8 @@ mod driver;
 #[cfg(feature = "client")]
 mod error;
 #[cfg(feature = "client")]
+mod inspect;
+#[cfg(feature = "client")]
 mod keep;
 #[cfg(feature = "client")]
 mod lock;
@@ -239,6 +241,8 @@ pub use crate::core::WaitMode;
 pub use builder::Builder;
 #[cfg(feature = "client")]
 pub use error::{Error, Operation, Report};
+#[cfg(feature = "client")]
+pub use inspect::{ForcedRelease, Inspection, MasterRemoval, MasterView, Waiter};
 #[cfg(feature = "client")]
 pub use keep::HoldOptions;
 #[cfg(feature = "client")]

@@ -36,6 +36,15 @@ pub struct Lock {
     pub(crate) fence: Option<u64>,
     /// Acquire attempts this lock took (1: the first one).
     pub(crate) attempts: u32,
+    /// From the lock call to the grant.
+    pub(crate) waited: Duration,
+    /// Attempts refused because the lock was taken.
+    pub(crate) refusals: u32,
+    /// The granting attempt was started by a release's announcement.
+    pub(crate) woken: bool,
+    /// The lock call's span: the hold's duration is recorded in it at the release.
+    #[cfg(feature = "tracing")]
+    pub(crate) span: tracing::Span,
     /// Its id in its key's line of waiters on the masters, if it waited there: the release
     /// takes it out of line.
     pub(crate) line: Option<crate::core::Fingerprint>,
@@ -80,8 +89,13 @@ impl Drop for Lock {
                 valid_until: self.valid_until,
                 fence: self.fence,
                 attempts: self.attempts,
+                waited: self.waited,
+                refusals: self.refusals,
+                woken: self.woken,
                 line: self.line,
                 dropped: None,
+                #[cfg(feature = "tracing")]
+                span: std::mem::replace(&mut self.span, tracing::Span::none()),
             };
             d.push(lock);
         }
@@ -145,6 +159,35 @@ impl Lock {
     pub fn attempts(&self) -> u32 {
         self.attempts
     }
+    /// How long the lock call waited for this lock: from the call to the grant (the
+    /// granting round included; about one round trip when it was free). With the `tracing`
+    /// feature it is also the `waited_us` field of the lock call's span (and the hold,
+    /// from [`Lock::acquired_at`] to the release, its `held_us`).
+    pub fn waited(&self) -> Duration {
+        self.waited
+    }
+    /// How many of the call's attempts were refused because the lock was held elsewhere
+    /// (the others of [`Lock::attempts`] failed for want of a quorum, or granted it).
+    pub fn refusals(&self) -> u32 {
+        self.refusals
+    }
+    /// Whether the attempt that got the lock was started by a release: the holder's
+    /// release announced on the masters (or made by this client), not a timed retry.
+    pub fn woken_by_release(&self) -> bool {
+        self.woken
+    }
+    /// The lock is released at `now`: its hold's duration goes into the lock call's span
+    /// (`held_us`, with the `tracing` feature; nothing without).
+    #[inline]
+    pub(crate) fn record_hold(&self, now: Instant) {
+        #[cfg(feature = "tracing")]
+        self.span.record(
+            "held_us",
+            now.saturating_duration_since(self.acquired_at).as_micros() as u64,
+        );
+        #[cfg(not(feature = "tracing"))]
+        let _ = now;
+    }
     /// An extension of this lock succeeded (`core::Done::Extended`): its new deadline and
     /// TTL. What the front-ends do after an extend; for those who drive the core by hand
     /// (the simulation).
@@ -168,6 +211,8 @@ impl fmt::Debug for Lock {
             .field("ttl", &self.ttl)
             .field("remaining", &self.remaining())
             .field("fence", &self.fence)
+            .field("attempts", &self.attempts)
+            .field("waited", &self.waited)
             .finish()
     }
 }

@@ -643,13 +643,30 @@ pub enum Request {
     /// The fencing write-back: raise the counters to at least a value, while the lock is
     /// held (1; 0 when not held).
     FenceWriteBack,
+    /// An operator's look at a resource (`scripts::INSPECT`, read-only): its holder, TTL,
+    /// line of waiters and fencing counter on the master. Yes when it answered.
+    Inspect,
+    /// An operator's forced release (`scripts::FORCE_RELEASE`): the key deleted whatever
+    /// its value. Yes when a key was deleted, "not held" when there was none.
+    ForceRelease,
 }
 
 impl Request {
     /// Whether a yes to this request grants something (a lock, more time, a fencing
     /// token): such votes are subject to the amnesia guard and the durability check.
     pub fn grants(self) -> bool {
-        self != Request::Release
+        !matches!(
+            self,
+            Request::Release | Request::Inspect | Request::ForceRelease
+        )
+    }
+
+    /// An operator's request ([`Request::Inspect`], [`Request::ForceRelease`]): its round
+    /// waits for every master's answer (or its timeout), not for a quorum, and each answer
+    /// is kept (see `core::admin`).
+    #[inline]
+    pub fn is_admin(self) -> bool {
+        matches!(self, Request::Inspect | Request::ForceRelease)
     }
 }
 
@@ -677,6 +694,15 @@ pub fn classify(request: Request, frame: &Frame<'_>) -> Result<Outcome, ()> {
         (Request::FenceDraw, Frame::Integer(n)) if *n > 0 => Ok(Outcome::Ok),
         (Request::FenceWriteBack, Frame::Integer(1)) => Ok(Outcome::Ok),
         (Request::FenceDraw | Request::FenceWriteBack, Frame::Integer(0)) => Ok(Outcome::NotHeld),
+        (Request::Inspect, Frame::Aggregate(a)) => match crate::inspect::KeyView::parse(a) {
+            Some(_) => Ok(Outcome::Ok),
+            None => Err(()),
+        },
+        (Request::ForceRelease, Frame::Aggregate(a)) => match crate::inspect::Removal::parse(a) {
+            Some(r) if r.deleted() => Ok(Outcome::Ok),
+            Some(_) => Ok(Outcome::NotHeld),
+            None => Err(()),
+        },
         _ => Err(()),
     }
 }

@@ -288,6 +288,86 @@ pub const FENCE_RAISE: Script = Script {
     sha: "5ed1e2804f79de9ac51a20bca4f325c19326fa85",
 };
 
+/// Read-only: what a master holds for resource `KEYS[1]` (`KEYS[2]` its line,
+/// [`QUEUE_PREFIX`]`<r>`, `KEYS[3]` its fencing counter, [`FENCE_PREFIX`]`<r>`), for
+/// `Redlock::inspect` and `redlock status` / `redlock list`. `ARGV[1]`: how many waiters
+/// of the line to name. Answers `{kind, holder, lock, marked, pttl, waiters, ids, alive,
+/// counter}`: `kind` is `none`, `string` or `other` (a key of another type); `holder` the
+/// value's first [`NOTICE_LEN`] bytes (the fingerprint a release publishes; never the whole
+/// token, which is the capability to release); `lock` 1 when the value is one of this
+/// crate's tokens (32 lowercase hex digits, and [`WAITED`] or not), `marked` 1 when it
+/// carries the mark; `pttl` the key's `PTTL`; `waiters` the line's length, `ids` the first
+/// `ARGV[1]` waiter ids in line and `alive` whether each still has its liveness key
+/// ([`WAITER_PREFIX`]); `counter` the fencing counter (empty when there is none). Nothing
+/// is written.
+pub const INSPECT: Script = Script {
+    src: concat!(
+        "local v = redis.pcall('get', KEYS[1])\n",
+        "local kind = 'string'\n",
+        "if not v then kind = 'none' v = ''\n",
+        "elseif type(v) ~= 'string' then kind = 'other' v = '' end\n",
+        "local lock, marked = 0, 0\n",
+        "local body = v\n",
+        "if #v == 33 and string.sub(v, 33) == '+' then body = string.sub(v, 1, 32) marked = 1 end\n",
+        "if #body == 32 and not string.find(body, '[^0-9a-f]') then lock = 1 else marked = 0 end\n",
+        "local n = redis.pcall('zcard', KEYS[2])\n",
+        "local ids, alive = {}, {}\n",
+        "if type(n) ~= 'number' then n = 0 end\n",
+        "if n > 0 then\n",
+        "  ids = redis.call('zrange', KEYS[2], 0, tonumber(ARGV[1]) - 1)\n",
+        "  for i = 1, #ids do\n",
+        "    alive[i] = redis.call('exists', 'redlock-mux:waiter:' .. ids[i])\n",
+        "  end\n",
+        "end\n",
+        "local f = redis.pcall('get', KEYS[3])\n",
+        "if type(f) ~= 'string' then f = '' end\n",
+        "return {kind, string.sub(v, 1, 16), lock, marked, redis.call('pttl', KEYS[1]), n, ids, alive, f}"
+    ),
+    sha: "f458f167f546dd741e60622c2969f6e402a175a3",
+};
+
+/// An operator's forced release of resource `KEYS[1]` (`KEYS[2]` its line): delete the key
+/// whatever its value (a lock whose holder is gone, or must go), and announce it as
+/// [`RELEASE`] announces a marked key's release, with the value's first [`NOTICE_LEN`]
+/// bytes: to the first live waiter in line on its client's channel, else on the key's
+/// channel, so that the waiters try at once. A key of another type is an error (nothing is
+/// deleted). Answers `{holder, pttl, turn}`: the deleted value's first [`NOTICE_LEN`] bytes
+/// (empty when there was no key), the `PTTL` it had (-2: none), the id of the waiter named
+/// (empty: the key's channel, or nothing deleted).
+pub const FORCE_RELEASE: Script = Script {
+    src: concat!(
+        "local v = redis.call('get', KEYS[1])\n",
+        "if not v then return {'', -2, ''} end\n",
+        "local left = redis.call('pttl', KEYS[1])\n",
+        "redis.call('del', KEYS[1])\n",
+        "local note = string.sub(v, 1, 16)\n",
+        "local turn = ''\n",
+        "for _ = 1, 8 do\n",
+        "  local r = redis.pcall('zrange', KEYS[2], 0, 0)\n",
+        "  local h = type(r) == 'table' and r[1]\n",
+        "  if not h then break end\n",
+        "  if redis.pcall('exists', 'redlock-mux:waiter:' .. h) == 1 then\n",
+        "    turn = h\n",
+        "    break\n",
+        "  end\n",
+        "  redis.pcall('zrem', KEYS[2], h)\n",
+        "end\n",
+        "if turn ~= '' and #note == 16 then\n",
+        "  redis.pcall('publish', 'redlock-mux:next:' .. string.sub(turn, 1, 8), note .. turn)\n",
+        "else\n",
+        "  turn = ''\n",
+        "  redis.pcall('publish', 'redlock-mux:released:' .. KEYS[1], note)\n",
+        "end\n",
+        "return {note, left, turn}"
+    ),
+    sha: "bc7b24083c25819c13160f6c7b031add115635ff",
+};
+
+/// The operators' scripts ([`INSPECT`], [`FORCE_RELEASE`]). Not loaded by the handshake:
+/// a lock client never runs them. They are sent with `EVALSHA`, and with `EVAL` after a
+/// `-NOSCRIPT` (which caches them on that master).
+pub const ADMIN: [Script; 2] = [INSPECT, FORCE_RELEASE];
+
 /// Every script, in handshake order.
 pub const ALL: [Script; 6] = [
     RELEASE,
@@ -306,7 +386,7 @@ mod tests {
 
     #[test]
     fn digests_match_sources() {
-        for s in ALL {
+        for s in ALL.iter().chain(ADMIN.iter()) {
             let mut child = Command::new("sha1sum")
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())

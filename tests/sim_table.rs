@@ -1081,6 +1081,129 @@ fn cases() -> Vec<Case> {
         s,
     ));
 
+    // ---- INSPECT (operators, read-only) -----------------------------------------------------
+    let fence_k = "redlock-mux:fence:k";
+    let inspect_keys = ["k", Q, fence_k];
+    let marked = format!("{TH}+");
+    let upper = TA.to_ascii_uppercase();
+    let long = format!("{TA}x");
+    let upper_marked = format!("{upper}+");
+    s.load_all(0)
+        // Not loaded by the handshake: EVALSHA is refused until an EVAL cached it.
+        .sha(0, scripts::INSPECT, &inspect_keys, &["4"])
+        .script(
+            0,
+            false,
+            scripts::INSPECT,
+            &inspect_keys,
+            &["4"],
+            Cmp::Exact,
+        )
+        .sha(0, scripts::INSPECT, &inspect_keys, &["4"])
+        .c(0, &["SET", "k", TA, "PX", "60000"])
+        .sha_ttl(0, scripts::INSPECT, &inspect_keys, &["4"])
+        .c(0, &["SET", "k", TA])
+        .sha(0, scripts::INSPECT, &inspect_keys, &["4"])
+        .c(0, &["SET", fence_k, "41"])
+        .c(0, &["SET", "k", TH, "PX", "60000"])
+        // Two waiters in line (the first one's liveness runs out), the holder marked.
+        .wait("k", TW1, W1, "40", false, "100")
+        .wait("k", TW2, W2, "60000", false, "200")
+        .wait("k", TW3, W3, "60000", false, "300")
+        .sleep(80)
+        .c(0, &["GET", "k"])
+        .sha_ttl(0, scripts::INSPECT, &inspect_keys, &["4"])
+        .sha_ttl(0, scripts::INSPECT, &inspect_keys, &["2"])
+        .sha_ttl(0, scripts::INSPECT, &inspect_keys, &["0"])
+        // Values that are not this crate's tokens: short, upper case, one byte too long,
+        // a mark without a token.
+        .c(0, &["SET", "k", "short", "PX", "60000"])
+        .sha_ttl(0, scripts::INSPECT, &inspect_keys, &["4"])
+        .c(0, &["SET", "k", &upper, "PX", "60000"])
+        .sha_ttl(0, scripts::INSPECT, &inspect_keys, &["4"])
+        .c(0, &["SET", "k", &long, "PX", "60000"])
+        .sha_ttl(0, scripts::INSPECT, &inspect_keys, &["4"])
+        .c(0, &["SET", "k", "short+", "PX", "60000"])
+        .sha_ttl(0, scripts::INSPECT, &inspect_keys, &["4"])
+        .c(0, &["SET", "k", &upper_marked, "PX", "60000"])
+        .sha_ttl(0, scripts::INSPECT, &inspect_keys, &["4"])
+        .c(0, &["SET", "k", &marked, "PX", "60000"])
+        .sha_ttl(0, scripts::INSPECT, &inspect_keys, &["4"])
+        // Keys of other types under the three names.
+        .c(0, &["DEL", "k", Q])
+        .c(0, &["ZADD", "k", "1", "a"])
+        .c(0, &["SET", Q, "junk"])
+        .c(0, &["ZADD", fence_k, "1", "a"])
+        .sha(0, scripts::INSPECT, &inspect_keys, &["4"])
+        // No keys at all: the last redis.call gets a nil argument and raises.
+        .sha(0, scripts::INSPECT, &[], &["4"])
+        .sha(0, scripts::INSPECT, &["k"], &["4"]);
+    v.push(case(
+        "inspect_reads_key_line_and_counter",
+        Kind::Plain,
+        1,
+        s,
+    ));
+
+    // ---- FORCE_RELEASE (operators) -----------------------------------------------------------
+    let force_keys = ["k", Q];
+    s.load_all(0)
+        .c(1, &["SUBSCRIBE", RELEASED_K, &next(W1), &next(W2)])
+        .sha(0, scripts::FORCE_RELEASE, &force_keys, &[])
+        .script(
+            0,
+            false,
+            scripts::FORCE_RELEASE,
+            &force_keys,
+            &[],
+            Cmp::Exact,
+        )
+        // Someone else's lock, nobody in line: deleted, announced on the key's channel.
+        .c(0, &["SET", "k", TA, "PX", "60000"])
+        .sha_ttl(0, scripts::FORCE_RELEASE, &force_keys, &[])
+        .c(0, &["EXISTS", "k"])
+        // A key with no expiry goes too.
+        .c(0, &["SET", "k", TA])
+        .sha(0, scripts::FORCE_RELEASE, &force_keys, &[])
+        // A contended lock: the first live waiter's client hears whose turn it is.
+        .c(0, &["SET", "k", TH, "PX", "60000"])
+        .wait("k", TW1, W1, "40", false, "100")
+        .wait("k", TW2, W2, "60000", false, "200")
+        .sleep(80)
+        .sha_ttl(0, scripts::FORCE_RELEASE, &force_keys, &[])
+        .c(0, &["ZRANGE", Q, "0", "-1"])
+        .c(0, &["EXISTS", "k"])
+        // A short value: no waiter can be named with it, the key's channel hears it.
+        .c(0, &["SET", "k", "short", "PX", "60000"])
+        .sha_ttl(0, scripts::FORCE_RELEASE, &force_keys, &[])
+        .c(0, &["ZRANGE", Q, "0", "-1"])
+        // The line is not a sorted set: the pcalls fail quietly.
+        .c(0, &["SET", "k", TA, "PX", "60000"])
+        .c(0, &["SET", Q, "junk"])
+        .sha_ttl(0, scripts::FORCE_RELEASE, &force_keys, &[])
+        // A key of another type: an error, nothing deleted.
+        .c(0, &["ZADD", "k", "1", "a"])
+        .sha(0, scripts::FORCE_RELEASE, &force_keys, &[])
+        .c(0, &["EXISTS", "k"])
+        .sha(0, scripts::FORCE_RELEASE, &[], &[])
+        .sha(0, scripts::FORCE_RELEASE, &["nokey"], &[]);
+    v.push(case("force_release_deletes_and_wakes", Kind::Plain, 2, s));
+    s.load_all(0)
+        .c(
+            1,
+            &[
+                "SUBSCRIBE",
+                RELEASED_K,
+                "redlock-mux:next:liveclnt",
+                "redlock-mux:next:deadcli1",
+            ],
+        )
+        .c(0, &["SET", "k", TH, "PX", "60000"]);
+    line_of_dead(s, 3);
+    s.script(0, false, scripts::FORCE_RELEASE, &force_keys, &[], Cmp::Ttl)
+        .c(0, &["ZRANGE", Q, "0", "-1"]);
+    v.push(case("force_release_skips_dead_waiters", Kind::Plain, 2, s));
+
     v
 }
 

@@ -13,6 +13,12 @@ mod bench;
 mod child;
 #[path = "redlock/common.rs"]
 mod common;
+#[path = "redlock/conn.rs"]
+mod conn;
+#[path = "redlock/list.rs"]
+mod list;
+#[path = "redlock/release.rs"]
+mod release;
 #[path = "redlock/run.rs"]
 mod run;
 #[path = "redlock/status.rs"]
@@ -53,7 +59,7 @@ fn duration(s: &str) -> Result<Duration, String> {
     name = "redlock",
     version,
     about = "Redlock over N independent Redis masters: run a command under a distributed lock, \
-             benchmark lock latency, inspect a lock.",
+             benchmark lock latency, see the locks and force one free.",
     after_help = "Masters are redis://[user:password@]host:port[/db] or host:port, given with \
                   --masters (comma separated, repeatable) or in REDLOCK_MASTERS.\n\
                   Durations are seconds (10, 0.5, as for flock -w) or a number with a unit \
@@ -74,9 +80,15 @@ enum Command {
     /// Measure lock+unlock latency and throughput, and check mutual exclusion.
     #[command(after_help = bench::AFTER_HELP)]
     Bench(bench::BenchArgs),
-    /// Show who holds a lock on each master, and for how long.
+    /// Show who holds a lock on each master, for how long, who waits in its line.
     #[command(after_help = status::AFTER_HELP)]
     Status(status::StatusArgs),
+    /// List the locks on the masters (SCAN, bounded): holder, TTLs, quorum, line, fencing.
+    #[command(after_help = list::AFTER_HELP)]
+    List(list::ListArgs),
+    /// Force a lock free whoever holds it (--force), waking its waiters.
+    #[command(after_help = release::AFTER_HELP)]
+    Release(release::ReleaseArgs),
     /// `run`'s exec helper (internal): parent-death signal, then exec COMMAND.
     #[command(name = "__exec", hide = true)]
     Exec(child::ExecArgs),
@@ -221,6 +233,8 @@ fn main() -> ExitCode {
         Command::Run(args) => run::main(args),
         Command::Bench(args) => bench::main(args),
         Command::Status(args) => status::main(args),
+        Command::List(args) => list::main(args),
+        Command::Release(args) => release::main(args),
         Command::Exec(args) => child::exec_main(args),
         Command::Watchdog(args) => child::watchdog_main(args),
     };

@@ -131,6 +131,8 @@ fn encode_request_general(
         Request::Extend => scripts::EXTEND,
         Request::FenceDraw => scripts::FENCE_DRAW,
         Request::FenceWriteBack => scripts::FENCE_RAISE,
+        Request::Inspect => scripts::INSPECT,
+        Request::ForceRelease => scripts::FORCE_RELEASE,
     };
     if eval {
         v.push(Arg::Bytes(b"EVAL"));
@@ -166,6 +168,10 @@ fn encode_request_general(
             }
         }
         Request::Release | Request::FenceDraw => v.push(Arg::Bytes(token)),
+        // `KEYS`: the resource, its line, its fencing counter; `ARGV[1]`: waiters to name.
+        Request::Inspect => v.push(Arg::Uint(args.value)),
+        // `KEYS`: the resource, its line.
+        Request::ForceRelease => {}
         _ => {
             v.push(Arg::Bytes(token));
             v.push(Arg::Uint(args.ttl_ms));

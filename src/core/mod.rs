@@ -21,6 +21,7 @@
 //! deadline, cancellation), `wait.rs` how waiting tasks hear of releases; this file holds
 //! the table of tasks and the step that feeds them the rounds' decisions and timers.
 
+mod admin;
 mod chans;
 mod encode;
 mod link;
@@ -294,7 +295,9 @@ impl Core {
                 resource = %String::from_utf8_lossy(t.keys.iter().next().unwrap_or_default()),
                 resources = t.keys.len(),
                 ttl_ms = ttl.as_millis() as u64,
-                retries
+                retries,
+                waited_us = tracing::field::Empty,
+                held_us = tracing::field::Empty
             );
         }
         t.deadline = deadline;
@@ -313,11 +316,13 @@ impl Core {
 
     /// Release `lock` on every master.
     pub fn submit_release(&mut self, lock: &Lock, now: Instant) -> TaskId {
+        lock.record_hold(now);
         self.submit_on_lock(task::Kind::Release, lock, lock.ttl, now)
     }
 
     /// Release `lock` on every master, fire and forget (a lock its user dropped).
     pub fn release_detached(&mut self, lock: &Lock, now: Instant) {
+        lock.record_hold(now);
         let timeout = self.cfg.round_timeout(lock.ttl);
         let (token, ttl_ms) = (lock.token, lock.ttl.as_millis() as u64);
         let leave = lock.line;
@@ -582,6 +587,7 @@ impl Core {
             let t = &mut self.tasks[id.slot as usize];
             t.polls = polls;
             t.timed = true;
+            t.woken = false;
             t.attempt += 1;
             self.start_attempt(id, now);
         }

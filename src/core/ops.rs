@@ -90,6 +90,9 @@ pub(crate) struct Op {
     /// `AcquireWait` rounds with one key: who holds it, by master (the fingerprint its
     /// release will publish), where a master said "taken".
     pub holders: SmallVec<[Option<super::Fingerprint>; 8]>,
+    /// Operators' rounds (`Request::is_admin`): each master's answer, by master (see
+    /// `core::admin`). Empty for every other round.
+    pub views: Vec<Option<crate::inspect::View>>,
     /// Replies still owed to this op.
     pub(super) outstanding: u32,
     /// Told when the op is decided; `None`: nobody collects the result (cleanup releases).

@@ -211,6 +211,7 @@ impl Rounds {
             max_value: 0,
             left_ms: smallvec::SmallVec::new(),
             holders: smallvec::SmallVec::new(),
+            views: Vec::new(),
             outstanding: 0,
             owner: None,
             collected: false,
@@ -223,6 +224,13 @@ impl Rounds {
 
     pub(crate) fn op(&self, id: OpId) -> &Op {
         let op = &self.ops[id.slot as usize];
+        debug_assert_eq!(op.gen, id.gen);
+        op
+    }
+
+    /// The op, to change (an operator's round sets up its table of answers).
+    pub(crate) fn op_mut(&mut self, id: OpId) -> &mut Op {
+        let op = &mut self.ops[id.slot as usize];
         debug_assert_eq!(op.gen, id.gen);
         op
     }
@@ -393,7 +401,11 @@ impl Rounds {
 
     fn check_decided(&mut self, id: OpId, now: Instant) {
         let op = &mut self.ops[id.slot as usize];
-        if op.state == OpState::Active && op.tally.decision() != Decision::Open {
+        // An operator's round waits for every master (`Request::is_admin`).
+        if op.state == OpState::Active
+            && op.tally.decision() != Decision::Open
+            && (!op.req.is_admin() || op.tally.pending() == 0)
+        {
             op.state = OpState::Decided;
             op.decided_at = now;
             let k = op.active_at as usize;
@@ -1032,6 +1044,9 @@ impl Rounds {
                         _ => (0, None),
                     };
                     let classified = rules::classify(req, &frame);
+                    if req.is_admin() {
+                        super::admin::keep_view(&mut self.ops, i, id, req, &frame);
+                    }
                     link.input.in_start += used;
                     link.answered = true;
                     match classified {

@@ -28,6 +28,10 @@ pub enum Done {
     Released,
     /// An extend task: the lock's new deadline and TTL.
     Extended { valid_until: Instant, ttl: Duration },
+    /// An inspect task: what every master holds for the resource.
+    Inspected(crate::inspect::Inspection),
+    /// A forced release: what every master deleted.
+    ForceReleased(crate::inspect::ForcedRelease),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +39,10 @@ pub(super) enum Kind {
     Lock,
     Release,
     Extend,
+    /// An operator's look at a resource (`core::admin`).
+    Inspect,
+    /// An operator's forced release (`core::admin`).
+    ForceRelease,
 }
 
 /// How many of a wait's own cleanup announcements a task recognises (see `Task::own`).
@@ -43,7 +51,7 @@ pub(super) const OWN_KEPT: usize = 8;
 pub(super) struct Task {
     pub gen: u32,
     pub live: bool,
-    kind: Kind,
+    pub(super) kind: Kind,
     pub phase: Phase,
     pub keys: KeyList,
     pub token: Token,
@@ -56,12 +64,12 @@ pub(super) struct Task {
     /// When the current attempt's acquire round (or the task's one round) started.
     pub(super) t1: Instant,
     /// When the task was submitted (its first attempt).
-    began: Instant,
+    pub(super) began: Instant,
     /// Extend: the lock's deadline before this extend.
     pub valid_until: Instant,
     acquire_op: Option<OpId>,
     /// The round the task waits for.
-    op: Option<OpId>,
+    pub(super) op: Option<OpId>,
     fence: Option<u64>,
     pub wake: Instant,
     cancelled: bool,
@@ -116,6 +124,19 @@ pub(super) struct Task {
     pub next_poll: Instant,
     /// The running attempt is a timed one (or the first).
     pub timed: bool,
+    /// Attempts refused because the lock was taken (a quorum was not reached and some
+    /// master said "taken").
+    pub refusals: u32,
+    /// The running attempt was started by the announcement of a release (the holder's,
+    /// or one made by this client), not by a timer.
+    pub woken: bool,
+}
+
+impl Kind {
+    /// An operator's task (one round over every master, `core::admin`).
+    pub(super) fn is_admin(self) -> bool {
+        matches!(self, Kind::Inspect | Kind::ForceRelease)
+    }
 }
 
 impl Task {
@@ -159,6 +180,8 @@ impl Task {
             polls: 0,
             next_poll: now,
             timed: true,
+            refusals: 0,
+            woken: false,
         }
     }
 
@@ -191,6 +214,8 @@ impl Task {
         self.polls = 0;
         self.next_poll = now;
         self.timed = true;
+        self.refusals = 0;
+        self.woken = false;
     }
 
     /// A lock task that may wait (retries or a deadline): its acquire learns the holder's
@@ -476,12 +501,25 @@ impl Core {
                 valid_until: decided_at + v,
                 fence: if self.cfg.fencing { t.fence } else { None },
                 attempts: t.attempt,
+                waited: decided_at.saturating_duration_since(t.began),
+                refusals: t.refusals,
+                woken: t.woken,
                 line: t.wait_id,
                 dropped: None,
+                #[cfg(feature = "tracing")]
+                span: t.span.clone(),
             };
+            #[cfg(feature = "tracing")]
+            t.span.record(
+                "waited_us",
+                decided_at.saturating_duration_since(t.began).as_micros() as u64,
+            );
             self.rounds.finish(acquire);
             self.finish(id, Ok(Done::Locked(lock)), now);
             return;
+        }
+        if verdict == AcquireVerdict::Taken {
+            t.refusals += 1;
         }
         let (t1, began, attempt) = (t.t1, t.began, t.attempt);
         let report = self.report(Operation::Acquire, failed, t1, began, attempt);
@@ -722,6 +760,10 @@ impl Core {
 
     /// The release or extend round `op` of task `id` is decided.
     fn conclude_on_lock(&mut self, id: TaskId, op: OpId, now: Instant) {
+        if self.tasks[id.slot as usize].kind.is_admin() {
+            self.conclude_admin(id, op, now);
+            return;
+        }
         let t = &self.tasks[id.slot as usize];
         let (kind, t1, ttl, valid_until) = (t.kind, t.t1, t.ttl, t.valid_until);
         let o = self.rounds.op(op);

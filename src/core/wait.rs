@@ -295,6 +295,7 @@ impl Core {
         if fp.is_some() {
             t.woken_by = fp;
         }
+        t.woken = fp.is_some();
         t.timed = false;
         t.attempt += 1;
         self.start_attempt(id, now);

@@ -25,6 +25,8 @@ enum Waiter {
         state: Arc<LockState>,
         slot: Option<Arc<Slot>>,
     },
+    /// An operator's inspection or forced release.
+    Admin(Arc<Slot>),
 }
 
 /// An auto-extended lock.
@@ -225,6 +227,19 @@ impl Loop {
                 let stats = Ok(Out::Stats(self.driver.stats(&self.m)));
                 slot.complete(stats);
             }
+            Command::Admin {
+                resource,
+                force,
+                slot,
+            } => {
+                let r = resource.iter().next().unwrap_or_default();
+                let id = if force {
+                    self.m.submit_force_release(r, now)
+                } else {
+                    self.m.submit_inspect(r, now)
+                };
+                self.wait_for(id, Waiter::Admin(slot));
+            }
             Command::Cancel(slot) => {
                 let found = self.waiters.iter().flatten().find_map(|(id, w)| match w {
                     Waiter::Lock(s) if Arc::ptr_eq(s, &slot) => Some(*id),
@@ -269,6 +284,14 @@ impl Loop {
             }
             Waiter::Release(slot) => {
                 slot.complete(result.map(|_| Out::Unit));
+            }
+            Waiter::Admin(slot) => {
+                let out = result.map(|d| match d {
+                    Done::Inspected(i) => Out::Inspection(Box::new(i)),
+                    Done::ForceReleased(f) => Out::Forced(Box::new(f)),
+                    other => unreachable!("an operator's task ended with {other:?}"),
+                });
+                slot.complete(out);
             }
             Waiter::Extend { state, slot } => {
                 let k = self
@@ -358,6 +381,7 @@ impl Loop {
             match cmd {
                 Command::Lock { slot, .. }
                 | Command::Extend { slot, .. }
+                | Command::Admin { slot, .. }
                 | Command::Stats(slot) => {
                     slot.complete(Err(err()));
                 }
@@ -373,6 +397,7 @@ impl Loop {
             match w {
                 Waiter::Lock(slot)
                 | Waiter::Release(slot)
+                | Waiter::Admin(slot)
                 | Waiter::Extend {
                     slot: Some(slot), ..
                 } => {

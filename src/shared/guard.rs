@@ -116,6 +116,21 @@ impl LockGuard {
     pub fn attempts(&self) -> u32 {
         self.st().attempts
     }
+    /// How long the lock call waited for this lock, from the call to the grant (see
+    /// [`Lock::waited`](crate::Lock::waited)).
+    pub fn waited(&self) -> Duration {
+        self.st().waited
+    }
+    /// How many of the call's attempts were refused because the lock was held elsewhere
+    /// (see [`Lock::refusals`](crate::Lock::refusals)).
+    pub fn refusals(&self) -> u32 {
+        self.st().refusals
+    }
+    /// Whether the attempt that got the lock was started by a release (see
+    /// [`Lock::woken_by_release`](crate::Lock::woken_by_release)).
+    pub fn woken_by_release(&self) -> bool {
+        self.st().woken
+    }
     /// When the acquiring round started, on the monotonic clock (see
     /// [`Lock::acquired_at`](crate::Lock::acquired_at)).
     pub fn acquired_at(&self) -> Instant {

@@ -360,6 +360,7 @@ pub(crate) fn fail(cmd: Command) {
     match cmd {
         Command::Lock { slot, .. }
         | Command::Extend { slot, .. }
+        | Command::Admin { slot, .. }
         | Command::Stats(slot)
         | Command::Release {
             slot: Some(slot), ..

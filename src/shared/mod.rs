@@ -25,6 +25,7 @@ use crate::builder::Builder;
 use crate::core::{Core, KeyList, Settings};
 use crate::driver::Driver;
 use crate::error::Error;
+use crate::inspect::{ForcedRelease, Inspection};
 use crate::keep::HoldOptions;
 use crate::single::{check_distinct, check_resources};
 use hub::Hub;
@@ -60,6 +61,12 @@ pub(crate) enum Command {
     Cancel(Arc<Slot>),
     /// A snapshot of the masters' statistics.
     Stats(Arc<Slot>),
+    /// An operator's look at a resource (`force: false`) or forced release (`true`).
+    Admin {
+        resource: KeyList,
+        force: bool,
+        slot: Arc<Slot>,
+    },
 }
 
 /// What the handles share; dropped with the last handle, guard and pending operation.
@@ -241,6 +248,56 @@ impl SharedRedlock {
         Pending::new(self.inner.clone(), slot)
     }
 
+    /// Look at `resource` on every master, for an operator (see
+    /// [`Redlock::inspect`](crate::Redlock::inspect)): who holds it where (by fingerprint),
+    /// for how long, its line of waiters, its fencing counter, and whether a quorum holds
+    /// it. Read-only.
+    ///
+    /// ```
+    /// # #[cfg(feature = "local")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let local = redlock_mux::local::LocalMasters::start(3)?;
+    /// # let urls = local.urls();
+    /// # let rt = tokio::runtime::Builder::new_current_thread().enable_time().build()?;
+    /// # rt.block_on(async {
+    /// use std::time::Duration;
+    /// use redlock_mux::Redlock;
+    ///
+    /// let redlock = Redlock::builder().masters(&urls).build_shared()?;
+    /// let guard = redlock.lock("nightly", Duration::from_secs(30)).await?;
+    /// let seen = redlock.inspect("nightly").await?;
+    /// assert_eq!((seen.is_held(), seen.held_on()), (true, 3));
+    /// for m in seen.masters() {
+    ///     println!("{}: {:?} for {:?}, {} waiting", m.name(), m.holder(), m.ttl(), m.waiters());
+    /// }
+    /// guard.release().await?;
+    /// # Ok::<(), redlock_mux::Error>(()) })?;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "local"))] fn main() {}
+    /// ```
+    pub fn inspect(&self, resource: impl AsRef<[u8]>) -> Pending<Inspection> {
+        self.submit_admin(resource.as_ref(), false)
+    }
+
+    /// An operator's release of `resource`, whoever holds it (see
+    /// [`Redlock::force_release`](crate::Redlock::force_release)): its key deleted on every
+    /// master whatever its token, its waiters woken; says whose keys it deleted where.
+    pub fn force_release(&self, resource: impl AsRef<[u8]>) -> Pending<ForcedRelease> {
+        self.submit_admin(resource.as_ref(), true)
+    }
+
+    fn submit_admin<T>(&self, resource: &[u8], force: bool) -> Pending<T> {
+        if let Err(e) = check_resources([resource]) {
+            return Pending::ready(self.inner.clone(), Err(e));
+        }
+        let slot = self.inner.slots.take();
+        self.inner.queue(Command::Admin {
+            resource: one(resource),
+            force,
+            slot: slot.clone(),
+        });
+        Pending::new(self.inner.clone(), slot)
+    }
+
     /// One attempt to take `resource` for `ttl` (see [`crate::Redlock::try_lock`]).
     pub fn try_lock(&self, resource: impl AsRef<[u8]>, ttl: Duration) -> Pending<LockGuard> {
         self.submit_lock(one(resource.as_ref()), ttl, None, 0)
@@ -368,5 +425,7 @@ fn _assert_send_sync() {
     is::<LockGuard>();
     is::<Pending<LockGuard>>();
     is::<Pending<()>>();
+    is::<Pending<Inspection>>();
+    is::<Pending<ForcedRelease>>();
     let _ = Out::Unit;
 }

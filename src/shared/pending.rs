@@ -12,6 +12,7 @@ use super::state::LockState;
 use super::sync::{lock, thread, AtomicBool, AtomicU32, Mutex, Ordering};
 use super::{Command, Inner};
 use crate::error::Error;
+use crate::inspect::{ForcedRelease, Inspection};
 use crate::stats::MasterStats;
 
 /// What the loop hands back.
@@ -22,6 +23,10 @@ pub(crate) enum Out {
     Unit,
     /// The masters' statistics.
     Stats(Vec<MasterStats>),
+    /// What the masters hold for a resource.
+    Inspection(Box<Inspection>),
+    /// What a forced release deleted.
+    Forced(Box<ForcedRelease>),
 }
 
 /// Where the loop puts an operation's result and whom it wakes.
@@ -326,6 +331,48 @@ impl Future for Pending<Vec<MasterStats>> {
     type Output = Result<Vec<MasterStats>, Error>;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         self.get_mut().poll_out(cx).map(|r| r.map(stats))
+    }
+}
+
+impl Pending<Inspection> {
+    /// Block the calling thread until every master answered (or timed out).
+    pub fn wait(mut self) -> Result<Inspection, Error> {
+        self.wait_out().map(inspection)
+    }
+}
+
+fn inspection(out: Out) -> Inspection {
+    match out {
+        Out::Inspection(i) => *i,
+        _ => unreachable!("an inspection completes with an inspection"),
+    }
+}
+
+impl Future for Pending<Inspection> {
+    type Output = Result<Inspection, Error>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.get_mut().poll_out(cx).map(|r| r.map(inspection))
+    }
+}
+
+impl Pending<ForcedRelease> {
+    /// Block the calling thread until every master answered (or timed out).
+    pub fn wait(mut self) -> Result<ForcedRelease, Error> {
+        self.wait_out().map(forced)
+    }
+}
+
+fn forced(out: Out) -> ForcedRelease {
+    match out {
+        Out::Forced(f) => *f,
+        _ => unreachable!("a forced release completes with what it deleted"),
+    }
+}
+
+impl Future for Pending<ForcedRelease> {
+    type Output = Result<ForcedRelease, Error>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.get_mut().poll_out(cx).map(|r| r.map(forced))
     }
 }
 

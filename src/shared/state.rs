@@ -18,6 +18,12 @@ pub(crate) struct LockState {
     pub fence: Option<u64>,
     pub acquired_at: Instant,
     pub attempts: u32,
+    pub waited: Duration,
+    pub refusals: u32,
+    pub woken: bool,
+    /// The lock call's span (the hold is recorded in it at the release).
+    #[cfg(feature = "tracing")]
+    pub span: tracing::Span,
     /// The line this lock's call stood in, left by its release (hot resources).
     pub line: Option<crate::core::Fingerprint>,
     /// The clock's origin for the atomics below.
@@ -55,6 +61,11 @@ impl LockState {
             fence: lock.fence,
             acquired_at: lock.acquired_at,
             attempts: lock.attempts,
+            waited: lock.waited,
+            refusals: lock.refusals,
+            woken: lock.woken,
+            #[cfg(feature = "tracing")]
+            span: std::mem::replace(&mut lock.span, tracing::Span::none()),
             line: lock.line,
             base,
             valid_until_ns: AtomicU64::new(until),
@@ -94,8 +105,13 @@ impl LockState {
             valid_until: self.valid_until(),
             fence: self.fence,
             attempts: self.attempts,
+            waited: self.waited,
+            refusals: self.refusals,
+            woken: self.woken,
             line: self.line,
             dropped: None,
+            #[cfg(feature = "tracing")]
+            span: self.span.clone(),
         }
     }
 

@@ -14,6 +14,7 @@ use crate::builder::Builder;
 use crate::core::{Core, Done, KeyList, TaskId};
 use crate::driver::Driver;
 use crate::error::Error;
+use crate::inspect::{ForcedRelease, Inspection};
 use crate::lock::MAX_RESOURCE_LEN;
 use crate::lock::{Dropped, Lock};
 
@@ -387,6 +388,60 @@ impl Redlock {
                 Ok(())
             }
             other => unreachable!("an extend task ended with {other:?}"),
+        }
+    }
+
+    /// Look at `resource` on every master, for an operator: who holds it there (the
+    /// fingerprint of the holder's token, never the token), for how long, who waits in its
+    /// line, its fencing counter; and whether a quorum holds it ([`Inspection::is_held`]).
+    /// Read-only. Waits for every master's answer (not just a quorum), up to the connect
+    /// timeout and a second; a master that fails is in the inspection with its fault.
+    ///
+    /// ```
+    /// # #[cfg(feature = "local")] fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let local = redlock_mux::local::LocalMasters::start(3)?;
+    /// use std::time::Duration;
+    /// use redlock_mux::Redlock;
+    ///
+    /// let mut redlock = Redlock::new(local.urls())?;
+    /// let lock = redlock.lock("report", Duration::from_secs(30))?;
+    /// let seen = redlock.inspect("report")?;
+    /// assert!(seen.is_held());
+    /// assert_eq!(seen.holder(), Some(&lock.token().as_str()[..16]));
+    /// println!("{seen}"); // held by 5f0c…: on 3 of 3 masters (quorum 2)
+    /// redlock.release(lock)?;
+    /// assert!(redlock.inspect("report")?.is_free());
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "local"))] fn main() {}
+    /// ```
+    pub fn inspect(&mut self, resource: impl AsRef<[u8]>) -> Result<Inspection, Error> {
+        let resource = resource.as_ref();
+        check_resources([resource])?;
+        self.enter()?;
+        let id = self.core.submit_inspect(resource, Instant::now());
+        match self.run(id, false)? {
+            Done::Inspected(i) => Ok(i),
+            other => unreachable!("an inspect task ended with {other:?}"),
+        }
+    }
+
+    /// An operator's release of `resource`, whoever holds it: its key is deleted on every
+    /// master whatever its token, and its waiters are woken (as by the holder's release).
+    /// Says whose keys it deleted where. The holder is not told: its next extension fails
+    /// with [`Error::NotHeld`] (a `redlock run` then stops its command), and until then it
+    /// may still believe it holds the lock: use it for holders that are gone or stuck, and
+    /// look first ([`Redlock::inspect`]).
+    ///
+    /// The lock is free when [`ForcedRelease::is_free`]: a quorum answered. A master that
+    /// did not keeps its key until it expires.
+    pub fn force_release(&mut self, resource: impl AsRef<[u8]>) -> Result<ForcedRelease, Error> {
+        let resource = resource.as_ref();
+        check_resources([resource])?;
+        self.enter()?;
+        let id = self.core.submit_force_release(resource, Instant::now());
+        match self.run(id, false)? {
+            Done::ForceReleased(f) => Ok(f),
+            other => unreachable!("a forced release ended with {other:?}"),
         }
     }
 

@@ -175,7 +175,7 @@ struct Conn {
 pub struct SimRedis {
     cfg: Config,
     dbs: Vec<Db>,
-    /// `cached[i]`: `scripts::ALL[i]` is in the script cache.
+    /// `cached[i]`: `known_script(i)` is in the script cache.
     cached: Vec<bool>,
     conns: BTreeMap<u32, Conn>,
     next_conn: u32,
@@ -334,7 +334,7 @@ impl SimRedis {
         SimRedis {
             cfg,
             dbs: vec![Db::new(); DATABASES],
-            cached: vec![false; scripts::ALL.len()],
+            cached: vec![false; known_scripts().count()],
             conns: BTreeMap::new(),
             next_conn: 0,
             subscribers: BTreeMap::new(),
@@ -521,7 +521,7 @@ impl SimRedis {
         std::mem::take(&mut self.published)
     }
 
-    /// Whether `scripts::ALL[i]` is cached.
+    /// Whether `scripts::ALL[i]` (or past them, `scripts::ADMIN[i - ALL.len()]`) is cached.
     pub fn script_cached(&self, i: usize) -> bool {
         self.cached[i]
     }
@@ -731,7 +731,7 @@ impl SimRedis {
             "script|load" => match script_index(&args[2]) {
                 Some(i) => {
                     self.cached[i] = true;
-                    Reply::Bulk(scripts::ALL[i].sha.as_bytes().to_vec())
+                    Reply::Bulk(known_script(i).sha.as_bytes().to_vec())
                 }
                 None => unknown_script(),
             },
@@ -863,8 +863,7 @@ impl SimRedis {
     }
 
     fn cached_by_sha(&self, sha: &[u8]) -> Option<usize> {
-        scripts::ALL
-            .iter()
+        known_scripts()
             .position(|s| s.sha.as_bytes().eq_ignore_ascii_case(sha))
             .filter(|&i| self.cached[i])
     }
@@ -901,13 +900,13 @@ impl SimRedis {
         };
         let split = 3 + numkeys as usize;
         let run = Run {
-            sha: scripts::ALL[index].sha,
+            sha: known_script(index).sha,
             db,
             now,
             keys: &args[3..split],
             argv: &args[split..],
         };
-        let s = scripts::ALL[index];
+        let s = known_script(index);
         let result = if s == scripts::RELEASE {
             self.lua_release(&run)
         } else if s == scripts::EXTEND {
@@ -920,6 +919,10 @@ impl SimRedis {
             self.lua_fence_draw(&run)
         } else if s == scripts::FENCE_RAISE {
             self.lua_fence_raise(&run)
+        } else if s == scripts::INSPECT {
+            self.lua_inspect(&run)
+        } else if s == scripts::FORCE_RELEASE {
+            self.lua_force_release(&run)
         } else {
             return err("ERR simredis: a script of scripts::ALL has no native implementation");
         };
@@ -1815,6 +1818,157 @@ impl SimRedis {
         // L10: return 1
         Ok(Reply::Int(1))
     }
+
+    /// `scripts::INSPECT`.
+    fn lua_inspect(&mut self, x: &Run<'_>) -> Result<Reply, Raised> {
+        // L1: local v = redis.pcall('get', KEYS[1])
+        let got = self.pcall(x, &[Some(b"get"), x.key(1.0)]);
+        // L2: local kind = 'string'
+        // L3: if not v then kind = 'none' v = ''
+        // L4: elseif type(v) ~= 'string' then kind = 'other' v = '' end
+        let (kind, v): (&[u8], Vec<u8>) = match got {
+            Reply::Nil => (b"none", Vec::new()),
+            Reply::Bulk(v) => (b"string", v),
+            _ => (b"other", Vec::new()),
+        };
+        // L5: local lock, marked = 0, 0
+        let (mut lock, mut marked) = (0, 0);
+        // L6: local body = v
+        let mut body: &[u8] = &v;
+        // L7: if #v == 33 and string.sub(v, 33) == '+' then body = string.sub(v, 1, 32) marked = 1 end
+        if v.len() == 33 && lua_sub(&v, 33, 33) == b"+" {
+            body = lua_sub(&v, 1, 32);
+            marked = 1;
+        }
+        // L8: if #body == 32 and not string.find(body, '[^0-9a-f]') then lock = 1 else marked = 0 end
+        if body.len() == 32
+            && body
+                .iter()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
+        {
+            lock = 1;
+        } else {
+            marked = 0;
+        }
+        // L9: local n = redis.pcall('zcard', KEYS[2])
+        let n = self.pcall(x, &[Some(b"zcard"), x.key(2.0)]);
+        // L10: local ids, alive = {}, {}
+        let (mut ids, mut alive) = (Vec::new(), Vec::new());
+        // L11: if type(n) ~= 'number' then n = 0 end
+        let n = lua_number(&n).unwrap_or(0.0);
+        // L12: if n > 0 then
+        if n > 0.0 {
+            // L13: ids = redis.call('zrange', KEYS[2], 0, tonumber(ARGV[1]) - 1)
+            let Some(count) = x.arg(1).and_then(lua_tonumber) else {
+                return Err(Raised(
+                    format!(
+                        "ERR user_script:13: attempt to perform arithmetic on a nil value script: {}, on @user_script:13.",
+                        x.sha
+                    )
+                    .into_bytes(),
+                ));
+            };
+            let stop = lua_num_arg(count - 1.0);
+            let r = self.call(
+                x,
+                13,
+                &[Some(b"zrange"), x.key(2.0), Some(b"0"), Some(&stop)],
+            )?;
+            if let Reply::Array(items) = r {
+                ids = items;
+            }
+            // L14: for i = 1, #ids do
+            for id in &ids {
+                // L15: alive[i] = redis.call('exists', 'redlock-mux:waiter:' .. ids[i])
+                let Reply::Bulk(id) = id else { continue };
+                let live = cat(b"redlock-mux:waiter:", id);
+                alive.push(self.call(x, 15, &[Some(b"exists"), Some(&live)])?);
+            }
+        }
+        // L18: local f = redis.pcall('get', KEYS[3])
+        // L19: if type(f) ~= 'string' then f = '' end
+        let f = match self.pcall(x, &[Some(b"get"), x.key(3.0)]) {
+            Reply::Bulk(f) => f,
+            _ => Vec::new(),
+        };
+        // L20: return {kind, string.sub(v, 1, 16), lock, marked, redis.call('pttl', KEYS[1]), n, ids, alive, f}
+        let pttl = self.call(x, 20, &[Some(b"pttl"), x.key(1.0)])?;
+        Ok(Reply::Array(vec![
+            Reply::Bulk(kind.to_vec()),
+            Reply::Bulk(lua_sub(&v, 1, 16).to_vec()),
+            Reply::Int(lock),
+            Reply::Int(marked),
+            pttl,
+            Reply::Int(n as i64),
+            Reply::Array(ids),
+            Reply::Array(alive),
+            Reply::Bulk(f),
+        ]))
+    }
+
+    /// `scripts::FORCE_RELEASE`.
+    fn lua_force_release(&mut self, x: &Run<'_>) -> Result<Reply, Raised> {
+        let key = x.key(1.0);
+        // L1: local v = redis.call('get', KEYS[1])
+        // L2: if not v then return {'', -2, ''} end
+        let v = match self.call(x, 1, &[Some(b"get"), key])? {
+            Reply::Bulk(v) => v,
+            _ => {
+                return Ok(Reply::Array(vec![
+                    Reply::Bulk(Vec::new()),
+                    Reply::Int(-2),
+                    Reply::Bulk(Vec::new()),
+                ]))
+            }
+        };
+        // L3: local left = redis.call('pttl', KEYS[1])
+        let left = self.call(x, 3, &[Some(b"pttl"), key])?;
+        // L4: redis.call('del', KEYS[1])
+        self.call(x, 4, &[Some(b"del"), key])?;
+        // L5: local note = string.sub(v, 1, 16)
+        let note = lua_sub(&v, 1, 16).to_vec();
+        // L6: local turn = ''
+        let mut turn: Vec<u8> = Vec::new();
+        // L7: for _ = 1, 8 do
+        for _ in 1..=8 {
+            // L8: local r = redis.pcall('zrange', KEYS[2], 0, 0)
+            let r = self.pcall(x, &[Some(b"zrange"), x.key(2.0), Some(b"0"), Some(b"0")]);
+            // L9: local h = type(r) == 'table' and r[1]
+            // L10: if not h then break end
+            let Some(h) = first_string(&r) else {
+                break;
+            };
+            // L11: if redis.pcall('exists', 'redlock-mux:waiter:' .. h) == 1 then
+            let live = cat(b"redlock-mux:waiter:", &h);
+            if self.pcall(x, &[Some(b"exists"), Some(&live)]) == Reply::Int(1) {
+                // L12: turn = h
+                // L13: break
+                turn = h;
+                break;
+            }
+            // L15: redis.pcall('zrem', KEYS[2], h)
+            self.pcall(x, &[Some(b"zrem"), x.key(2.0), Some(&h)]);
+        }
+        // L17: if turn ~= '' and #note == 16 then
+        if !turn.is_empty() && note.len() == 16 {
+            // L18: redis.pcall('publish', 'redlock-mux:next:' .. string.sub(turn, 1, 8), note .. turn)
+            let channel = cat(b"redlock-mux:next:", lua_sub(&turn, 1, 8));
+            let payload = cat(&note, &turn);
+            self.pcall(x, &[Some(b"publish"), Some(&channel), Some(&payload)]);
+        } else {
+            // L20: turn = ''
+            turn.clear();
+            // L21: redis.pcall('publish', 'redlock-mux:released:' .. KEYS[1], note)
+            let channel = cat(b"redlock-mux:released:", key.unwrap_or_default());
+            self.pcall(x, &[Some(b"publish"), Some(&channel), Some(&note)]);
+        }
+        // L23: return {note, left, turn}
+        Ok(Reply::Array(vec![
+            Reply::Bulk(note),
+            left,
+            Reply::Bulk(turn),
+        ]))
+    }
 }
 
 // ----- Lua helpers ------------------------------------------------------------------------------
@@ -2074,15 +2228,26 @@ fn insert_sorted(z: &mut Vec<(f64, Vec<u8>)>, score: f64, member: Vec<u8>) {
     z.insert(pos, (score, member));
 }
 
-/// The index in `scripts::ALL` of a script source (byte-exact).
+/// Every script the server runs natively: the handshake's (`scripts::ALL`), then the
+/// operators' (`scripts::ADMIN`, sent with `EVALSHA` and `EVAL` only).
+fn known_scripts() -> impl Iterator<Item = Script> {
+    scripts::ALL.into_iter().chain(scripts::ADMIN)
+}
+
+/// The `i`th of [`known_scripts`].
+fn known_script(i: usize) -> Script {
+    known_scripts()
+        .nth(i)
+        .expect("a script index from known_scripts")
+}
+
+/// The index in [`known_scripts`] of a script source (byte-exact).
 fn script_index(src: &[u8]) -> Option<usize> {
-    scripts::ALL
-        .iter()
-        .position(|s: &Script| s.src.as_bytes() == src)
+    known_scripts().position(|s: Script| s.src.as_bytes() == src)
 }
 
 fn unknown_script() -> Reply {
-    err("ERR simredis: unknown script source (only redlock_mux::scripts::ALL can run)")
+    err("ERR simredis: unknown script source (only redlock_mux::scripts::ALL and ADMIN can run)")
 }
 
 /// `%.{max}s` of an argument, with CR/LF shown as spaces (an error line has none).

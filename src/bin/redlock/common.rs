@@ -61,27 +61,6 @@ macro_rules! out_part {
 }
 pub(crate) use out_part;
 
-/// A short form of a lock token (first 8 characters and an ellipsis); never print a whole
-/// token: it is the capability to release someone else's lock.
-pub fn short_token(token: &[u8]) -> String {
-    match std::str::from_utf8(token) {
-        Ok(s) if s.chars().all(|c| !c.is_control()) => {
-            let mut out: String = s.chars().take(8).collect();
-            if s.chars().count() > 8 {
-                out.push('…');
-            }
-            out
-        }
-        _ => {
-            let mut out: String = token.iter().take(4).map(|b| format!("{b:02x}")).collect();
-            if token.len() > 4 {
-                out.push('…');
-            }
-            out
-        }
-    }
-}
-
 /// A duration the way people read it: `950 µs`, `12.3 ms`, `4.50 s`.
 pub fn human_duration(d: std::time::Duration) -> String {
     let us = d.as_secs_f64() * 1e6;
@@ -142,9 +121,6 @@ mod tests {
         assert_eq!(thousands(999), "999");
         assert_eq!(thousands(1000), "1,000");
         assert_eq!(thousands(12345678), "12,345,678");
-        assert_eq!(short_token(b"0123456789abcdef"), "01234567…");
-        assert_eq!(short_token(b"abc"), "abc");
-        assert_eq!(short_token(&[0, 1, 2, 3, 4]), "00010203…");
         assert_eq!(human_micros(12.4), "12 µs");
         assert_eq!(human_micros(1500.0), "1.50 ms");
         assert_eq!(exit::signal(15), 143);
