@@ -847,7 +847,7 @@ fn cases() -> Vec<Case> {
         .wait("f", TW2, W2, "60000", false, "200")
         .c(0, &["GET", "f"])
         .c(0, &["SET", "p", TH, "PX", "60000"])
-        .sha(0, scripts::ACQUIRE_WAIT, &["p"], &[TW2, "60000"])
+        .sha_ttl(0, scripts::ACQUIRE_WAIT, &["p"], &[TW2, "60000"])
         .c(0, &["GET", "p"])
         // A waiter on several keys marks each of ours it found (it listens on their
         // channels), and the release of one announces it.
