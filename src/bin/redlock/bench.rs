@@ -435,10 +435,13 @@ pub fn main(args: BenchArgs) -> u8 {
             }
         }
     }
+    let local_pids: Option<Vec<u32>> = local
+        .as_ref()
+        .map(|m| m.iter().filter_map(|x| x.pid()).collect());
     let code = bench(
         &args,
         &urls,
-        local.is_some(),
+        local_pids.as_deref(),
         pinning.as_ref(),
         resources,
         &interrupted,
@@ -451,7 +454,8 @@ pub fn main(args: BenchArgs) -> u8 {
 fn bench(
     args: &BenchArgs,
     urls: &[String],
-    local: bool,
+    // The local masters' process ids, when the bench started them.
+    local: Option<&[u32]>,
     pinning: Option<&Pinning>,
     resources: usize,
     interrupted: &AtomicBool,
@@ -627,7 +631,7 @@ fn bench(
         say!(
             "interrupted after {:.1}s; stopping{}",
             elapsed.as_secs_f64(),
-            if local { " the local masters" } else { "" }
+            if local.is_some() { " the local masters" } else { "" }
         );
         return exit::signal(SIGINT);
     }
@@ -1305,7 +1309,8 @@ fn waiting(holds: &[Hold]) -> Waiting {
 struct Report<'a> {
     args: &'a BenchArgs,
     masters: &'a [String],
-    local: bool,
+    /// The process ids of the local masters this run started (stopped before it exits).
+    local: Option<&'a [u32]>,
     pinning: Option<&'a Pinning>,
     quorum: usize,
     round_timeout: Duration,
@@ -1356,7 +1361,8 @@ impl Report<'_> {
         });
         serde_json::json!({
             "masters": self.masters,
-            "local_masters": self.local,
+            "local_masters": self.local.is_some(),
+            "local_master_pids": self.local,
             "pinned": self.pinning.map(|p| serde_json::json!({
                 "client_cpus": p.clients,
                 "master_cpus": p.masters,
@@ -1430,7 +1436,7 @@ impl Report<'_> {
         out!(
             "redlock bench: {} {}masters (quorum {}), {who}, {} resource{}, ttl {}, {:.2} s{}",
             self.masters.len(),
-            if self.local { "local " } else { "" },
+            if self.local.is_some() { "local " } else { "" },
             self.quorum,
             self.resources,
             if self.resources == 1 { "" } else { "s" },
@@ -1462,9 +1468,9 @@ impl Report<'_> {
                 cpu_list(&p.clients),
                 cpu_list(&p.masters)
             );
-        } else if self.local && a.mode() == Mode::Clients {
+        } else if self.local.is_some() && a.mode() == Mode::Clients {
             out!("unpinned: clients and masters on any CPU (--pin to pin)");
-        } else if self.local {
+        } else if self.local.is_some() {
             out!("unpinned: callers, the shared client's loop thread and masters on any CPU");
         }
         out!();
