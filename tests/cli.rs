@@ -572,8 +572,14 @@ fn bench(args: &[&str]) -> (Output, serde_json::Value) {
     // Local masters are stopped on exit: their processes are gone. (Not "their ports
     // refuse connections": another test running beside this one may have been given a
     // port the bench's masters freed.)
-    let pids = j["local_master_pids"].as_array().expect("local_master_pids");
-    assert_eq!(pids.len(), j["masters"].as_array().expect("masters").len(), "{j}");
+    let pids = j["local_master_pids"]
+        .as_array()
+        .expect("local_master_pids");
+    assert_eq!(
+        pids.len(),
+        j["masters"].as_array().expect("masters").len(),
+        "{j}"
+    );
     for pid in pids {
         let pid = pid.as_u64().expect("a pid");
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();

@@ -105,6 +105,10 @@ pub(super) struct Task {
     /// own; fingerprint; whether it named this task, or nobody, as next): if the attempt is
     /// refused and one of them frees enough, try again at once.
     pub heard: SmallVec<[(u32, Fingerprint, bool); 4]>,
+    /// Masters (bit i) that confirmed a subscription of the task's while the attempt ran
+    /// (a subscription connection that came back): weighed against the attempt's answers
+    /// as a confirmation heard while sleeping would be (`Core::on_subscribed`).
+    pub confirmed: u64,
     /// Who held the key on each master in the last attempt (one-key locks), where known:
     /// that holder's announcement from that master is news.
     pub holders: SmallVec<[Option<Fingerprint>; 8]>,
@@ -172,6 +176,7 @@ impl Task {
             woken_by: None,
             own: SmallVec::new(),
             heard: SmallVec::new(),
+            confirmed: 0,
             holders: SmallVec::new(),
             taken: 0,
             blocked: 0,
@@ -206,6 +211,7 @@ impl Task {
         self.woken_by = None;
         self.own.clear();
         self.heard.clear();
+        self.confirmed = 0;
         self.holders.clear();
         self.taken = 0;
         self.blocked = 0;
@@ -323,6 +329,7 @@ impl Core {
         t.op = Some(op);
         t.fence = None;
         t.heard.clear();
+        t.confirmed = 0;
         t.phase = Phase::Acquire;
     }
 
@@ -568,7 +575,11 @@ impl Core {
                 // the confirmation that completes it: `on_subscribed`).
                 let recheck = !self.covered(id, t1) && self.covered(id, now);
                 self.tasks[id.slot as usize].heard = heard;
-                if news.is_some() || recheck {
+                // Masters that failed the attempt (a connection cut) and whose subscription
+                // came back while it ran are back, as on a confirmation heard asleep.
+                let confirmed = std::mem::take(&mut self.tasks[id.slot as usize].confirmed);
+                let back = self.came_back(id, confirmed);
+                if news.is_some() || recheck || back {
                     self.tasks[id.slot as usize].phase = Phase::Sleep;
                     self.wake_now(id, news, now);
                     return;

@@ -28,7 +28,10 @@
 //!   stands in line) before that attempt was sent. An uncovered task tries once more when
 //!   a confirmation completes its cover (its first subscriptions, or a subscription
 //!   connection that came back): a release before that may have gone unheard; one
-//!   attempt, not one per channel confirmed. Everything else falls to the timed retry.
+//!   attempt, not one per channel confirmed. A confirmation from a master the last
+//!   attempt could not reach (or had no answer from) makes room again, and one that
+//!   arrives while an attempt runs is weighed against that attempt's answers, as an
+//!   announcement is. Everything else falls to the timed retry.
 //! * **Fairness** (opt-in): attempts are polite (the script does not give a free key to a
 //!   waiter while a live one stands ahead of it in line), so grants follow arrival across
 //!   clients; within the client, an announcement that names nobody wakes the oldest waiter
@@ -449,35 +452,50 @@ impl Core {
                 })
                 .collect(),
         };
-        let (n, quorum) = (self.rounds.n(), self.rounds.quorum());
+        let bit = if master < 64 { 1u64 << master } else { 0 };
         for id in list {
-            if !self.sleeping_task(id) || !self.eligible(id) {
+            let t = &mut self.tasks[id.slot as usize];
+            if t.gen != id.gen || !t.live {
                 continue;
             }
-            // A master the last attempt could not reach, or had no answer from when it was
-            // decided, answers again: it may make room for a quorum (then try, as on an
-            // announcement that frees one; once per master come back, not once per
-            // channel).
-            let t = &mut self.tasks[id.slot as usize];
-            let mut back = false;
-            let bit = 1u64 << master.min(63);
-            if master < 64 && (t.failed | t.unknown) & bit != 0 {
-                t.failed &= !bit;
-                if t.unknown & bit != 0 {
-                    t.unknown &= !bit;
-                    t.blocked &= !bit;
-                }
-                let out = (t.blocked | t.failed).count_ones() as usize;
-                back = n - out.min(n) >= quorum;
+            if matches!(t.phase, Phase::Acquire | Phase::Draw | Phase::WriteBack) {
+                // Weighed against the running attempt's answers when it is refused: the
+                // connection that came back may be one that attempt lost (a confirmation
+                // dropped here left a waiter whose attempt failed on a cut asleep until its
+                // timed retry: hot::a_cut_subscription_does_not_lose_the_release).
+                t.confirmed |= bit;
+                continue;
+            }
+            if !self.sleeping_task(id) || !self.eligible(id) {
+                continue;
             }
             // The cover the last attempt lacked is complete now: a release in between
             // may have gone unheard, try once. A partial cover waits for the rest (each
             // channel's confirmation would otherwise be one more attempt).
+            let back = self.came_back(id, bit);
             let t1 = self.tasks[id.slot as usize].t1;
             if back || (!self.covered(id, t1) && self.covered(id, now)) {
                 self.wake_now(id, None, now);
             }
         }
+    }
+
+    /// Masters `masters` (bits) confirmed a subscription of task `id`'s: those its last
+    /// attempt could not reach, or had no answer from when it was decided, answer again.
+    /// Whether that makes room for a quorum (then try, as on an announcement that frees
+    /// one; once per master come back, not once per channel).
+    pub(super) fn came_back(&mut self, id: TaskId, masters: u64) -> bool {
+        let (n, quorum) = (self.rounds.n(), self.rounds.quorum());
+        let t = &mut self.tasks[id.slot as usize];
+        let back = masters & (t.failed | t.unknown);
+        if back == 0 {
+            return false;
+        }
+        t.failed &= !back;
+        t.blocked &= !(back & t.unknown);
+        t.unknown &= !back;
+        let out = (t.blocked | t.failed).count_ones() as usize;
+        n - out.min(n) >= quorum
     }
 
     /// This client releases `keys` (token `token`), e.g. a guard dropped or a failed

@@ -631,7 +631,11 @@ fn bench(
         say!(
             "interrupted after {:.1}s; stopping{}",
             elapsed.as_secs_f64(),
-            if local.is_some() { " the local masters" } else { "" }
+            if local.is_some() {
+                " the local masters"
+            } else {
+                ""
+            }
         );
         return exit::signal(SIGINT);
     }
