@@ -44,7 +44,7 @@ use crate::stats::MasterStats;
 /// used).
 const OPS_RESERVED: usize = 256;
 /// Idle gaps between `drive` calls shorter than this do not shift the stall clocks.
-pub(crate) const IDLE_SHIFT_MIN: Duration = Duration::from_millis(1);
+pub const IDLE_SHIFT_MIN: Duration = Duration::from_millis(1);
 
 /// Tuning of the connections (set from the builder).
 #[derive(Debug, Clone)]
@@ -296,7 +296,7 @@ impl Rounds {
             if !target(i) {
                 // Not asked: counts as a no, so the tally still decides.
                 self.unshare(i, at);
-                self.record(id, i, Outcome::NotHeld, now);
+                self.tally(id, i, Outcome::NotHeld);
                 continue;
             }
             // Releases always go out (the master may run an earlier SET of this lock
@@ -313,7 +313,7 @@ impl Rounds {
                 };
                 if let Some(fault) = refused {
                     self.unshare(i, at);
-                    self.record(id, i, Outcome::Failed(fault), now);
+                    self.tally(id, i, Outcome::Failed(fault));
                     continue;
                 }
             }
@@ -343,7 +343,15 @@ impl Rounds {
                 }
                 Err(fault) => {
                     self.unshare(i, at);
-                    self.record(id, i, Outcome::Failed(fault), now)
+                    if req == Request::Release {
+                        // Down (backing off, or connecting): the master may hold the key
+                        // all the same (a lock granted before its connection broke). Owed
+                        // to its next connection, as a release its connection lost is:
+                        // a release takes effect on every master back within the TTL.
+                        self.owe_release(i, id, now);
+                        self.due_by(self.links[i].retry_at.unwrap_or(now));
+                    }
+                    self.tally(id, i, Outcome::Failed(fault));
                 }
             }
         }
@@ -385,9 +393,20 @@ impl Rounds {
     }
 
     fn record(&mut self, id: OpId, node: usize, outcome: Outcome, now: Instant) {
+        if self.tally(id, node, outcome) {
+            self.check_decided(id, now);
+        }
+    }
+
+    /// Count `outcome` of master `node` for op `id` (whether the op is live), without
+    /// deciding: [`Rounds::start`] decides once every master was asked (deciding on the
+    /// first master not asked freed an op without an owner before its requests to the
+    /// others were counted: their replies then found it gone, and a cleanup release's
+    /// `-NOSCRIPT` was never retried, leaving its key until the TTL).
+    fn tally(&mut self, id: OpId, node: usize, outcome: Outcome) -> bool {
         let op = &mut self.ops[id.slot as usize];
         if op.gen != id.gen || op.state == OpState::Free {
-            return;
+            return false;
         }
         // Faults count (once: not for a request its round already counted as timed out);
         // a master not asked (`NotHeld` from `start`) did nothing.
@@ -396,7 +415,7 @@ impl Rounds {
             self.masters[node].stats.outcome(outcome);
         }
         op.tally.record(node, outcome);
-        self.check_decided(id, now);
+        true
     }
 
     fn check_decided(&mut self, id: OpId, now: Instant) {
@@ -550,22 +569,8 @@ impl Rounds {
         for tag in pending.drain(..) {
             if let Tag::Op { id, req, .. } = tag {
                 // A release the master may not have run: owed to its next connection.
-                let op = &self.ops[id.slot as usize];
-                if req == Request::Release && op.gen == id.gen {
-                    let until = op.started + Duration::from_millis(op.args.ttl_ms);
-                    // Bounded (a master frozen under load is owed thousands), oldest kept:
-                    // a connection closed with a reset may still run the start of what it
-                    // was sent (Redis reads one more buffer, 16 KiB), not the rest; past the
-                    // bound a release is left to the TTL, as before. Half of `max_pending`:
-                    // sending them leaves the new connection room (a full one would be
-                    // closed again at once).
-                    let owed = &mut self.masters[i].owed;
-                    if until > now && owed.len() < self.cfg.max_pending / 2 {
-                        owed.push_back(Owed {
-                            args: op.args.clone(),
-                            until,
-                        });
-                    }
+                if req == Request::Release {
+                    self.owe_release(i, id, now);
                 }
                 self.owed_reply_arrived(id);
                 self.record(id, i, Outcome::Failed(fault), now);
@@ -585,6 +590,31 @@ impl Rounds {
         // Releases owed: reconnect once the backoff allows (see `tick`).
         if !self.masters[i].owed.is_empty() {
             self.due_by(self.links[i].retry_at.unwrap_or(now));
+        }
+    }
+
+    /// Release `id` is owed to master `i`'s next connection (the master may hold its key:
+    /// its connection closed before it answered, or was down when the release started),
+    /// within the lock's TTL.
+    ///
+    /// Bounded (a master frozen under load is owed thousands), oldest kept: a connection
+    /// closed with a reset may still run the start of what it was sent (Redis reads one
+    /// more buffer, 16 KiB), not the rest; past the bound a release is left to the TTL.
+    /// Half of `max_pending`: sending them leaves the new connection room (a full one
+    /// would be closed again at once).
+    #[cold]
+    fn owe_release(&mut self, i: usize, id: OpId, now: Instant) {
+        let op = &self.ops[id.slot as usize];
+        if op.gen != id.gen {
+            return;
+        }
+        let until = op.started + Duration::from_millis(op.args.ttl_ms);
+        let owed = &mut self.masters[i].owed;
+        if until > now && owed.len() < self.cfg.max_pending / 2 {
+            owed.push_back(Owed {
+                args: op.args.clone(),
+                until,
+            });
         }
     }
 

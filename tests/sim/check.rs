@@ -1,361 +1,554 @@
-//! The properties the simulation checks, and what a violation of each looks like.
+//! What the simulation records of a run, and the properties it checks on it.
 //!
-//! (i) mutual exclusion: hold intervals of different clients on one resource never overlap
-//!     ([`check_intervals`], after the run);
+//! (i) mutual exclusion: the hold intervals of different locks on one resource never
+//!     overlap. A hold runs from the moment the caller got the lock to the earlier of its
+//!     release (or drop) and the lock's validity as the lock reported it last (an honest
+//!     holder stops at its validity; extensions move it, a failed extension does not: that
+//!     is (iii), no grant to another while a lock reports valid after a failed extend).
 //! (ii) fencing tokens strictly increase in grant order per resource; a multi-resource
-//!     lock's token exceeds every earlier token of any of its resources ([`check_tokens`],
-//!     after the run);
-//! (iii) no grant of a resource while another client's lock on it still reports valid after
-//!     a failed extend (checked at every grant, in the simulation);
-//! (iv) no key of a lock attempt outlives that attempt's release on a master where the
-//!     release ran, and a failed attempt's key survives only on masters its report marks as
-//!     timed out / failed (checked when a key is created, and after the run);
-//! (v) no starvation under fairness: a fair call that keeps asking is granted within a
-//!     bound the family derives (after the run, [`Violation::Starved`]);
-//! (vi) with fairness, grants follow arrival: a fair call is not granted while a fair call
-//!     of another client that arrived earlier (smaller score) already stood in line on a
-//!     quorum of masters when the grant's acquire was sent (checked at every grant).
+//!     lock's token exceeds every earlier token of any of its resources.
+//! (vii) bounded attempts: a lock call makes at most its timed retries, plus one per piece
+//!     of news that could free it (a release of a granted lock announced to its client or
+//!     made by it, a subscription confirmed, the holder's expiry, a sibling call that left
+//!     the line), plus one. A waiter that spins on its own cleanups, or on its siblings',
+//!     breaks it by orders of magnitude.
+//! (viii) progress: while a resource is free on a quorum and some waiting call's client
+//!     reaches a quorum of masters, somebody is granted it within a bound derived from the
+//!     settings.
+//! (ix) fair waiters keep their place: a fair call is not granted while a fair call that
+//!     arrived earlier stands in line on a quorum of masters and keeps asking.
+//! (x) no lost wake-up: a release of a resource with a call waiting for it in notify mode is
+//!     followed by an attempt of some waiting call within a few round trips (families whose
+//!     retry delays are far longer, so only a wake-up explains an attempt).
+//! (xi) no orphan key: after the run, with every master back and every client shut down
+//!     as its front-end does, no master keeps a key of a lock that was released, dropped or
+//!     never granted (only locks whose holder vanished without releasing keep theirs until
+//!     their TTL; a single-owner client that still owed releases when it was dropped may
+//!     leave keys until their TTL, which its documentation says).
 
 use std::fmt;
 
-use super::{ms, Keys, Us};
+use super::Us;
 
-/// An interval during which `client` believed it held `res`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// An interval during which a caller believed it held a lock on `res`.
+#[derive(Clone, Debug)]
 pub struct Held {
     pub res: usize,
     pub client: usize,
-    pub token: u64,
-    /// The client's clock when it sent the acquire (or the extend that opened this interval).
-    pub t1: Us,
+    pub caller: usize,
+    /// The lock's token (its first 16 hex digits).
+    pub token: String,
     pub start: Us,
     pub end: Us,
-    /// The round's votes, e.g. `[ok, ok, timed out]`.
-    pub votes: String,
+    /// The lock's validity end as reported last, and whether an extension failed.
+    pub valid_until: Us,
+    pub failed_extend: bool,
 }
 
-/// A fenced grant: `client` holds `keys` from `at` with fencing token `fence`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A fenced grant.
+#[derive(Clone, Debug)]
 pub struct Grant {
     pub at: Us,
     pub client: usize,
-    pub keys: Keys,
-    /// The lock attempt's (random, unique) token; not the fencing token.
-    pub token: u64,
+    pub res: Vec<usize>,
+    pub token: String,
     pub fence: u64,
-    /// The acquire's t1.
-    pub t1: Us,
-    /// The fencing rounds' votes and values.
-    pub votes: String,
 }
 
-/// One lock call of a waiting client (hot resources): its attempts until a grant or the
-/// caller's cancel.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One lock call, for the liveness properties.
+#[derive(Clone, Debug)]
 pub struct Call {
     pub client: usize,
-    pub keys: Keys,
-    /// Notify mode with fairness (polite attempts).
+    pub caller: usize,
+    pub res: Vec<usize>,
+    pub kind: &'static str,
     pub fair: bool,
-    /// Its arrival on the client's clock: its place in the lines.
-    pub score: Us,
+    pub notify: bool,
     pub start: Us,
-    /// When a decided attempt of it had been refused by more than `n - quorum` masters
-    /// (it stood in line on a quorum), the first time.
-    pub inline_at: Option<Us>,
-    pub granted: Option<Us>,
-    /// The caller cancelled it (it stopped asking).
-    pub ended: Option<Us>,
+    pub end: Option<Us>,
+    pub granted: bool,
+    /// Attempts, as the lock or the error's report says.
     pub attempts: u32,
+    /// The retries its settings allow (`retry_count`), or `None` with a deadline.
+    pub retries: Option<u32>,
+    pub deadline: Option<Us>,
+    pub result: String,
 }
 
 /// Which property a violation breaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Property {
-    /// (i) at most one holder at any instant.
     MutualExclusion,
-    /// (ii) fencing tokens strictly increase in grant order per resource.
     FencingOrder,
-    /// (iii) no other grant while a lock reports valid after a failed extend.
-    GrantAfterFailedExtend,
-    /// (iv) no key of an attempt outlives its cleanup (except TTL-bounded, on masters
-    /// reported as timed out / failed).
+    BoundedAttempts,
+    Progress,
+    KeepsItsPlace,
+    LostWakeup,
     OrphanKey,
-    /// (v) a fair call that keeps asking is granted within the bound.
-    NoStarvation,
-    /// (vi) fair grants follow arrival order.
-    ArrivalOrder,
-}
-
-/// Two holders of the same resource whose intervals overlap.
-#[derive(Clone, Debug)]
-pub struct Overlap {
-    pub first: Held,
-    pub second: Held,
+    /// The run itself went wrong: the core never settled, a call never ended.
+    Stuck,
 }
 
 #[derive(Clone, Debug)]
-pub enum Violation {
-    Overlap(Overlap),
-    Fence {
-        res: usize,
-        earlier: Grant,
-        later: Grant,
-    },
-    AfterFailedExtend {
-        res: usize,
-        holder: usize,
-        holder_token: u64,
-        /// When the holder's hold started (its acquire's t1, for the trace window).
-        held_t1: Us,
-        failed_at: Us,
-        failed_ttl: Us,
-        deadline: Us,
-        grantee: usize,
-        grantee_token: u64,
-        granted_at: Us,
-        votes: String,
-    },
-    Orphan {
-        token: u64,
-        client: usize,
-        master: usize,
-        /// When the attempt started.
-        t1: Us,
-        /// When the key appeared (or the run ended, for a key that survived).
-        at: Us,
-        what: String,
-    },
-    /// (v): `call` waited `waited` (until its grant, or the end of the run) > `bound`.
-    Starved {
-        call: Call,
-        waited: Us,
-        bound: Us,
-    },
-    /// (vi): `second` was granted at `granted_at` (its acquire sent at `t1`) while `first`,
-    /// which arrived earlier, stood in line on a quorum since `first.inline_at`.
-    OutOfOrder {
-        first: Call,
-        second: Call,
-        granted_at: Us,
-        t1: Us,
-    },
-}
-
-impl Violation {
-    pub fn property(&self) -> Property {
-        match self {
-            Violation::Overlap(_) => Property::MutualExclusion,
-            Violation::Fence { .. } => Property::FencingOrder,
-            Violation::AfterFailedExtend { .. } => Property::GrantAfterFailedExtend,
-            Violation::Orphan { .. } => Property::OrphanKey,
-            Violation::Starved { .. } => Property::NoStarvation,
-            Violation::OutOfOrder { .. } => Property::ArrivalOrder,
-        }
-    }
-
-    /// The time window (true time) and the clients worth tracing to see what happened.
-    pub fn window(&self, ttl: Us) -> (Us, Us, Vec<usize>) {
-        match self {
-            Violation::Overlap(o) => (
-                o.first.t1.min(o.second.t1).saturating_sub(ttl),
-                o.second.start,
-                vec![o.first.client, o.second.client],
-            ),
-            Violation::Fence { earlier, later, .. } => (
-                earlier.t1.min(later.t1).saturating_sub(ttl),
-                later.at,
-                vec![earlier.client, later.client],
-            ),
-            Violation::AfterFailedExtend {
-                holder,
-                held_t1,
-                grantee,
-                granted_at,
-                ..
-            } => (
-                held_t1.saturating_sub(ttl),
-                *granted_at,
-                vec![*holder, *grantee],
-            ),
-            Violation::Orphan { client, t1, at, .. } => {
-                (t1.saturating_sub(ttl), *at, vec![*client])
-            }
-            Violation::Starved { call, waited, .. } => {
-                (call.start, call.start + waited, vec![call.client])
-            }
-            Violation::OutOfOrder {
-                first,
-                second,
-                granted_at,
-                ..
-            } => (
-                first.start.saturating_sub(ttl),
-                *granted_at,
-                vec![first.client, second.client],
-            ),
-        }
-    }
+pub struct Violation {
+    pub property: Property,
+    pub at: Us,
+    pub what: String,
 }
 
 impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Violation::Overlap(Overlap { first: a, second: b }) => write!(
-                f,
-                "(i) double grant of r{}: c{} (token {}) believed it held it {}..{} ms, c{} (token {}) \
-                 from {} ms (until {} ms), votes {} / {}",
-                a.res,
-                a.client,
-                a.token,
-                ms(a.start),
-                ms(a.end),
-                b.client,
-                b.token,
-                ms(b.start),
-                ms(b.end),
-                a.votes,
-                b.votes
-            ),
-            Violation::Fence {
-                res,
-                earlier: a,
-                later: b,
-            } => write!(
-                f,
-                "(ii) fencing token of r{res} went backwards: c{} granted {} with fencing token {} at {} ms \
-                 (votes {}), then c{} granted {} with fencing token {} at {} ms (votes {})",
-                a.client,
-                a.keys,
-                a.fence,
-                ms(a.at),
-                a.votes,
-                b.client,
-                b.keys,
-                b.fence,
-                ms(b.at),
-                b.votes
-            ),
-            Violation::AfterFailedExtend {
-                res,
-                holder,
-                holder_token,
-                failed_at,
-                failed_ttl,
-                deadline,
-                grantee,
-                grantee_token,
-                granted_at,
-                votes,
-                ..
-            } => write!(
-                f,
-                "(iii) c{grantee} (token {grantee_token}) granted r{res} at {} ms (votes {votes}) while \
-                 c{holder}'s lock (token {holder_token}) still reports valid until {} ms, after its \
-                 extend with px {} ms failed at {} ms",
-                ms(*granted_at),
-                ms(*deadline),
-                failed_ttl / 1000,
-                ms(*failed_at)
-            ),
-            Violation::Orphan {
-                token,
-                client,
-                master,
-                at,
-                what,
-                ..
-            } => write!(
-                f,
-                "(iv) orphan key: c{client}'s token {token} on m{master} at {} ms: {what}",
-                ms(*at)
-            ),
-            Violation::Starved {
-                call,
-                waited,
-                bound,
-            } => write!(
-                f,
-                "(v) starvation: c{}'s call for {} (score {} ms) {} after {} ms and {} attempts, \
-                 above the bound {} ms",
-                call.client,
-                call.keys,
-                ms(call.score),
-                if call.granted.is_some() {
-                    "granted only"
-                } else {
-                    "still not granted"
-                },
-                ms(*waited),
-                call.attempts,
-                ms(*bound)
-            ),
-            Violation::OutOfOrder {
-                first,
-                second,
-                granted_at,
-                t1,
-            } => write!(
-                f,
-                "(vi) out of arrival order: c{} (score {} ms) granted {} at {} ms (acquire sent \
-                 at {} ms) while c{} (score {} ms, earlier) stood in line on a quorum since {} ms",
-                second.client,
-                ms(second.score),
-                second.keys,
-                ms(*granted_at),
-                ms(*t1),
-                first.client,
-                ms(first.score),
-                ms(first.inline_at.unwrap_or(0))
-            ),
-        }
+        write!(
+            f,
+            "{:?} at {:.3} ms: {}",
+            self.property,
+            self.at as f64 / 1000.0,
+            self.what
+        )
     }
 }
 
-/// The first pair of overlapping intervals (same resource, different holders), by start.
-pub fn check_intervals(held: &[Held]) -> Option<Overlap> {
-    let mut sorted: Vec<&Held> = held.iter().collect();
-    sorted.sort_by_key(|h| (h.res, h.start, h.end));
-    let mut reach: Option<&Held> = None;
-    for h in sorted {
-        if let Some(p) = reach {
-            if p.res == h.res && h.start < p.end {
-                return Some(Overlap {
-                    first: p.clone(),
-                    second: h.clone(),
-                });
+/// (i): overlapping holds of one resource by different locks.
+pub fn check_intervals(held: &[Held]) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let mut by_res: Vec<Vec<&Held>> = Vec::new();
+    for h in held {
+        if h.end <= h.start {
+            continue;
+        }
+        if by_res.len() <= h.res {
+            by_res.resize_with(h.res + 1, Vec::new);
+        }
+        by_res[h.res].push(h);
+    }
+    for list in &mut by_res {
+        list.sort_by_key(|h| (h.start, h.end));
+        let mut reach: Option<&Held> = None;
+        for h in list.iter() {
+            if let Some(r) = reach {
+                if h.start < r.end && h.token != r.token {
+                    out.push(Violation {
+                        property: Property::MutualExclusion,
+                        at: h.start,
+                        what: format!(
+                            "resource {}: client {} caller {} held {} from {:.3} to {:.3} ms \
+                             (valid until {:.3}{}), client {} caller {} was granted {} at {:.3} ms",
+                            h.res,
+                            r.client,
+                            r.caller,
+                            r.token,
+                            r.start as f64 / 1000.0,
+                            r.end as f64 / 1000.0,
+                            r.valid_until as f64 / 1000.0,
+                            if r.failed_extend {
+                                ", after a failed extend"
+                            } else {
+                                ""
+                            },
+                            h.client,
+                            h.caller,
+                            h.token,
+                            h.start as f64 / 1000.0
+                        ),
+                    });
+                    if out.len() > 4 {
+                        return out;
+                    }
+                }
             }
-            if p.res == h.res && p.end >= h.end {
-                continue;
+            if reach.is_none_or(|r| h.end > r.end) {
+                reach = Some(h);
             }
         }
-        reach = Some(h);
     }
-    None
+    out
 }
 
-/// (ii) over fenced grants in grant order: each grant's token must exceed every earlier
-/// grant's token on each of its resources. Returns the first violation.
-pub fn check_tokens(grants: &[Grant], resources: usize) -> Option<Violation> {
-    let mut best: Vec<Option<&Grant>> = vec![None; resources];
-    let mut order: Vec<&Grant> = grants.iter().collect();
-    // Stable: grants at the same instant keep the order they were recorded in.
-    order.sort_by_key(|g| g.at);
-    for g in order {
-        for r in g.keys.iter() {
+/// (ii): fencing tokens in grant order.
+pub fn check_tokens(grants: &[Grant]) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let mut sorted: Vec<&Grant> = grants.iter().collect();
+    sorted.sort_by_key(|g| g.at);
+    let mut best: Vec<Option<&Grant>> = Vec::new();
+    for g in sorted {
+        for &r in &g.res {
+            if best.len() <= r {
+                best.resize(r + 1, None);
+            }
             if let Some(prev) = best[r] {
-                if prev.fence >= g.fence {
-                    return Some(Violation::Fence {
-                        res: r,
-                        earlier: prev.clone(),
-                        later: g.clone(),
+                if g.fence <= prev.fence {
+                    out.push(Violation {
+                        property: Property::FencingOrder,
+                        at: g.at,
+                        what: format!(
+                            "resource {r}: client {} got fencing token {} at {:.3} ms after \
+                             client {} got {} at {:.3} ms",
+                            g.client,
+                            g.fence,
+                            g.at as f64 / 1000.0,
+                            prev.client,
+                            prev.fence,
+                            prev.at as f64 / 1000.0
+                        ),
                     });
                 }
             }
         }
-        for r in g.keys.iter() {
-            best[r] = Some(g);
+        for &r in &g.res {
+            if best[r].is_none_or(|p| g.fence > p.fence) {
+                best[r] = Some(g);
+            }
         }
     }
-    None
+    out
+}
+
+use super::client::{min_retry_gap, State};
+use super::World;
+use redlock_mux::Lock;
+
+impl World {
+    fn quorum(&self) -> usize {
+        self.listed.len() / 2 + 1
+    }
+
+    /// Calls waiting (in a lock call) on resource `r`: (client, caller, call).
+    fn waiting_on(&self, r: usize) -> Vec<(usize, usize, usize)> {
+        let mut out = Vec::new();
+        for (c, cl) in self.clients.iter().enumerate() {
+            for (k, caller) in cl.callers.iter().enumerate() {
+                if let (State::Calling { .. }, Some(call)) = (&caller.state, caller.call) {
+                    if self.calls[call].res.contains(&r) {
+                        out.push((c, k, call));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// A client wrote an acquire of `keys`: a release awaiting a waiter's attempt is
+    /// answered (x).
+    pub(crate) fn on_attempt(&mut self, client: usize, keys: &[Vec<u8>]) {
+        for key in keys {
+            let Some(r) = World::resource_of(key) else {
+                continue;
+            };
+            if r < self.wake_due.len()
+                && self.wake_due[r].is_some()
+                && self.waiting_on(r).iter().any(|(c, _, _)| *c == client)
+            {
+                self.wake_due[r] = None;
+            }
+        }
+    }
+
+    /// A lock was granted to `call` of client `c`: (ix) no fair call that arrived earlier
+    /// and stands in line was overtaken.
+    pub(crate) fn on_grant(&mut self, c: usize, call: usize, lock: &Lock) {
+        let res = self.calls[call].res.clone();
+        for &r in &res {
+            if r < self.wake_due.len() {
+                self.wake_due[r] = None;
+            }
+            if r < self.stuck_since.len() {
+                self.stuck_since[r] = None;
+            }
+        }
+        if !self.cfg.check_place || !self.calls[call].fair || res.len() != 1 {
+            return;
+        }
+        let r = res[0];
+        let me = &self.calls[call];
+        let token = lock.token().as_bytes().to_vec();
+        let Some(grant_attempt) = self.attempts.iter().rev().find(|a| a.token == token) else {
+            return;
+        };
+        let grant_at = grant_attempt.at;
+        let latency = self.cfg.latency.1.max(self.cfg.slow_max);
+        for (oc, ok, other) in self.waiting_on(r) {
+            let y = &self.calls[other];
+            if other == call || !y.fair || y.res.len() != 1 || y.start >= me.start {
+                continue;
+            }
+            // Its first attempt reached the masters before the grant's did: it stood in
+            // line ahead.
+            let first = self.attempts.iter().find(|a| {
+                a.client == oc && a.at >= y.start && a.keys.len() == 1 && a.waiter.is_some()
+            });
+            let Some(first) = first else { continue };
+            if first.at + latency >= grant_at {
+                continue;
+            }
+            let what = format!(
+                "resource {r}: client {c} (call at {:.3} ms) was granted by its attempt at \
+                 {:.3} ms while client {oc} caller {ok} (call at {:.3} ms, in line since its \
+                 attempt at {:.3} ms) still waited",
+                super::ms(me.start),
+                super::ms(grant_at),
+                super::ms(y.start),
+                super::ms(first.at)
+            );
+            let t = self.t;
+            self.violation(Property::KeepsItsPlace, t, what);
+            return;
+        }
+    }
+
+    /// A call ended: (vii) its attempts are bounded.
+    pub(crate) fn check_call(&mut self, call: usize) {
+        if !self.cfg.check_attempts {
+            return;
+        }
+        let x = self.calls[call].clone();
+        let end = x.end.unwrap_or(self.t);
+        let cfg = &self.cfg.clients[x.client];
+        let gap = min_retry_gap(cfg);
+        let timed = match x.retries {
+            Some(n) => n as u64,
+            None => (end - x.start) / gap + 1,
+        };
+        let during = |at: Us| x.start <= at && at <= end;
+        let names: Vec<Vec<u8>> = x.res.iter().map(|&r| World::resource_name(r)).collect();
+        // Announcements that could free a quorum (not of this client's own tokens), and
+        // subscriptions confirmed.
+        let mut news = 0u64;
+        for h in &self.heard {
+            if h.client != x.client || !during(h.at) || !h.could_free {
+                continue;
+            }
+            if !h.key.as_ref().is_none_or(|k| names.contains(k)) {
+                continue;
+            }
+            match &h.fp {
+                None => news += 1,
+                Some(fp) if self.fp_client.get(fp) != Some(&x.client) => news += 1,
+                Some(_) => {}
+            }
+        }
+        // This client's own releases (a sibling's lock or cleanup) that could free a
+        // quorum.
+        news += self
+            .written_releases
+            .iter()
+            .filter(|r| {
+                r.client == x.client
+                    && r.could_free
+                    && during(r.at)
+                    && r.keys.iter().any(|k| names.contains(k))
+            })
+            .count() as u64;
+        // Other clients' attempts and grants: keys that came and went (their expiries).
+        let others = self
+            .attempts
+            .iter()
+            .filter(|a| {
+                a.client != x.client && during(a.at) && a.keys.iter().any(|k| names.contains(k))
+            })
+            .count() as u64;
+        let siblings = self
+            .calls
+            .iter()
+            .filter(|y| {
+                y.client == x.client
+                    && y.res.iter().any(|r| x.res.contains(r))
+                    && y.end.is_some_and(during)
+            })
+            .count() as u64;
+        let bound = 3 + timed + news + others + siblings;
+        if x.attempts as u64 > bound {
+            let what = format!(
+                "client {} caller {} {} {:?} made {} attempts in {:.3} ms (from {:.3} ms): \
+                 bound {bound} = 3 + timed {timed} + news {news} + others' attempts \
+                 {others} + siblings {siblings}; {}",
+                x.client,
+                x.caller,
+                x.kind,
+                x.res,
+                x.attempts,
+                super::ms(end - x.start),
+                super::ms(x.start),
+                x.result
+            );
+            self.violation(Property::BoundedAttempts, end, what);
+        }
+    }
+
+    /// (viii) and (x), looked at every few milliseconds.
+    pub(crate) fn monitor(&mut self) {
+        let t = self.t;
+        if let Some(bound) = self.cfg.wakeup_bound {
+            let _ = bound;
+            for r in 0..self.wake_due.len() {
+                if let Some((since, due)) = self.wake_due[r] {
+                    if t > due {
+                        self.wake_due[r] = None;
+                        if self.waiting_on(r).is_empty() {
+                            continue;
+                        }
+                        let what = format!(
+                            "resource {r}: released at {:.3} ms with calls waiting \
+                             ({:?}), and no attempt of theirs by {:.3} ms",
+                            super::ms(since),
+                            self.waiting_on(r),
+                            super::ms(due)
+                        );
+                        self.violation(Property::LostWakeup, t, what);
+                    }
+                }
+            }
+        }
+        let Some(bound) = self.cfg.progress_bound else {
+            return;
+        };
+        let q = self.quorum();
+        for r in 0..self.cfg.resources {
+            let key = World::resource_name(r);
+            // Masters (listed) that are up, and where nothing holds the key.
+            let free: Vec<bool> = self
+                .listed
+                .iter()
+                .map(|&s| {
+                    let m = &self.masters[s];
+                    m.down_until.is_none() && m.server.get(0, &key, m.clock_ms(t)).is_none()
+                })
+                .collect();
+            let held = self
+                .held
+                .iter()
+                .any(|h| h.res == r && h.start <= t && t < h.end.min(h.valid_until));
+            let capable = !held
+                && free.iter().filter(|f| **f).count() >= q
+                && self.waiting_on(r).iter().any(|&(c, _, call)| {
+                    let cl = &self.clients[c];
+                    if cl.paused_until.is_some() {
+                        return false;
+                    }
+                    // Every resource of the call is free where this client reaches.
+                    let reach = (0..self.listed.len())
+                        .filter(|&i| {
+                            let s = self.listed[i];
+                            self.cut_until(c, s, t).is_none()
+                                && self.calls[call].res.iter().all(|&x| {
+                                    let k = World::resource_name(x);
+                                    let m = &self.masters[s];
+                                    m.down_until.is_none()
+                                        && m.server.get(0, &k, m.clock_ms(t)).is_none()
+                                })
+                        })
+                        .count();
+                    reach >= q
+                });
+            if capable {
+                let since = *self.stuck_since[r].get_or_insert(t);
+                if t - since > bound {
+                    let what = format!(
+                        "resource {r}: free on a quorum since {:.3} ms with a waiter that \
+                         reaches a quorum ({:?}), and nobody granted for {:.3} ms",
+                        super::ms(since),
+                        self.waiting_on(r),
+                        super::ms(t - since)
+                    );
+                    self.violation(Property::Progress, t, what);
+                    self.stuck_since[r] = Some(t);
+                }
+            } else {
+                self.stuck_since[r] = None;
+            }
+        }
+    }
+
+    /// A release of resource `r` was sent: (x) a waiting call must try soon.
+    pub(crate) fn expect_wakeup(&mut self, r: usize, valid_until: Us) {
+        let Some(bound) = self.cfg.wakeup_bound else {
+            return;
+        };
+        let t = self.t;
+        // An expired lock's release finds nothing to announce; the waiter wakes at the
+        // holder's expiry instead.
+        if t + bound >= valid_until {
+            return;
+        }
+        let settle = bound;
+        let waiting = self
+            .waiting_on(r)
+            .iter()
+            .any(|&(_, _, call)| self.calls[call].notify && self.calls[call].start + settle < t);
+        if waiting && self.wake_due[r].is_none() {
+            self.wake_due[r] = Some((t, t + bound));
+        }
+    }
+
+    /// After the run: (i), (ii), (xi), and every call ended.
+    pub(crate) fn final_checks(&mut self) {
+        let t = self.t;
+        for h in &mut self.held {
+            if h.end == u64::MAX {
+                h.end = h.valid_until.min(t);
+            }
+        }
+        for v in check_intervals(&self.held) {
+            self.violation(v.property, v.at, v.what);
+        }
+        for v in check_tokens(&self.grants) {
+            self.violation(v.property, v.at, v.what);
+        }
+        for (i, call) in self.calls.iter().enumerate() {
+            if call.end.is_none() {
+                let what = format!(
+                    "call {i} ({} {:?} of client {}) never ended",
+                    call.kind, call.res, call.client
+                );
+                self.violations.push(Violation {
+                    property: Property::Stuck,
+                    at: t,
+                    what,
+                });
+                break;
+            }
+        }
+        if self.cfg.check_orphans {
+            self.check_orphans();
+        }
+    }
+
+    /// (xi): every key left on a master is a vanished holder's, or a single owner's that
+    /// still owed releases when it was dropped (until its TTL).
+    fn check_orphans(&mut self) {
+        let t = self.t;
+        let mut found = Vec::new();
+        for s in 0..self.masters.len() {
+            let m = &self.masters[s];
+            let now = m.clock_ms(t);
+            for key in m.server.keys(0, now) {
+                if key.starts_with(redlock_mux::scripts::RESERVED_PREFIX) {
+                    continue;
+                }
+                let Some(v) = m.server.get(0, &key, now) else {
+                    continue;
+                };
+                let token = v.strip_suffix(b"+").unwrap_or(&v).to_vec();
+                if self.vanished.contains(&token) {
+                    continue;
+                }
+                let client = self.token_client.get(&token).copied();
+                if let Some(c) = client {
+                    if !self.clients[c].cfg.shared && self.clients[c].owed_at_drop {
+                        self.stats.keys_left_ttl += 1;
+                        continue;
+                    }
+                }
+                found.push(format!(
+                    "master {s}: key {} = {} (client {client:?}, pttl {} ms)",
+                    String::from_utf8_lossy(&key),
+                    String::from_utf8_lossy(&v[..v.len().min(16)]),
+                    m.server.pttl(0, &key, now)
+                ));
+            }
+        }
+        if !found.is_empty() {
+            let what = format!("keys left after every client released and shut down: {found:?}");
+            self.violation(Property::OrphanKey, t, what);
+        }
+    }
 }
