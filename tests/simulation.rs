@@ -152,6 +152,98 @@ fn guarded_amnesia(seed: u64) -> Config {
     c
 }
 
+/// A liveness bound for a family: a waiter with a free resource and a reachable quorum
+/// sleeps at most its retry delay plus jitter (or less), a connection broken by a fault
+/// backs off up to 1 s and connects within the connect timeout, a few rounds may split.
+fn liveness_bound(c: &Config) -> Us {
+    let worst = c
+        .clients
+        .iter()
+        .map(|k| k.retry_delay + k.retry_jitter + 3 * k.node_timeout.unwrap_or(50 * MS))
+        .max()
+        .unwrap_or(0);
+    3 * worst + 1_000 * MS + 4 * c.connect_timeout + c.latency.1.max(c.slow_max) * 8
+}
+
+/// Hot resources: one or two resources, many waiting calls (lock, lock_with_deadline,
+/// lock_many), notify and poll, fair and not, shared clients with several callers, faults
+/// that heal. (vii) bounded attempts and (viii) progress on top of the safety properties.
+fn hot(seed: u64) -> Config {
+    let mut c = base(seed);
+    let mut r = rng(seed ^ 2);
+    c.masters = [1, 3, 3, 3, 5, 5][r.usize(..6)];
+    c.resources = [1, 1, 2][r.usize(..3)];
+    let ttl = c.ttl.0;
+    let n = r.usize(3..=5);
+    c.clients = (0..n)
+        .map(|_| {
+            let mut k = ClientCfg::new(ttl / 3);
+            k.shared = r.bool();
+            k.callers = if k.shared { r.usize(1..=3) } else { 1 };
+            k.notify = r.u8(..5) != 0;
+            k.fairness = k.notify && r.bool();
+            k.retry_count = r.u32(2..=8);
+            k.retry_jitter = k.retry_delay / 4;
+            k.node_timeout = Some((ttl / 20).max(2 * MS));
+            k.calls = [1, 4, 3, 2];
+            k
+        })
+        .collect();
+    c.think = (0, ttl / 4);
+    c.work = (ttl / 50, ttl / 3);
+    c.max_extends = 1;
+    c.faults = r.usize(0..=4);
+    c.mix = FaultMix {
+        partition: 2,
+        isolate: 1,
+        isolate_client: 1,
+        pause: 1,
+        restart: 1,
+        swap: 0,
+        script_flush: 1,
+        link_reset: 2,
+        clock_jump: 0,
+    };
+    c.partition_len = (MS, ttl / 2);
+    c.pause_len = (MS, ttl / 4);
+    c.downtime = (0, ttl / 4);
+    c.progress_bound = Some(liveness_bound(&c));
+    c
+}
+
+/// Hot resources without faults, every client fair and in notify mode, retry delays far
+/// longer than a hand-off: (ix) fair waiters keep their place (whatever the others'
+/// settings: retry delays differ from client to client), (x) a release is followed by a
+/// waiter's attempt within a few round trips, (viii) progress.
+fn hot_fair_no_faults(seed: u64) -> Config {
+    let mut c = hot(seed);
+    let mut r = rng(seed ^ 3);
+    c.faults = 0;
+    c.resources = 1;
+    c.slow_prob = 0.0;
+    c.vanish_prob = 0.0;
+    let ttl = c.ttl.0;
+    for (i, k) in c.clients.iter_mut().enumerate() {
+        k.notify = true;
+        k.fairness = true;
+        // One caller per client: its waiter is the client's only one in the line.
+        k.shared = r.bool();
+        k.callers = 1;
+        k.calls = [0, 1, 1, 0];
+        k.retry_count = 1_000;
+        // Retry delays differ between clients by up to 40x (issue 19, item 3).
+        k.retry_delay = ttl * [1, 4, 10, 40][(i + r.usize(..4)) % 4];
+        k.retry_jitter = k.retry_delay / 10;
+    }
+    c.give_up = None;
+    c.deadline = (ttl * 10, ttl * 40);
+    c.check_place = true;
+    let rt = c.latency.1 * 2;
+    c.wakeup_bound = Some(8 * rt + 4 * (ttl / 20).max(2 * MS) + 2 * MS);
+    c.progress_bound = Some(liveness_bound(&c).min(c.wakeup_bound.unwrap() * 4 + ttl));
+    c
+}
+
 // ---------------------------------------------------------------------------------------
 // Running families
 // ---------------------------------------------------------------------------------------
@@ -261,4 +353,20 @@ fn safe_with_amnesia_guard_after_restart_without_persistence() {
         assert!(s.grants > 300 && s.faults > 300, "{s:?}");
     }
     let _ = ms(0);
+}
+
+#[test]
+fn live_hot_resources() {
+    let s = expect_safe("live_hot_resources", hot, 200);
+    if !replaying() {
+        assert!(s.grants > 500 && s.announcements > 500, "{s:?}");
+    }
+}
+
+#[test]
+fn live_hot_fair_without_faults() {
+    let s = expect_safe("live_hot_fair_without_faults", hot_fair_no_faults, 200);
+    if !replaying() {
+        assert!(s.grants > 500 && s.announcements > 500, "{s:?}");
+    }
 }

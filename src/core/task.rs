@@ -109,6 +109,8 @@ pub(super) struct Task {
     /// (a subscription connection that came back): weighed against the attempt's answers
     /// as a confirmation heard while sleeping would be (`Core::on_subscribed`).
     pub confirmed: u64,
+    /// The running attempt stands out of line (the one before could not reach a quorum).
+    pub out: bool,
     /// Who held the key on each master in the last attempt (one-key locks), where known:
     /// that holder's announcement from that master is news.
     pub holders: SmallVec<[Option<Fingerprint>; 8]>,
@@ -177,6 +179,7 @@ impl Task {
             own: SmallVec::new(),
             heard: SmallVec::new(),
             confirmed: 0,
+            out: false,
             holders: SmallVec::new(),
             taken: 0,
             blocked: 0,
@@ -212,6 +215,7 @@ impl Task {
         self.own.clear();
         self.heard.clear();
         self.confirmed = 0;
+        self.out = false;
         self.holders.clear();
         self.taken = 0;
         self.blocked = 0;
@@ -323,6 +327,7 @@ impl Core {
         if let Some(line) = line {
             t.wait_id = Some(line.id);
         }
+        t.out = line.is_some_and(|l| l.out);
         t.token = token;
         t.t1 = now;
         t.acquire_op = Some(op);
@@ -566,6 +571,14 @@ impl Core {
                 let mut heard = std::mem::take(&mut self.tasks[id.slot as usize].heard);
                 let mut news = None;
                 for (m, fp, turn) in heard.drain(..) {
+                    // A master's announcement is the task's turn now that it may try
+                    // (whatever its standing when it arrived: a fair task whose first
+                    // attempt ran was in no wait list yet, so not first in one; heard as
+                    // not its turn, the announcement still freed its masters, and the turn
+                    // that came after found nothing left to free: a lost wake-up, found by
+                    // the simulation, live_hot_fair_without_faults seed 148). A release
+                    // made here keeps its turn (it went to this client's oldest waiter).
+                    let turn = turn || m != u32::MAX;
                     if self.hear(id, (m != u32::MAX).then_some(m as usize), &fp) && turn {
                         news = Some(fp);
                     }
@@ -579,7 +592,16 @@ impl Core {
                 // came back while it ran are back, as on a confirmation heard asleep.
                 let confirmed = std::mem::take(&mut self.tasks[id.slot as usize].confirmed);
                 let back = self.came_back(id, confirmed);
-                if news.is_some() || recheck || back {
+                // An attempt out of line that reached enough masters (refused by a holder,
+                // not for lack of masters): take the place in line now, not a retry delay
+                // later (once: the next attempt stands in line). Meanwhile later arrivals
+                // took places ahead of it: a fair waiter whose first round timed out while
+                // its connections warmed up was overtaken by them (the simulation's
+                // live_hot_fair_without_faults, seed 1905).
+                let t = &self.tasks[id.slot as usize];
+                let n = self.rounds.n();
+                let rejoin = t.out && (t.failed.count_ones() as usize) <= n - self.rounds.quorum();
+                if news.is_some() || recheck || back || rejoin {
                     self.tasks[id.slot as usize].phase = Phase::Sleep;
                     self.wake_now(id, news, now);
                     return;

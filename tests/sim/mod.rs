@@ -421,6 +421,8 @@ pub struct World {
     /// Releases of granted locks: (resource, client that released, when, token's first
     /// 16 bytes).
     releases: Vec<(usize, usize, Us, Vec<u8>)>,
+    /// (client, server): the client's lock link had an answer from the server.
+    seen: std::collections::BTreeSet<(usize, usize)>,
     /// (viii): since when each resource is free with a capable waiter.
     stuck_since: Vec<Option<Us>>,
     /// (x): a release of the resource awaits a waiter's attempt by this time.
@@ -513,6 +515,7 @@ impl World {
             written_releases: Vec::new(),
             release_tokens: Default::default(),
             releases: Vec::new(),
+            seen: Default::default(),
             stuck_since: vec![None; cfg.resources],
             wake_due: vec![None; cfg.resources],
             cfg,
@@ -878,6 +881,9 @@ impl World {
             };
             self.log(|| format!("  client {client} <- link {link}: {shown}"));
         }
+        if matches!(item, Item::Bytes(_)) && self.conns[conn].link < self.listed.len() {
+            self.seen.insert((client, server));
+        }
         if let Item::Bytes(b) = &item {
             if self.conns[conn].link >= self.listed.len() {
                 self.conns[conn].heard.extend_from_slice(b);
@@ -1040,7 +1046,13 @@ impl World {
                 self.schedule(t + down, Ev::Up { server });
             }
             FaultEv::Swap { server } => {
-                if self.masters[server].down_until.is_some() {
+                // The amnesia guard knows a swapped-in server by its new run id only where
+                // a client saw the one before: a client whose first answer from the address
+                // is the new server's cannot tell it from a master that has run for long
+                // (the documented assumption). So a swap comes once every client has
+                // heard from the server it replaces.
+                let seen = (0..self.clients.len()).all(|c| self.seen.contains(&(c, server)));
+                if self.masters[server].down_until.is_some() || !seen {
                     return;
                 }
                 self.crash(server);
