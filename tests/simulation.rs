@@ -245,6 +245,223 @@ fn hot_fair_no_faults(seed: u64) -> Config {
 }
 
 // ---------------------------------------------------------------------------------------
+// Issue 19's situations, one family each
+// ---------------------------------------------------------------------------------------
+
+/// A few clients on one resource, no faults but the ones the family sets.
+fn waiters(seed: u64, n: usize, retry_delay_of_ttl: u64) -> Config {
+    let mut c = base(seed);
+    let mut r = rng(seed ^ 19);
+    c.masters = 3;
+    c.resources = 1;
+    c.faults = 0;
+    c.vanish_prob = 0.0;
+    c.slow_prob = 0.0;
+    let ttl = c.ttl.0;
+    c.clients = (0..n)
+        .map(|_| {
+            let mut k = ClientCfg::new(ttl * retry_delay_of_ttl / 4);
+            k.retry_jitter = k.retry_delay / 4;
+            k.shared = r.bool();
+            k.callers = 1;
+            k.retry_count = 1_000;
+            k.calls = [0, 1, 1, 0];
+            k.node_timeout = Some((ttl / 20).max(2 * MS));
+            k
+        })
+        .collect();
+    c.think = (0, ttl / 2);
+    c.work = (ttl / 10, ttl);
+    c.max_extends = 1;
+    c.give_up = None;
+    c.deadline = (ttl * 4, ttl * 10);
+    c
+}
+
+/// Item 1: fair waiters that reach only one master each (partitioned from the others for
+/// the whole run) stand in line there; a fair waiter that reaches every master must still
+/// be granted the free resource: (viii) progress.
+fn issue19_1_partitioned_fair_waiters(seed: u64) -> Config {
+    let mut c = waiters(seed, 4, 4);
+    for (i, k) in c.clients.iter_mut().enumerate() {
+        k.fairness = true;
+        k.cut_off = match i {
+            1 => 0b110,
+            2 => 0b101,
+            _ => 0,
+        };
+    }
+    c.progress_bound = Some(liveness_bound(&c));
+    c
+}
+
+/// Item 2: a waiter that reaches one master of three, with default-like settings, while
+/// the others take and release the resource: it must not spin on its own cleanups'
+/// announcements: (vii) bounded attempts.
+fn issue19_2_minority_waiter(seed: u64) -> Config {
+    let mut c = waiters(seed, 3, 1);
+    c.clients[0].cut_off = 0b110;
+    c
+}
+
+/// Item 3: fair waiters whose retry delays differ by up to 400x (a short liveness must not
+/// expire the line with a long-lived waiter in it), some giving up early: (ix) the
+/// waiters that keep asking keep their places.
+fn issue19_3_mixed_liveness(seed: u64) -> Config {
+    let mut c = waiters(seed, 4, 1);
+    let ttl = c.ttl.0;
+    for (i, k) in c.clients.iter_mut().enumerate() {
+        k.fairness = true;
+        k.retry_delay = ttl * [40, 1, 10, 1][i] / 10;
+        k.retry_jitter = k.retry_delay / 10;
+        k.calls = if i % 2 == 1 {
+            [0, 0, 1, 0]
+        } else {
+            [0, 1, 0, 0]
+        };
+    }
+    c.deadline = (ttl / 10, ttl);
+    c.check_place = true;
+    c
+}
+
+/// Item 4: a holder that reaches only masters 1 and 2 (its locks stand there) and a shared
+/// client whose callers wait for the same resource: their failed attempts' cleanups must
+/// not wake each other: (vii).
+fn issue19_4_shared_callers(seed: u64) -> Config {
+    let mut c = waiters(seed, 2, 2);
+    let ttl = c.ttl.0;
+    c.clients[0].cut_off = 0b001;
+    c.clients[0].shared = false;
+    c.clients[1].shared = true;
+    c.clients[1].callers = 3;
+    c.work = (ttl, ttl * 4);
+    c.max_extends = 3;
+    c.extend_ttl = (1.0, 1.0);
+    c
+}
+
+/// Item 5: waiters on several resources at once (no line): the release's copies from the
+/// masters a woken attempt found still taken must wake it again: (x) a release is followed
+/// by a waiting call's attempt within a few round trips (retry delays are 10x the TTL).
+fn issue19_5_multi_resource_waiters(seed: u64) -> Config {
+    let mut c = waiters(seed, 3, 40);
+    c.resources = 2;
+    for k in &mut c.clients {
+        k.calls = [0, 0, 0, 1];
+    }
+    let ttl = c.ttl.0;
+    let rt = c.latency.1 * 2;
+    c.wakeup_bound = Some(8 * rt + 4 * (ttl / 20).max(2 * MS) + 2 * MS);
+    c
+}
+
+/// Item 6: one server listed under two names (and one other): the duplicate votes once and
+/// is sent no grant, so a free resource is granted: (viii).
+fn issue19_6_one_server_two_names(seed: u64) -> Config {
+    let mut c = waiters(seed, 2, 1);
+    c.masters = 2;
+    c.listed = Some(vec![0, 0, 1]);
+    for k in &mut c.clients {
+        k.calls = [1, 1, 1, 0];
+    }
+    c.progress_bound = Some(liveness_bound(&c));
+    c
+}
+
+/// Item 8: shared clients with many callers taking and releasing their own resources
+/// while a master falls behind (cut off for a while): every release a quorum confirmed
+/// reaches it when it is back, and nothing is left after the shutdown: (xi).
+fn issue19_8_master_falls_behind(seed: u64) -> Config {
+    let mut c = base(seed);
+    let mut r = rng(seed ^ 8);
+    c.masters = [3, 5][r.usize(..2)];
+    c.resources = 8;
+    let ttl = c.ttl.0;
+    c.clients = (0..2)
+        .map(|_| {
+            let mut k = ClientCfg::new(ttl / 4);
+            k.shared = true;
+            k.callers = 4;
+            k.calls = [3, 1, 0, 0];
+            k.node_timeout = Some((ttl / 10).max(2 * MS));
+            k
+        })
+        .collect();
+    c.vanish_prob = 0.0;
+    c.think = (0, ttl / 20);
+    c.work = (0, ttl / 10);
+    c.faults = r.usize(1..=3);
+    c.mix = FaultMix {
+        isolate: 2,
+        partition: 1,
+        ..FaultMix::default()
+    };
+    c.partition_len = (ttl / 4, ttl * 2);
+    c
+}
+
+/// Item 9: three of five masters unreachable for the whole run: the waiters must not
+/// hammer the two that are left: (vii).
+fn issue19_9_outage(seed: u64) -> Config {
+    let mut c = waiters(seed, 3, 1);
+    c.masters = 5;
+    for k in &mut c.clients {
+        k.cut_off = 0b11100;
+        k.calls = [1, 1, 1, 0];
+    }
+    c
+}
+
+// ---------------------------------------------------------------------------------------
+// Outside the assumptions: the checker must see the violation
+// ---------------------------------------------------------------------------------------
+
+/// Restarts lose every key and the master rejoins at once, with no amnesia guard.
+fn amnesia_unguarded(seed: u64) -> Config {
+    let mut c = base(seed);
+    c.masters = [3, 5][(seed % 2) as usize];
+    c.persistent = false;
+    c.durable = false;
+    c.amnesia_guard = None;
+    c.resources = 1;
+    c.mix = FaultMix {
+        restart: 1,
+        ..FaultMix::default()
+    };
+    c.faults = 8;
+    c.downtime = (0, MS);
+    c.work = (c.ttl.0 / 2, c.ttl.0 * 3 / 2);
+    for k in &mut c.clients {
+        k.fencing = false;
+    }
+    c
+}
+
+/// A quorum of masters whose clocks run 30 % fast: keys expire before their holders'
+/// validity ends.
+fn fast_clocks(seed: u64) -> Config {
+    let mut c = base(seed);
+    c.masters = 3;
+    c.fast_masters = 2;
+    c.fast_rate = 1.3;
+    c.resources = 1;
+    c.faults = 0;
+    c.work = (c.ttl.0 / 2, c.ttl.0 * 2);
+    c
+}
+
+/// Holders that work on past their lock's validity (a long pause after the check).
+fn dishonest_holders(seed: u64) -> Config {
+    let mut c = base(seed);
+    c.honest = false;
+    c.resources = 1;
+    c.work = (c.ttl.0 / 2, c.ttl.0 * 3);
+    c.max_extends = 0;
+    c
+}
+
+// ---------------------------------------------------------------------------------------
 // Running families
 // ---------------------------------------------------------------------------------------
 
@@ -320,6 +537,7 @@ fn expect_hazard(test: &str, family: Family, default_bound: u64, property: Prope
     panic!("{test}: no violation of {property:?} in {bound} seeds; {total:?}");
 }
 
+#[allow(dead_code)]
 fn replaying() -> bool {
     env_u64("SIM_SEED").is_some()
 }
@@ -369,4 +587,114 @@ fn live_hot_fair_without_faults() {
     if !replaying() {
         assert!(s.grants > 500 && s.announcements > 500, "{s:?}");
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Outside the assumptions
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn hazard_restart_without_persistence_breaks_mutual_exclusion() {
+    expect_hazard(
+        "hazard_restart_without_persistence_breaks_mutual_exclusion",
+        amnesia_unguarded,
+        500,
+        Property::MutualExclusion,
+    );
+}
+
+#[test]
+fn hazard_master_clocks_running_fast_break_mutual_exclusion() {
+    expect_hazard(
+        "hazard_master_clocks_running_fast_break_mutual_exclusion",
+        fast_clocks,
+        500,
+        Property::MutualExclusion,
+    );
+}
+
+#[test]
+fn hazard_holders_past_their_validity_break_mutual_exclusion() {
+    expect_hazard(
+        "hazard_holders_past_their_validity_break_mutual_exclusion",
+        dishonest_holders,
+        500,
+        Property::MutualExclusion,
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Issue 19's situations
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn issue19_1_partitioned_fair_waiters_do_not_block_the_line() {
+    expect_safe(
+        "issue19_1_partitioned_fair_waiters_do_not_block_the_line",
+        issue19_1_partitioned_fair_waiters,
+        100,
+    );
+}
+
+#[test]
+fn issue19_2_a_minority_waiter_does_not_spin() {
+    expect_safe(
+        "issue19_2_a_minority_waiter_does_not_spin",
+        issue19_2_minority_waiter,
+        100,
+    );
+}
+
+#[test]
+fn issue19_3_waiters_keep_their_place_whatever_the_others_liveness() {
+    expect_safe(
+        "issue19_3_waiters_keep_their_place_whatever_the_others_liveness",
+        issue19_3_mixed_liveness,
+        100,
+    );
+}
+
+#[test]
+fn issue19_4_callers_of_one_shared_client_do_not_ping_pong() {
+    expect_safe(
+        "issue19_4_callers_of_one_shared_client_do_not_ping_pong",
+        issue19_4_shared_callers,
+        100,
+    );
+}
+
+#[test]
+fn issue19_5_multi_resource_waiters_are_woken() {
+    expect_safe(
+        "issue19_5_multi_resource_waiters_are_woken",
+        issue19_5_multi_resource_waiters,
+        100,
+    );
+}
+
+#[test]
+fn issue19_6_one_server_under_two_names_grants() {
+    expect_safe(
+        "issue19_6_one_server_under_two_names_grants",
+        issue19_6_one_server_two_names,
+        100,
+    );
+}
+
+#[test]
+fn issue19_8_releases_reach_a_master_that_fell_behind() {
+    expect_safe(
+        "issue19_8_releases_reach_a_master_that_fell_behind",
+        issue19_8_master_falls_behind,
+        100,
+    );
+}
+
+#[test]
+fn issue19_9_an_outage_does_not_make_waiters_hammer() {
+    expect_safe(
+        "issue19_9_an_outage_does_not_make_waiters_hammer",
+        issue19_9_outage,
+        100,
+    );
 }
