@@ -182,6 +182,9 @@ pub struct Core {
     wall: (u64, Instant),
     /// The last arrival score given.
     last_score: u64,
+    /// The last TTL whose round timeout was asked, and that timeout (see
+    /// [`Core::round_timeout`]): a client's locks nearly always share one TTL.
+    timeout_memo: std::cell::Cell<(Duration, Duration)>,
 }
 
 impl Core {
@@ -214,7 +217,10 @@ impl Core {
             client_id: [0; crate::scripts::CLIENT_ID_LEN],
             wall: (wall_us, now),
             last_score: 0,
+            timeout_memo: std::cell::Cell::new((Duration::ZERO, Duration::ZERO)),
         };
+        m.timeout_memo
+            .set((Duration::ZERO, m.cfg.round_timeout(Duration::ZERO)));
         let id = m.tokens.next()?;
         m.client_id
             .copy_from_slice(&id.as_bytes()[..crate::scripts::CLIENT_ID_LEN]);
@@ -259,10 +265,26 @@ impl Core {
     pub fn take(&mut self, id: TaskId) -> Result<Done, Error> {
         let t = &mut self.tasks[id.slot as usize];
         debug_assert!(t.gen == id.gen && t.live);
-        let r = t.result.take().unwrap_or(Err(Error::Cancelled));
         t.live = false;
         self.free.push(id.slot);
-        r
+        // One move of the (large) result, out of the task into the caller's.
+        match self.tasks[id.slot as usize].result.take() {
+            Some(r) => r,
+            None => Err(Error::Cancelled),
+        }
+    }
+
+    /// [`Settings::round_timeout`] of `ttl`, remembered for the last TTL asked (it takes a
+    /// floating-point product and a division; a client's locks nearly always share a TTL).
+    #[inline]
+    pub(crate) fn round_timeout(&self, ttl: Duration) -> Duration {
+        let (last, timeout) = self.timeout_memo.get();
+        if ttl == last {
+            return timeout;
+        }
+        let timeout = self.cfg.round_timeout(ttl);
+        self.timeout_memo.set((ttl, timeout));
+        timeout
     }
 
     /// Tasks finished since the last call (each once).
@@ -306,10 +328,14 @@ impl Core {
         self.next_seq += 1;
         // Arrival on the client's clock: every master orders a key's line by it alike.
         // Strictly increasing within the client (calls submitted in one step share their
-        // `now`), so that the lines order this client's waiters as it does itself.
-        let wall = self.wall.0 + now.saturating_duration_since(self.wall.1).as_micros() as u64;
-        t.score = wall.max(self.last_score + 1);
-        self.last_score = t.score;
+        // `now`), so that the lines order this client's waiters as it does itself. Only a
+        // task that may wait ever stands in a line (`Task::waits`).
+        if retries > 0 || deadline.is_some() {
+            let since = now.saturating_duration_since(self.wall.1);
+            let wall = self.wall.0 + since.as_secs() * 1_000_000 + u64::from(since.subsec_micros());
+            t.score = wall.max(self.last_score + 1);
+            self.last_score = t.score;
+        }
         self.start_attempt(id, now);
         id
     }
@@ -323,7 +349,7 @@ impl Core {
     /// Release `lock` on every master, fire and forget (a lock its user dropped).
     pub fn release_detached(&mut self, lock: &Lock, now: Instant) {
         lock.record_hold(now);
-        let timeout = self.cfg.round_timeout(lock.ttl);
+        let timeout = self.round_timeout(lock.ttl);
         let (token, ttl_ms) = (lock.token, lock.ttl.as_millis() as u64);
         let leave = lock.line;
         self.rounds.start(

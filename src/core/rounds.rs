@@ -290,7 +290,41 @@ impl Rounds {
         // Encode once, into the shared buffer.
         let at = self.shared.len();
         encode_request(&mut self.shared, req, &self.ops[slot as usize].args, false);
+        // The common case, tested at once: the master is asked, its connection is up, its
+        // queue below every limit, and it is not known to be another's server (see below).
+        let fast_limit = if req == Request::Release {
+            self.cfg.max_pending
+        } else {
+            self.cfg.max_pending.min(self.cfg.backlog_limit)
+        };
+        let fast_server = req == Request::Release || !self.same_servers;
+        let mut sent = 0u32;
         for i in 0..n {
+            let link = &mut self.links[i];
+            if fast_server && link.is_up() && link.pending.len() < fast_limit && target(i) {
+                if link.pending.is_empty() {
+                    link.last_progress = now;
+                    stall_clock_started = true;
+                }
+                if link.shared_from.is_none() {
+                    if link.out.is_empty() {
+                        link.shared_from = Some(at);
+                    } else {
+                        link.out.extend_from_slice(&self.shared[at..]);
+                    }
+                }
+                link.pending.push_back(Tag::Op {
+                    id,
+                    req,
+                    eval: false,
+                });
+                self.masters[i].stats.requests += 1;
+                sent += 1;
+                continue;
+            }
+            // What the op is owed so far, before a failure below may decide it (and free
+            // it when nothing is owed).
+            self.ops[slot as usize].outstanding += std::mem::take(&mut sent);
             // A master that does not take this request must not send it either: its
             // earlier shared bytes go to its own queue first (`unshare` below).
             if !target(i) {
@@ -339,7 +373,7 @@ impl Rounds {
                         eval: false,
                     });
                     self.masters[i].stats.requests += 1;
-                    self.ops[slot as usize].outstanding += 1;
+                    sent += 1;
                 }
                 Err(fault) => {
                     self.unshare(i, at);
@@ -347,6 +381,7 @@ impl Rounds {
                 }
             }
         }
+        self.ops[slot as usize].outstanding += sent;
         if stall_clock_started {
             self.due_by(now + self.cfg.stall_timeout);
         }
@@ -1049,6 +1084,13 @@ impl Rounds {
                     }
                     link.input.in_start += used;
                     link.answered = true;
+                    // The input is used up (the common case: one reply per read): no need
+                    // to look for another frame.
+                    let drained = link.input.in_start == link.input.in_end;
+                    if drained {
+                        link.input.in_start = 0;
+                        link.input.in_end = 0;
+                    }
                     match classified {
                         Ok(outcome) => self.op_reply(i, id, req, eval, outcome, value, holder, now),
                         Err(()) => {
@@ -1058,6 +1100,9 @@ impl Rounds {
                             self.fail_node(i, f, now);
                             return false;
                         }
+                    }
+                    if drained {
+                        return true;
                     }
                     continue;
                 }
@@ -1213,23 +1258,14 @@ impl Rounds {
         if self.ops[id.slot as usize].gen != id.gen {
             return;
         }
-        let latency_us = self
-            .micros(now)
-            .saturating_sub(self.ops[id.slot as usize].started_us);
-        // Counted once per request: not again when its round already counted it as timed
-        // out (a late reply still tells the latency).
-        let first = {
-            let op = &self.ops[id.slot as usize];
-            op.state != OpState::Free && op.tally.outcomes().get(i) == Some(&Outcome::Pending)
-        };
-        let stats = &mut self.masters[i].stats;
-        stats.latency.record_us(latency_us);
-        if first {
-            stats.outcome(outcome);
-        }
+        let us = self.micros(now);
         let op = &mut self.ops[id.slot as usize];
+        let latency_us = us.saturating_sub(op.started_us);
         op.outstanding = op.outstanding.saturating_sub(1);
-        if op.state != OpState::Free {
+        // Counted once per request: not again when its round already counted it as timed
+        // out (a late reply still tells the latency). The tally records the first answer
+        // of each master only: what it recorded is what the statistics count.
+        let first = op.state != OpState::Free && {
             if outcome.is_ok() && value > op.max_value {
                 op.max_value = value;
             }
@@ -1241,9 +1277,19 @@ impl Rounds {
                     *h = holder;
                 }
             }
-            op.tally.record(i, outcome);
+            op.tally.record(i, outcome)
+        };
+        let state = op.state;
+        let stats = &mut self.masters[i].stats;
+        stats.latency.record_us(latency_us);
+        if first {
+            stats.outcome(outcome);
         }
-        self.check_decided(id, now);
+        if state == OpState::Active {
+            self.check_decided(id, now);
+        } else {
+            self.maybe_free(id.slot);
+        }
     }
 
     /// `-NOSCRIPT` (the master restarted or its script cache was flushed): send the same

@@ -234,7 +234,7 @@ impl Task {
 impl Core {
     /// The round timeout for `ttl`, cut short by the deadline.
     fn timeout(&self, ttl: Duration, deadline: Option<Instant>, now: Instant) -> Duration {
-        let t = self.cfg.round_timeout(ttl);
+        let t = self.round_timeout(ttl);
         match deadline {
             Some(d) => t.min(d.saturating_duration_since(now)),
             None => t,
@@ -291,7 +291,7 @@ impl Core {
         let line = (req == Request::AcquireWait && t.keys.len() == 1 && self.notify()).then(|| {
             let alive = self.cfg.retry_delay
                 + self.cfg.retry_jitter
-                + 2 * self.cfg.round_timeout(t.ttl)
+                + 2 * self.round_timeout(t.ttl)
                 + Duration::from_millis(100);
             Line {
                 id: t.wait_id.unwrap_or_else(|| {
@@ -345,7 +345,7 @@ impl Core {
             Kind::Extend => Request::Extend,
             _ => Request::Release,
         };
-        let timeout = self.cfg.round_timeout(t.ttl);
+        let timeout = self.round_timeout(t.ttl);
         let (token, ttl_ms) = (t.token, t.ttl.as_millis() as u64);
         let leave = if req == Request::Release {
             t.wait_id
@@ -753,7 +753,7 @@ impl Core {
         now: Instant,
     ) {
         let t = &self.tasks[id.slot as usize];
-        let timeout = self.cfg.round_timeout(t.ttl);
+        let timeout = self.round_timeout(t.ttl);
         let (token, ttl_ms) = (t.token, t.ttl.as_millis() as u64);
         let keys = &t.keys;
         self.rounds.start(
@@ -783,11 +783,12 @@ impl Core {
         } else {
             Operation::Release
         };
-        let not_held = o.tally.count(Outcome::NotHeld) > 0;
+        // Read only where a round failed (a count over every master).
+        let not_held = || o.tally.count(Outcome::NotHeld) > 0;
         let result = if kind == Kind::Release {
             if o.tally.decision() == Decision::Reached {
                 Ok(Done::Released)
-            } else if not_held {
+            } else if not_held() {
                 Err(Error::NotHeld(self.report(what, op, t1, t1, 1)))
             } else {
                 Err(Error::NoQuorum(self.report(what, op, t1, t1, 1)))
@@ -809,7 +810,7 @@ impl Core {
                 AcquireVerdict::ValidityUsedUp => {
                     Err(Error::ValidityUsedUp(self.report(what, op, t1, t1, 1)))
                 }
-                _ if not_held => Err(Error::NotHeld(self.report(what, op, t1, t1, 1))),
+                _ if not_held() => Err(Error::NotHeld(self.report(what, op, t1, t1, 1))),
                 _ => Err(Error::NoQuorum(self.report(what, op, t1, t1, 1))),
             }
         };
