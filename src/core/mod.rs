@@ -267,8 +267,14 @@ impl Core {
         debug_assert!(t.gen == id.gen && t.live);
         t.live = false;
         self.free.push(id.slot);
-        // One move of the (large) result, out of the task into the caller's.
-        match self.tasks[id.slot as usize].result.take() {
+        let result = &mut self.tasks[id.slot as usize].result;
+        // A result is as large as a lock (272 bytes): a release's is not moved whole.
+        if let Some(Ok(Done::Released)) = result {
+            *result = None;
+            return Ok(Done::Released);
+        }
+        // One move of the result, out of the task into the caller's.
+        match result.take() {
             Some(r) => r,
             None => Err(Error::Cancelled),
         }
@@ -633,19 +639,41 @@ impl Core {
     /// Record a task's result.
     fn finish(&mut self, id: TaskId, result: Result<Done, Error>, now: Instant) {
         let granted = matches!(result, Ok(Done::Locked(_)));
+        self.finishing(id, granted, now);
+        let slot = &mut self.tasks[id.slot as usize].result;
+        match result {
+            // A result is as large as a lock (272 bytes): the small ones are written, not
+            // moved whole.
+            Ok(Done::Released) => *slot = Some(Ok(Done::Released)),
+            r => *slot = Some(r),
+        }
+        self.finished_task(id);
+    }
+
+    /// A task ends (`granted`: with the lock): it stops waiting, and leaves its key's line
+    /// unless it got the lock. Its result is stored next, then [`Core::finished_task`].
+    fn finishing(&mut self, id: TaskId, granted: bool, now: Instant) {
         if !self.tasks[id.slot as usize].chans.is_empty() {
             self.unwatch(id, granted, now);
         }
         if !granted {
             self.leave_line(id, now);
         }
+    }
+
+    /// A task's result is stored: it is done.
+    fn finished_task(&mut self, id: TaskId) {
         let t = &mut self.tasks[id.slot as usize];
         #[cfg(feature = "tracing")]
-        match &result {
-            Ok(done) => tracing::debug!(parent: &t.span, attempts = t.attempt, ?done, "done"),
-            Err(error) => tracing::debug!(parent: &t.span, attempts = t.attempt, %error, "failed"),
+        match &t.result {
+            Some(Ok(done)) => {
+                tracing::debug!(parent: &t.span, attempts = t.attempt, ?done, "done")
+            }
+            Some(Err(error)) => {
+                tracing::debug!(parent: &t.span, attempts = t.attempt, %error, "failed")
+            }
+            None => {}
         }
-        t.result = Some(result);
         t.phase = Phase::Done;
         if self.track_finished {
             self.finished.push(id);
