@@ -627,6 +627,27 @@ fn bench_json_reports_no_violations_and_sane_counts() {
         j["refused"], 0,
         "one client, one resource: no contention: {j}"
     );
+    // The masters' side (issue 23): CPU time, and per master and cycle what the floor with
+    // a Lua release runs (SET, then EVALSHA running GET and DEL), nothing more (a command
+    // under 0.05 per cycle is the connections' handshake, once per run).
+    let servers = &j["servers"];
+    assert!(servers["cpu_us_per_cycle"].as_f64().unwrap() > 0.0, "{j}");
+    let masters = servers["per_master"].as_array().expect("per_master");
+    assert_eq!(masters.len(), 3, "{j}");
+    for m in masters {
+        let commands = m["commands_per_cycle"].as_object().expect("commands");
+        let mut run: Vec<&str> = commands
+            .iter()
+            .filter(|(_, n)| n.as_f64().unwrap() >= 0.05)
+            .map(|(name, _)| name.as_str())
+            .collect();
+        run.sort_unstable();
+        assert_eq!(run, ["del", "evalsha", "get", "set"], "{j}");
+        for name in run {
+            let n = commands[name].as_f64().unwrap();
+            assert!((0.95..1.2).contains(&n), "{name} {n} per cycle: {j}");
+        }
+    }
 }
 
 #[test]

@@ -61,15 +61,37 @@ fn push_bulk(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// An integer argument as a bulk string.
+/// An integer argument as a bulk string: `$<n>\r\n<digits>\r\n`, built on the stack and
+/// appended in one copy.
 fn push_bulk_uint(out: &mut Vec<u8>, v: u64) {
-    let mut digits = [0u8; 20];
-    let n = decimal(v, &mut digits);
-    out.push(b'$');
-    push_decimal(out, n as u64);
-    out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(&digits[20 - n..]);
-    out.extend_from_slice(b"\r\n");
+    // 20 digits at most, so a one- or two-digit length; the digits end at `END`.
+    const END: usize = 27;
+    let mut buf = [0u8; END + 2];
+    let mut i = END;
+    let mut v = v;
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    let n = END - i;
+    buf[END..].copy_from_slice(b"\r\n");
+    i -= 2;
+    buf[i..i + 2].copy_from_slice(b"\r\n");
+    if n < 10 {
+        i -= 1;
+        buf[i] = b'0' + n as u8;
+    } else {
+        i -= 2;
+        buf[i] = b'0' + (n / 10) as u8;
+        buf[i + 1] = b'0' + (n % 10) as u8;
+    }
+    i -= 1;
+    buf[i] = b'$';
+    out.extend_from_slice(&buf[i..]);
 }
 
 fn push_decimal(out: &mut Vec<u8>, v: u64) {

@@ -183,6 +183,9 @@ pub struct Core {
     wall: (u64, Instant),
     /// The last arrival score given.
     last_score: u64,
+    /// The last TTL whose round timeout was asked, and that timeout (see
+    /// [`Core::round_timeout`]): a client's locks nearly always share one TTL.
+    timeout_memo: std::cell::Cell<(Duration, Duration)>,
 }
 
 impl Core {
@@ -215,7 +218,10 @@ impl Core {
             client_id: [0; crate::scripts::CLIENT_ID_LEN],
             wall: (wall_us, now),
             last_score: 0,
+            timeout_memo: std::cell::Cell::new((Duration::ZERO, Duration::ZERO)),
         };
+        m.timeout_memo
+            .set((Duration::ZERO, m.cfg.round_timeout(Duration::ZERO)));
         let id = m.tokens.next()?;
         m.client_id
             .copy_from_slice(&id.as_bytes()[..crate::scripts::CLIENT_ID_LEN]);
@@ -260,10 +266,32 @@ impl Core {
     pub fn take(&mut self, id: TaskId) -> Result<Done, Error> {
         let t = &mut self.tasks[id.slot as usize];
         debug_assert!(t.gen == id.gen && t.live);
-        let r = t.result.take().unwrap_or(Err(Error::Cancelled));
         t.live = false;
         self.free.push(id.slot);
-        r
+        let result = &mut self.tasks[id.slot as usize].result;
+        // A result is as large as a lock (272 bytes): a release's is not moved whole.
+        if let Some(Ok(Done::Released)) = result {
+            *result = None;
+            return Ok(Done::Released);
+        }
+        // One move of the result, out of the task into the caller's.
+        match result.take() {
+            Some(r) => r,
+            None => Err(Error::Cancelled),
+        }
+    }
+
+    /// [`Settings::round_timeout`] of `ttl`, remembered for the last TTL asked (it takes a
+    /// floating-point product and a division; a client's locks nearly always share a TTL).
+    #[inline]
+    pub(crate) fn round_timeout(&self, ttl: Duration) -> Duration {
+        let (last, timeout) = self.timeout_memo.get();
+        if ttl == last {
+            return timeout;
+        }
+        let timeout = self.cfg.round_timeout(ttl);
+        self.timeout_memo.set((ttl, timeout));
+        timeout
     }
 
     /// Tasks finished since the last call (each once).
@@ -307,10 +335,14 @@ impl Core {
         self.next_seq += 1;
         // Arrival on the client's clock: every master orders a key's line by it alike.
         // Strictly increasing within the client (calls submitted in one step share their
-        // `now`), so that the lines order this client's waiters as it does itself.
-        let wall = self.wall.0 + now.saturating_duration_since(self.wall.1).as_micros() as u64;
-        t.score = wall.max(self.last_score + 1);
-        self.last_score = t.score;
+        // `now`), so that the lines order this client's waiters as it does itself. Only a
+        // task that may wait ever stands in a line (`Task::waits`).
+        if retries > 0 || deadline.is_some() {
+            let since = now.saturating_duration_since(self.wall.1);
+            let wall = self.wall.0 + since.as_secs() * 1_000_000 + u64::from(since.subsec_micros());
+            t.score = wall.max(self.last_score + 1);
+            self.last_score = t.score;
+        }
         self.start_attempt(id, now);
         id
     }
@@ -324,7 +356,7 @@ impl Core {
     /// Release `lock` on every master, fire and forget (a lock its user dropped).
     pub fn release_detached(&mut self, lock: &Lock, now: Instant) {
         lock.record_hold(now);
-        let timeout = self.cfg.round_timeout(lock.ttl);
+        let timeout = self.round_timeout(lock.ttl);
         let (token, ttl_ms) = (lock.token, lock.ttl.as_millis() as u64);
         let leave = lock.line;
         self.rounds.start(
@@ -608,19 +640,41 @@ impl Core {
     /// Record a task's result.
     fn finish(&mut self, id: TaskId, result: Result<Done, Error>, now: Instant) {
         let granted = matches!(result, Ok(Done::Locked(_)));
+        self.finishing(id, granted, now);
+        let slot = &mut self.tasks[id.slot as usize].result;
+        match result {
+            // A result is as large as a lock (272 bytes): the small ones are written, not
+            // moved whole.
+            Ok(Done::Released) => *slot = Some(Ok(Done::Released)),
+            r => *slot = Some(r),
+        }
+        self.finished_task(id);
+    }
+
+    /// A task ends (`granted`: with the lock): it stops waiting, and leaves its key's line
+    /// unless it got the lock. Its result is stored next, then [`Core::finished_task`].
+    fn finishing(&mut self, id: TaskId, granted: bool, now: Instant) {
         if !self.tasks[id.slot as usize].chans.is_empty() {
             self.unwatch(id, granted, now);
         }
         if !granted {
             self.leave_line(id, now);
         }
+    }
+
+    /// A task's result is stored: it is done.
+    fn finished_task(&mut self, id: TaskId) {
         let t = &mut self.tasks[id.slot as usize];
         #[cfg(feature = "tracing")]
-        match &result {
-            Ok(done) => tracing::debug!(parent: &t.span, attempts = t.attempt, ?done, "done"),
-            Err(error) => tracing::debug!(parent: &t.span, attempts = t.attempt, %error, "failed"),
+        match &t.result {
+            Some(Ok(done)) => {
+                tracing::debug!(parent: &t.span, attempts = t.attempt, ?done, "done")
+            }
+            Some(Err(error)) => {
+                tracing::debug!(parent: &t.span, attempts = t.attempt, %error, "failed")
+            }
+            None => {}
         }
-        t.result = Some(result);
         t.phase = Phase::Done;
         if self.track_finished {
             self.finished.push(id);

@@ -290,7 +290,41 @@ impl Rounds {
         // Encode once, into the shared buffer.
         let at = self.shared.len();
         encode_request(&mut self.shared, req, &self.ops[slot as usize].args, false);
+        // The common case, tested at once: the master is asked, its connection is up, its
+        // queue below every limit, and it is not known to be another's server (see below).
+        let fast_limit = if req == Request::Release {
+            self.cfg.max_pending
+        } else {
+            self.cfg.max_pending.min(self.cfg.backlog_limit)
+        };
+        let fast_server = req == Request::Release || !self.same_servers;
+        let mut sent = 0u32;
         for i in 0..n {
+            let link = &mut self.links[i];
+            if fast_server && link.is_up() && link.pending.len() < fast_limit && target(i) {
+                if link.pending.is_empty() {
+                    link.last_progress = now;
+                    stall_clock_started = true;
+                }
+                if link.shared_from.is_none() {
+                    if link.out.is_empty() {
+                        link.shared_from = Some(at);
+                    } else {
+                        link.out.extend_from_slice(&self.shared[at..]);
+                    }
+                }
+                link.pending.push_back(Tag::Op {
+                    id,
+                    req,
+                    eval: false,
+                });
+                self.masters[i].stats.requests += 1;
+                sent += 1;
+                continue;
+            }
+            // What the op is owed so far, before a failure below may decide it (and free
+            // it when nothing is owed).
+            self.ops[slot as usize].outstanding += std::mem::take(&mut sent);
             // A master that does not take this request must not send it either: its
             // earlier shared bytes go to its own queue first (`unshare` below).
             if !target(i) {
@@ -339,7 +373,7 @@ impl Rounds {
                         eval: false,
                     });
                     self.masters[i].stats.requests += 1;
-                    self.ops[slot as usize].outstanding += 1;
+                    sent += 1;
                 }
                 Err(fault) => {
                     self.unshare(i, at);
@@ -355,6 +389,7 @@ impl Rounds {
                 }
             }
         }
+        self.ops[slot as usize].outstanding += sent;
         if stall_clock_started {
             self.due_by(now + self.cfg.stall_timeout);
         }
@@ -1037,6 +1072,33 @@ impl Rounds {
     fn process_replies(&mut self, i: usize, now: Instant) -> bool {
         loop {
             let link = &mut self.links[i];
+            // The answers of a lock cycle (`+OK`, `$-1`, `:0`, `:1` to a round's request)
+            // are read straight off the input: no frame, no classification (the same
+            // outcomes as `rules::classify` gives them; a unit test checks).
+            if let (false, Some(&Tag::Op { id, req, eval })) =
+                (link.input.resuming, link.pending.front())
+            {
+                let input = &link.input;
+                let literal = input.parser.limits().max_line_len >= 2;
+                if let (true, Some((outcome, value, used))) = (
+                    literal,
+                    literal_vote(req, &input.inbuf[input.in_start..input.in_end]),
+                ) {
+                    link.pending.pop_front();
+                    link.answered = true;
+                    link.input.in_start += used;
+                    let drained = link.input.in_start == link.input.in_end;
+                    if drained {
+                        link.input.in_start = 0;
+                        link.input.in_end = 0;
+                    }
+                    self.op_reply(i, id, req, eval, outcome, value, None, now);
+                    if drained {
+                        return true;
+                    }
+                    continue;
+                }
+            }
             let (frame, used) = match link.input.next_frame() {
                 Ok(resp::Status::Complete(complete)) => complete,
                 Ok(resp::Status::Partial(_)) => return true,
@@ -1079,6 +1141,13 @@ impl Rounds {
                     }
                     link.input.in_start += used;
                     link.answered = true;
+                    // The input is used up (the common case: one reply per read): no need
+                    // to look for another frame.
+                    let drained = link.input.in_start == link.input.in_end;
+                    if drained {
+                        link.input.in_start = 0;
+                        link.input.in_end = 0;
+                    }
                     match classified {
                         Ok(outcome) => self.op_reply(i, id, req, eval, outcome, value, holder, now),
                         Err(()) => {
@@ -1088,6 +1157,9 @@ impl Rounds {
                             self.fail_node(i, f, now);
                             return false;
                         }
+                    }
+                    if drained {
+                        return true;
                     }
                     continue;
                 }
@@ -1243,23 +1315,14 @@ impl Rounds {
         if self.ops[id.slot as usize].gen != id.gen {
             return;
         }
-        let latency_us = self
-            .micros(now)
-            .saturating_sub(self.ops[id.slot as usize].started_us);
-        // Counted once per request: not again when its round already counted it as timed
-        // out (a late reply still tells the latency).
-        let first = {
-            let op = &self.ops[id.slot as usize];
-            op.state != OpState::Free && op.tally.outcomes().get(i) == Some(&Outcome::Pending)
-        };
-        let stats = &mut self.masters[i].stats;
-        stats.latency.record_us(latency_us);
-        if first {
-            stats.outcome(outcome);
-        }
+        let us = self.micros(now);
         let op = &mut self.ops[id.slot as usize];
+        let latency_us = us.saturating_sub(op.started_us);
         op.outstanding = op.outstanding.saturating_sub(1);
-        if op.state != OpState::Free {
+        // Counted once per request: not again when its round already counted it as timed
+        // out (a late reply still tells the latency). The tally records the first answer
+        // of each master only: what it recorded is what the statistics count.
+        let first = op.state != OpState::Free && {
             if outcome.is_ok() && value > op.max_value {
                 op.max_value = value;
             }
@@ -1271,9 +1334,19 @@ impl Rounds {
                     *h = holder;
                 }
             }
-            op.tally.record(i, outcome);
+            op.tally.record(i, outcome)
+        };
+        let state = op.state;
+        let stats = &mut self.masters[i].stats;
+        stats.latency.record_us(latency_us);
+        if first {
+            stats.outcome(outcome);
         }
-        self.check_decided(id, now);
+        if state == OpState::Active {
+            self.check_decided(id, now);
+        } else {
+            self.maybe_free(id.slot);
+        }
     }
 
     /// `-NOSCRIPT` (the master restarted or its script cache was flushed): send the same
@@ -1318,11 +1391,109 @@ impl Rounds {
     }
 }
 
+/// The outcome, value and length of a whole literal answer at the start of `buf` to
+/// `req`, for the answers a lock cycle lives on (`None`: anything else, which the parser
+/// and `rules::classify` read). The same outcome and value as the general path gives.
+#[inline(always)]
+fn literal_vote(req: Request, buf: &[u8]) -> Option<(Outcome, i64, usize)> {
+    const fn word(b: &[u8; 4]) -> u32 {
+        u32::from_le_bytes(*b)
+    }
+    let w = u32::from_le_bytes(*buf.first_chunk::<4>()?);
+    match req {
+        Request::Acquire if buf.get(4) == Some(&b'\n') => {
+            if w == word(b"+OK\r") {
+                Some((Outcome::Ok, 0, 5))
+            } else if w == word(b"$-1\r") {
+                Some((Outcome::Taken, 0, 5))
+            } else {
+                None
+            }
+        }
+        Request::Release | Request::Extend if w == word(b":1\r\n") => Some((Outcome::Ok, 1, 4)),
+        Request::Release | Request::Extend if w == word(b":0\r\n") => {
+            Some((Outcome::NotHeld, 0, 4))
+        }
+        Request::AcquireMany if w == word(b":1\r\n") => Some((Outcome::Ok, 1, 4)),
+        Request::AcquireMany if w == word(b":0\r\n") => Some((Outcome::Taken, 0, 4)),
+        Request::AcquireWait if w == word(b":0\r\n") => Some((Outcome::Ok, 0, 4)),
+        _ => None,
+    }
+}
+
 /// What a connect that timed out in `phase` failed with.
 fn connect_timed_out(phase: ConnectPhase) -> Fault {
     match phase {
         ConnectPhase::Resolving => Fault::Resolve(ErrorText::new(b"timed out")),
         ConnectPhase::Connecting => Fault::Connect(io::ErrorKind::TimedOut),
         ConnectPhase::Tls => Fault::Tls(TlsFault::Other(ErrorText::new(b"handshake timed out"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The literal answers read off the input mean what the parser and `classify` make of
+    /// them, and whatever else is left to those.
+    #[test]
+    fn literal_votes_agree_with_the_general_path() {
+        let limits = NetConfig::default().limits;
+        let inputs: &[&[u8]] = &[
+            b"+OK\r\n",
+            b"+OK\r\n:1\r\n",
+            b"$-1\r\n",
+            b"$-1\r\n+OK\r\n",
+            b":0\r\n",
+            b":1\r\n",
+            b":1\r\n:0\r\n",
+            b":2\r\n",
+            b":-1\r\n",
+            b"_\r\n",
+            b"+OK\r",
+            b"+OK",
+            b":1\r",
+            b"+OKX\r\n",
+            b"+ok\r\n",
+            b"$-1\rX",
+            b"-ERR no\r\n",
+            b"*2\r\n:9000\r\n$16\r\n0123456789abcdef\r\n",
+        ];
+        let requests = [
+            Request::Acquire,
+            Request::AcquireMany,
+            Request::AcquireWait,
+            Request::Release,
+            Request::Extend,
+            Request::FenceDraw,
+            Request::FenceWriteBack,
+            Request::Inspect,
+            Request::ForceRelease,
+        ];
+        for &req in &requests {
+            for &input in inputs {
+                let Some((outcome, value, used)) = literal_vote(req, input) else {
+                    continue;
+                };
+                let Ok(resp::Status::Complete((frame, n))) = resp::parse(input, &limits) else {
+                    panic!("{req:?} {input:?}: a literal that does not parse");
+                };
+                assert_eq!(used, n, "{req:?} {input:?}");
+                assert_eq!(
+                    rules::classify(req, &frame),
+                    Ok(outcome),
+                    "{req:?} {input:?}"
+                );
+                let v = match frame {
+                    Frame::Integer(v) => v,
+                    _ => 0,
+                };
+                assert_eq!(value, v, "{req:?} {input:?}");
+            }
+        }
+        // The common answers do take the literal path.
+        assert!(literal_vote(Request::Acquire, b"+OK\r\n").is_some());
+        assert!(literal_vote(Request::Release, b":1\r\n").is_some());
+        assert!(literal_vote(Request::Acquire, b"+OK\r").is_none());
     }
 }

@@ -238,7 +238,7 @@ impl Task {
 impl Core {
     /// The round timeout for `ttl`, cut short by the deadline.
     fn timeout(&self, ttl: Duration, deadline: Option<Instant>, now: Instant) -> Duration {
-        let t = self.cfg.round_timeout(ttl);
+        let t = self.round_timeout(ttl);
         match deadline {
             Some(d) => t.min(d.saturating_duration_since(now)),
             None => t,
@@ -295,7 +295,7 @@ impl Core {
         let line = (req == Request::AcquireWait && t.keys.len() == 1 && self.notify()).then(|| {
             let alive = self.cfg.retry_delay
                 + self.cfg.retry_jitter
-                + 2 * self.cfg.round_timeout(t.ttl)
+                + 2 * self.round_timeout(t.ttl)
                 + Duration::from_millis(100);
             Line {
                 id: t.wait_id.unwrap_or_else(|| {
@@ -350,7 +350,7 @@ impl Core {
             Kind::Extend => Request::Extend,
             _ => Request::Release,
         };
-        let timeout = self.cfg.round_timeout(t.ttl);
+        let timeout = self.round_timeout(t.ttl);
         let (token, ttl_ms) = (t.token, t.ttl.as_millis() as u64);
         let leave = if req == Request::Release {
             t.wait_id
@@ -503,9 +503,13 @@ impl Core {
         let acquire = t.acquire_op.take().unwrap_or(failed);
         t.op = None;
         if let (false, AcquireVerdict::Acquired(v)) = (t.cancelled, verdict) {
+            self.rounds.finish(acquire);
+            self.finishing(id, true, now);
+            let t = &mut self.tasks[id.slot as usize];
             let mut keys = KeyList::default();
             keys.assign(&t.keys);
-            let lock = Lock {
+            // Built where it is kept (a lock is 272 bytes: each move is a copy).
+            t.result = Some(Ok(Done::Locked(Lock {
                 keys,
                 token: t.token,
                 ttl: t.ttl,
@@ -520,14 +524,13 @@ impl Core {
                 dropped: None,
                 #[cfg(feature = "tracing")]
                 span: t.span.clone(),
-            };
+            })));
             #[cfg(feature = "tracing")]
             t.span.record(
                 "waited_us",
                 decided_at.saturating_duration_since(t.began).as_micros() as u64,
             );
-            self.rounds.finish(acquire);
-            self.finish(id, Ok(Done::Locked(lock)), now);
+            self.finished_task(id);
             return;
         }
         if verdict == AcquireVerdict::Taken {
@@ -775,7 +778,7 @@ impl Core {
         now: Instant,
     ) {
         let t = &self.tasks[id.slot as usize];
-        let timeout = self.cfg.round_timeout(t.ttl);
+        let timeout = self.round_timeout(t.ttl);
         let (token, ttl_ms) = (t.token, t.ttl.as_millis() as u64);
         let keys = &t.keys;
         self.rounds.start(
@@ -805,11 +808,12 @@ impl Core {
         } else {
             Operation::Release
         };
-        let not_held = o.tally.count(Outcome::NotHeld) > 0;
+        // Read only where a round failed (a count over every master).
+        let not_held = || o.tally.count(Outcome::NotHeld) > 0;
         let result = if kind == Kind::Release {
             if o.tally.decision() == Decision::Reached {
                 Ok(Done::Released)
-            } else if not_held {
+            } else if not_held() {
                 Err(Error::NotHeld(self.report(what, op, t1, t1, 1)))
             } else {
                 Err(Error::NoQuorum(self.report(what, op, t1, t1, 1)))
@@ -831,7 +835,7 @@ impl Core {
                 AcquireVerdict::ValidityUsedUp => {
                     Err(Error::ValidityUsedUp(self.report(what, op, t1, t1, 1)))
                 }
-                _ if not_held => Err(Error::NotHeld(self.report(what, op, t1, t1, 1))),
+                _ if not_held() => Err(Error::NotHeld(self.report(what, op, t1, t1, 1))),
                 _ => Err(Error::NoQuorum(self.report(what, op, t1, t1, 1))),
             }
         };

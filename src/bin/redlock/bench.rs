@@ -591,6 +591,9 @@ fn bench(
         let _ = set_current_thread_cpus(&p.masters);
     }
 
+    // What the masters have done so far (CPU time, commands run): the run's share is the
+    // difference with the same taken after it.
+    let servers0 = server_samples(args, urls);
     barrier.wait();
     let usage0 = getrusage(UsageWho::RUSAGE_SELF).ok();
     let t0 = Instant::now();
@@ -625,6 +628,15 @@ fn bench(
     let elapsed = t0.elapsed();
     // Includes the shared client's loop thread and the tasks' runtime workers.
     let usage1 = getrusage(UsageWho::RUSAGE_SELF).ok();
+    let servers = servers0.and_then(|a| {
+        let b = server_samples(args, urls)?;
+        Some(
+            a.iter()
+                .zip(&b)
+                .map(|(a, b)| b.since(a))
+                .collect::<Vec<_>>(),
+        )
+    });
     bar.finish_and_clear();
 
     if interrupted.load(Ordering::Relaxed) {
@@ -676,6 +688,7 @@ fn bench(
         elapsed,
         total: &total,
         cpu,
+        servers: servers.as_deref(),
         check: &check,
         waiting: &waited,
     };
@@ -1323,6 +1336,8 @@ struct Report<'a> {
     total: &'a ClientResult,
     /// User and system CPU time of this process during the run, in µs.
     cpu: Option<(f64, f64)>,
+    /// What each master did during the run (`None`: a master would not say).
+    servers: Option<&'a [ServerSample]>,
     check: &'a Check,
     waiting: &'a Waiting,
 }
@@ -1351,6 +1366,35 @@ impl Report<'_> {
         m.insert("mean".into(), ((h.mean() * 10.0).round() / 10.0).into());
         m.insert("count".into(), h.len().into());
         serde_json::Value::Object(m)
+    }
+
+    /// The masters' CPU time and commands per cycle: summed over the masters, and each
+    /// master's own.
+    fn servers_json(&self, servers: &[ServerSample]) -> serde_json::Value {
+        let round = |v: f64| (v * 1000.0).round() / 1000.0;
+        let commands = |calls: &std::collections::BTreeMap<String, u64>| {
+            let mut m = serde_json::Map::new();
+            for (name, n) in calls {
+                m.insert(name.clone(), round(self.per_cycle(*n as f64)).into());
+            }
+            serde_json::Value::Object(m)
+        };
+        let mut total = std::collections::BTreeMap::new();
+        for s in servers {
+            for (name, n) in &s.calls {
+                *total.entry(name.clone()).or_insert(0) += n;
+            }
+        }
+        let cpu: f64 = servers.iter().map(|s| s.cpu_us).sum();
+        serde_json::json!({
+            "cpu_us_per_cycle": (self.per_cycle(cpu) * 10.0).round() / 10.0,
+            "commands_per_cycle": commands(&total),
+            "per_master": servers.iter().zip(self.masters).map(|(s, name)| serde_json::json!({
+                "master": name,
+                "cpu_us_per_cycle": (self.per_cycle(s.cpu_us) * 10.0).round() / 10.0,
+                "commands_per_cycle": commands(&s.calls),
+            })).collect::<Vec<_>>(),
+        })
     }
 
     fn json(&self) -> serde_json::Value {
@@ -1403,6 +1447,7 @@ impl Report<'_> {
                 "handoff": Self::latency_json(&self.waiting.handoff),
             },
             "cpu_us_per_cycle": cpu,
+            "servers": self.servers.map(|s| self.servers_json(s)),
             "mutual_exclusion": {
                 "ok": self.check.ok(),
                 "violations": self.check.overlaps + self.check.lost_updates,
@@ -1541,6 +1586,28 @@ impl Report<'_> {
                 self.per_cycle(s)
             );
         }
+        if let Some(servers) = self.servers {
+            let cpu: f64 = servers.iter().map(|s| s.cpu_us).sum();
+            let mut calls = std::collections::BTreeMap::new();
+            for s in servers {
+                for (name, n) in &s.calls {
+                    *calls.entry(name.as_str()).or_insert(0u64) += n;
+                }
+            }
+            // Per master: what one master runs for a cycle (scripts' own commands counted).
+            let per_master = servers.len().max(1) as f64;
+            let commands: Vec<String> = calls
+                .iter()
+                .map(|(name, n)| format!("{name} {:.2}", self.per_cycle(*n as f64) / per_master))
+                .filter(|c| !c.ends_with(" 0.00"))
+                .collect();
+            out!(
+                "server CPU    {:.1} µs per cycle over {} masters; per master and cycle: {}",
+                self.per_cycle(cpu),
+                servers.len(),
+                commands.join(", ")
+            );
+        }
         if self.check.ok() {
             out!(
                 "mutual excl.  ok: {} holds on {} resource{} checked, no overlap, counters match grants",
@@ -1610,8 +1677,127 @@ fn check_every_master(probe: &mut Redlock, ttl: Duration) -> Option<u8> {
     Some(exit::UNAVAILABLE)
 }
 
+/// What one master had done at some instant: its CPU time (`INFO cpu`: `used_cpu_sys` +
+/// `used_cpu_user`, in µs) and the calls of each command (`INFO commandstats`, which
+/// counts the commands scripts run too), or, from [`ServerSample::since`], during a run.
+struct ServerSample {
+    cpu_us: f64,
+    /// Calls by command name (lowercase), `info` left out (the samples' own).
+    calls: std::collections::BTreeMap<String, u64>,
+}
+
+impl ServerSample {
+    /// What the master did between `earlier` and this sample.
+    fn since(&self, earlier: &ServerSample) -> ServerSample {
+        ServerSample {
+            cpu_us: (self.cpu_us - earlier.cpu_us).max(0.0),
+            calls: self
+                .calls
+                .iter()
+                .map(|(k, n)| {
+                    (
+                        k.clone(),
+                        n - earlier.calls.get(k).copied().unwrap_or(0).min(*n),
+                    )
+                })
+                .filter(|(_, n)| *n > 0)
+                .collect(),
+        }
+    }
+
+    /// Read from the texts of `INFO cpu` and `INFO commandstats`.
+    fn parse(cpu: &str, commandstats: &str) -> Option<ServerSample> {
+        let mut cpu_us = None::<f64>;
+        for line in cpu.lines() {
+            let line = line.trim_end();
+            for key in ["used_cpu_sys:", "used_cpu_user:"] {
+                if let Some(v) = line.strip_prefix(key) {
+                    let s: f64 = v.parse().ok()?;
+                    cpu_us = Some(cpu_us.unwrap_or(0.0) + s * 1e6);
+                }
+            }
+        }
+        let mut calls = std::collections::BTreeMap::new();
+        for line in commandstats.lines() {
+            // `cmdstat_set:calls=12,usec=34,...` (`cmdstat_client|list` for subcommands).
+            let Some((name, rest)) = line
+                .trim_end()
+                .strip_prefix("cmdstat_")
+                .and_then(|l| l.split_once(':'))
+            else {
+                continue;
+            };
+            let n = rest
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))
+                .and_then(|v| v.parse::<u64>().ok());
+            if let (Some(n), false) = (n, name.eq_ignore_ascii_case("info")) {
+                calls.insert(name.to_ascii_lowercase(), n);
+            }
+        }
+        Some(ServerSample {
+            cpu_us: cpu_us?,
+            calls,
+        })
+    }
+}
+
+/// Every master's [`ServerSample`] now, over a connection of its own (`None` when one
+/// cannot be reached or will not say: then the report has no `servers`).
+fn server_samples(args: &BenchArgs, urls: &[String]) -> Option<Vec<ServerSample>> {
+    use crate::conn::{tls_setup, Session, Val};
+    let specs = urls
+        .iter()
+        .map(|u| redlock_mux::MasterSpec::parse(u).ok())
+        .collect::<Option<Vec<_>>>()?;
+    let tls = tls_setup(&args.masters, &specs).ok()?;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut out = Vec::with_capacity(specs.len());
+    for spec in &specs {
+        let mut s = Session::open(spec, deadline, &tls).ok()?;
+        let replies = s
+            .pipeline(&[
+                vec!["INFO".into(), "cpu".into()],
+                vec!["INFO".into(), "commandstats".into()],
+            ])
+            .ok()?;
+        let text = |v: &Val| match v {
+            Val::Bulk(Some(b)) => Some(String::from_utf8_lossy(b).into_owned()),
+            _ => None,
+        };
+        out.push(ServerSample::parse(
+            &text(&replies[0])?,
+            &text(&replies[1])?,
+        )?);
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn server_samples_read_cpu_and_command_calls() {
+        let cpu = "# CPU\r\nused_cpu_sys:1.500000\r\nused_cpu_user:0.250000\r\nused_cpu_sys_children:9.0\r\n";
+        let stats = "# Commandstats\r\ncmdstat_set:calls=10,usec=5,usec_per_call=0.5\r\ncmdstat_info:calls=3,usec=1\r\ncmdstat_client|list:calls=2,usec=1\r\n";
+        let a = super::ServerSample::parse(cpu, stats).unwrap();
+        assert_eq!(a.cpu_us, 1_750_000.0);
+        assert_eq!(a.calls.get("set"), Some(&10));
+        assert_eq!(a.calls.get("client|list"), Some(&2));
+        assert_eq!(
+            a.calls.get("info"),
+            None,
+            "the samples' own INFO is left out"
+        );
+        let stats = "cmdstat_set:calls=14,usec=7\r\ncmdstat_get:calls=4,usec=1\r\n";
+        let b = super::ServerSample::parse("used_cpu_sys:2.0\r\nused_cpu_user:0.25\r\n", stats);
+        let d = b.unwrap().since(&a);
+        assert_eq!(d.cpu_us, 500_000.0);
+        assert_eq!(d.calls.get("set"), Some(&4));
+        assert_eq!(d.calls.get("get"), Some(&4));
+        assert_eq!(d.calls.get("client|list"), None);
+        assert!(super::ServerSample::parse("no cpu here", "").is_none());
+    }
+
     use super::*;
 
     fn hold(resource: u32, start: u64, end: u64) -> Hold {
