@@ -85,6 +85,8 @@ pub enum Property {
     KeepsItsPlace,
     LostWakeup,
     OrphanKey,
+    /// A `try_lock` without contention or faults failed.
+    Uncontended,
     /// The run itself went wrong: the core never settled, a call never ended.
     Stuck,
 }
@@ -295,8 +297,22 @@ impl World {
         }
     }
 
-    /// A call ended: (vii) its attempts are bounded.
+    /// A call ended: (vii) its attempts are bounded; without contention a `try_lock` is
+    /// granted.
     pub(crate) fn check_call(&mut self, call: usize) {
+        if self.cfg.check_uncontended
+            && !self.stopping
+            && self.calls[call].kind == "try_lock"
+            && !self.calls[call].granted
+        {
+            let x = &self.calls[call];
+            let what = format!(
+                "client {} caller {}: try_lock {:?} of a free resource, nobody else asking: {}",
+                x.client, x.caller, x.res, x.result
+            );
+            let at = x.end.unwrap_or(self.t);
+            self.violation(Property::Uncontended, at, what);
+        }
         if !self.cfg.check_attempts {
             return;
         }

@@ -183,6 +183,9 @@ pub struct Config {
     pub check_place: bool,
     /// Check (xi).
     pub check_orphans: bool,
+    /// Check that every `try_lock` is granted (a family with one caller and no fault: the
+    /// resource is always free when it asks).
+    pub check_uncontended: bool,
 }
 
 impl Config {
