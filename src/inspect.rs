@@ -16,7 +16,7 @@ use std::time::Duration;
 use smallvec::SmallVec;
 
 use crate::resp::{Aggregate, Frame};
-use crate::rules::Outcome;
+use crate::rules::{Fault, Outcome};
 use crate::scripts::{CLIENT_ID_LEN, NOTICE_LEN, WAITER_ID_LEN};
 
 /// How many waiters of a line an inspection names (the line's length is always counted).
@@ -678,13 +678,29 @@ impl fmt::Display for ForcedRelease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let n = self.masters.len();
         let free = self.masters.iter().filter(|m| m.is_free()).count();
+        // A master that is not free now either refused (an error reply: no right to the
+        // key, a key of another type) or gave no answer (down, timed out): say which, so
+        // that "no key" is never read off masters that could not tell.
+        let refused = self
+            .masters
+            .iter()
+            .filter(|m| match m.outcome {
+                Outcome::Failed(fault) => {
+                    matches!(fault, Fault::Redis(_)) || fault.is_configuration()
+                }
+                _ => false,
+            })
+            .count();
+        let silent = n - free - refused;
         match self.holder() {
             Some(h) => write!(
                 f,
                 "deleted the key of {h} on {} of {n} masters",
                 self.removed_by(h)
             )?,
-            None => f.write_str("no master had the key")?,
+            None if free == n => f.write_str("no master had the key")?,
+            None if free == 0 => f.write_str("nothing deleted")?,
+            None => write!(f, "no key on the {free} of {n} masters that could tell")?,
         }
         let others = self.removed_on() - self.holder().map_or(0, |h| self.removed_by(h));
         if others > 0 {
@@ -703,10 +719,15 @@ impl fmt::Display for ForcedRelease {
         } else {
             write!(
                 f,
-                "; only {free} of {n} masters answered (quorum {}): it may still be held \
-                 until the other masters' keys expire",
+                "; no key now on only {free} of {n} masters (quorum {}; ",
                 self.quorum
             )?;
+            match (refused, silent) {
+                (0, s) => write!(f, "{s} did not answer")?,
+                (r, 0) => write!(f, "{r} refused")?,
+                (r, s) => write!(f, "{r} refused, {s} did not answer")?,
+            }
+            f.write_str("): it may still be held until the other masters' keys expire")?;
         }
         Ok(())
     }
@@ -783,6 +804,47 @@ mod tests {
         let bad = agg(b"*3\r\n$0\r\n\r\n:-2\r\n$3\r\nabc\r\n");
         let Frame::Aggregate(a) = &bad else { panic!() };
         assert!(Removal::parse(a).is_none());
+    }
+
+    /// A forced release that no master could carry out never reads "no master had the
+    /// key": it says nothing was deleted, and which masters refused and which gave no
+    /// answer (it said "no master had the key; only 0 of 3 masters answered" of three
+    /// masters that refused the script with NOPERM).
+    #[test]
+    fn a_forced_release_says_which_masters_refused_and_which_did_not_answer() {
+        use crate::rules::ErrorText;
+        let noperm = Outcome::Failed(Fault::Redis(ErrorText::new(
+            b"NOPERM this user has no permissions to access one of the keys used as arguments",
+        )));
+        let mut all_refused = ForcedRelease::new(b"job", 2);
+        for m in ["m0", "m1", "m2"] {
+            all_refused.push(m.into(), noperm, None);
+        }
+        assert!(!all_refused.is_free());
+        assert_eq!(
+            all_refused.to_string(),
+            "nothing deleted; no key now on only 0 of 3 masters (quorum 2; 3 refused): it may \
+             still be held until the other masters' keys expire"
+        );
+        let mut mixed = ForcedRelease::new(b"job", 2);
+        mixed.push("m0".into(), Outcome::NotHeld, None);
+        mixed.push("m1".into(), noperm, None);
+        mixed.push("m2".into(), Outcome::TimedOut, None);
+        assert_eq!(
+            mixed.to_string(),
+            "no key on the 1 of 3 masters that could tell; no key now on only 1 of 3 masters \
+             (quorum 2; 1 refused, 1 did not answer): it may still be held until the other \
+             masters' keys expire"
+        );
+        let mut none = ForcedRelease::new(b"job", 2);
+        for m in ["m0", "m1", "m2"] {
+            none.push(m.into(), Outcome::NotHeld, None);
+        }
+        assert!(none.is_free());
+        assert!(
+            none.to_string().starts_with("no master had the key; free"),
+            "{none}"
+        );
     }
 
     #[test]
