@@ -467,6 +467,57 @@ impl Inspection {
     }
 }
 
+/// Whether a master that gave no usable answer refused (an error reply: no right to the
+/// key, a key of another type; a configuration refusal) rather than gave none (down,
+/// timed out).
+fn refused(o: Outcome) -> bool {
+    match o {
+        Outcome::Failed(fault) => matches!(fault, Fault::Redis(_)) || fault.is_configuration(),
+        _ => false,
+    }
+}
+
+/// `3 refused`, `1 did not answer`, `1 refused, 1 did not answer`: why the masters that
+/// could not tell could not (each master's own fault is in its view).
+struct Unanswered {
+    refused: usize,
+    silent: usize,
+}
+
+impl Unanswered {
+    fn of<'a>(
+        outcomes: impl Iterator<Item = &'a Outcome>,
+        tells: impl Fn(Outcome) -> bool,
+    ) -> Self {
+        let (mut refused_n, mut silent) = (0, 0);
+        for &o in outcomes {
+            if tells(o) {
+                continue;
+            }
+            if refused(o) {
+                refused_n += 1;
+            } else {
+                silent += 1;
+            }
+        }
+        Unanswered {
+            refused: refused_n,
+            silent,
+        }
+    }
+}
+
+impl fmt::Display for Unanswered {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.refused, self.silent) {
+            (0, 0) => Ok(()),
+            (0, s) => write!(f, "{s} did not answer"),
+            (r, 0) => write!(f, "{r} refused"),
+            (r, s) => write!(f, "{r} refused, {s} did not answer"),
+        }
+    }
+}
+
 fn masters_word(n: usize) -> &'static str {
     if n == 1 {
         "master"
@@ -479,6 +530,7 @@ impl fmt::Display for Inspection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (n, q) = (self.masters.len(), self.quorum);
         let answered = self.answered();
+        let why = Unanswered::of(self.masters.iter().map(|m| &m.outcome), |o| o.is_ok());
         match self.holder() {
             Some(h) if self.is_held() => write!(
                 f,
@@ -500,19 +552,25 @@ impl fmt::Display for Inspection {
                     f.write_str(" (it expires with its TTL)")?;
                 }
             }
-            Some(h) => write!(
-                f,
-                "not held by a quorum: {h} holds {} of {n} masters (quorum {q}), {answered} \
-                 answered",
-                self.held_on()
-            )?,
+            Some(h) => {
+                write!(
+                    f,
+                    "not held by a quorum: {h} holds {} of {n} masters (quorum {q}), {answered} \
+                     answered",
+                    self.held_on()
+                )?;
+                if answered < n {
+                    write!(f, " ({why})")?;
+                }
+            }
             None if self.is_free() => write!(
                 f,
                 "free: no key on the {answered} of {n} masters that answered"
             )?,
             None => write!(
                 f,
-                "unknown: only {answered} of {n} masters answered (quorum {q}), none holds it"
+                "unknown: only {answered} of {n} masters answered (quorum {q}; {why}), none \
+                 holds it"
             )?,
         }
         let forever = self.masters.iter().filter(|m| m.never_expires()).count();
@@ -681,17 +739,9 @@ impl fmt::Display for ForcedRelease {
         // A master that is not free now either refused (an error reply: no right to the
         // key, a key of another type) or gave no answer (down, timed out): say which, so
         // that "no key" is never read off masters that could not tell.
-        let refused = self
-            .masters
-            .iter()
-            .filter(|m| match m.outcome {
-                Outcome::Failed(fault) => {
-                    matches!(fault, Fault::Redis(_)) || fault.is_configuration()
-                }
-                _ => false,
-            })
-            .count();
-        let silent = n - free - refused;
+        let why = Unanswered::of(self.masters.iter().map(|m| &m.outcome), |o| {
+            matches!(o, Outcome::Ok | Outcome::NotHeld)
+        });
         match self.holder() {
             Some(h) => write!(
                 f,
@@ -722,12 +772,10 @@ impl fmt::Display for ForcedRelease {
                 "; no key now on only {free} of {n} masters (quorum {}; ",
                 self.quorum
             )?;
-            match (refused, silent) {
-                (0, s) => write!(f, "{s} did not answer")?,
-                (r, 0) => write!(f, "{r} refused")?,
-                (r, s) => write!(f, "{r} refused, {s} did not answer")?,
-            }
-            f.write_str("): it may still be held until the other masters' keys expire")?;
+            write!(
+                f,
+                "{why}): it may still be held until the other masters' keys expire"
+            )?;
         }
         Ok(())
     }
@@ -898,5 +946,29 @@ mod tests {
         assert!(!i.is_held() && !i.is_free());
         assert_eq!(i.answered(), 2);
         assert!(i.to_string().starts_with("not held by a quorum"), "{i}");
+        assert!(
+            i.to_string().contains("2 answered (1 did not answer)"),
+            "{i}"
+        );
+        // Masters that refused are told from masters that gave no answer (it said "only 0
+        // of 3 masters answered" of masters that refused with NOPERM).
+        let noperm = Outcome::Failed(crate::rules::Fault::Redis(crate::rules::ErrorText::new(
+            b"NOPERM this user has no permissions to access one of the keys used as arguments",
+        )));
+        let i = Inspection::new(
+            b"r",
+            2,
+            vec![
+                MasterView::new("m0".into(), noperm, None),
+                MasterView::new("m1".into(), noperm, None),
+                MasterView::new("m2".into(), down, None),
+            ],
+            Duration::ZERO,
+        );
+        assert_eq!(
+            i.to_string(),
+            "unknown: only 0 of 3 masters answered (quorum 2; 2 refused, 1 did not answer), \
+             none holds it"
+        );
     }
 }
