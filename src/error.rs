@@ -219,11 +219,14 @@ impl fmt::Display for Report {
             f.write_str(")")?;
         }
         if self.attempts > 1 {
-            write!(
-                f,
-                "; {} attempts in {:.1?}, the last round {:.1?}",
-                self.attempts, self.total, self.elapsed
-            )
+            write!(f, "; {} attempts in {:.1?}, ", self.attempts, self.total)?;
+            // A round decided before any answer could come (every master it needed
+            // already known down) took no time: "0.0ns" reads as a measurement.
+            if self.elapsed.is_zero() {
+                f.write_str("the last round decided at once")
+            } else {
+                write!(f, "the last round {:.1?}", self.elapsed)
+            }
         } else if self.elapsed.is_zero() {
             f.write_str("; decided at once")
         } else {
@@ -404,7 +407,30 @@ mod tests {
         assert_eq!(
             r.to_string(),
             "2 of 2 needed: 1 ok (10.0.0.1:6379), 1 down, waiting to reconnect \
-             (10.0.0.2:6379); 12 attempts in 0.0ns, the last round 0.0ns"
+             (10.0.0.2:6379); 12 attempts in 0.0ns, the last round decided at once"
+        );
+        // Attempts over 700 ms whose last round was decided before any answer could come
+        // (it said "the last round 0.0ns").
+        let mut tally = Tally::new(2, 2);
+        tally.record(0, Outcome::Pending);
+        tally.record(
+            1,
+            Outcome::Failed(Fault::Connect(ErrorKind::ConnectionRefused)),
+        );
+        let names = ["127.0.0.1:7000", "127.0.0.1:7001"].map(Arc::from);
+        let r = Report::new(
+            Operation::Acquire,
+            names.into_iter(),
+            &tally,
+            Duration::ZERO,
+            5,
+            Duration::from_millis(699),
+        );
+        assert_eq!(
+            r.to_string(),
+            "2 of 2 needed: 1 down, connect failed: connection refused (127.0.0.1:7001), 1 not \
+             waited for once the round was decided (127.0.0.1:7000); 5 attempts in 699.0ms, \
+             the last round decided at once"
         );
         // Different faults in one group: each next to its master.
         let r = report(

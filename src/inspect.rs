@@ -16,7 +16,7 @@ use std::time::Duration;
 use smallvec::SmallVec;
 
 use crate::resp::{Aggregate, Frame};
-use crate::rules::Outcome;
+use crate::rules::{Fault, Outcome};
 use crate::scripts::{CLIENT_ID_LEN, NOTICE_LEN, WAITER_ID_LEN};
 
 /// How many waiters of a line an inspection names (the line's length is always counted).
@@ -467,6 +467,57 @@ impl Inspection {
     }
 }
 
+/// Whether a master that gave no usable answer refused (an error reply: no right to the
+/// key, a key of another type; a configuration refusal) rather than gave none (down,
+/// timed out).
+fn refused(o: Outcome) -> bool {
+    match o {
+        Outcome::Failed(fault) => matches!(fault, Fault::Redis(_)) || fault.is_configuration(),
+        _ => false,
+    }
+}
+
+/// `3 refused`, `1 did not answer`, `1 refused, 1 did not answer`: why the masters that
+/// could not tell could not (each master's own fault is in its view).
+struct Unanswered {
+    refused: usize,
+    silent: usize,
+}
+
+impl Unanswered {
+    fn of<'a>(
+        outcomes: impl Iterator<Item = &'a Outcome>,
+        tells: impl Fn(Outcome) -> bool,
+    ) -> Self {
+        let (mut refused_n, mut silent) = (0, 0);
+        for &o in outcomes {
+            if tells(o) {
+                continue;
+            }
+            if refused(o) {
+                refused_n += 1;
+            } else {
+                silent += 1;
+            }
+        }
+        Unanswered {
+            refused: refused_n,
+            silent,
+        }
+    }
+}
+
+impl fmt::Display for Unanswered {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.refused, self.silent) {
+            (0, 0) => Ok(()),
+            (0, s) => write!(f, "{s} did not answer"),
+            (r, 0) => write!(f, "{r} refused"),
+            (r, s) => write!(f, "{r} refused, {s} did not answer"),
+        }
+    }
+}
+
 fn masters_word(n: usize) -> &'static str {
     if n == 1 {
         "master"
@@ -479,6 +530,7 @@ impl fmt::Display for Inspection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (n, q) = (self.masters.len(), self.quorum);
         let answered = self.answered();
+        let why = Unanswered::of(self.masters.iter().map(|m| &m.outcome), |o| o.is_ok());
         match self.holder() {
             Some(h) if self.is_held() => write!(
                 f,
@@ -500,19 +552,25 @@ impl fmt::Display for Inspection {
                     f.write_str(" (it expires with its TTL)")?;
                 }
             }
-            Some(h) => write!(
-                f,
-                "not held by a quorum: {h} holds {} of {n} masters (quorum {q}), {answered} \
-                 answered",
-                self.held_on()
-            )?,
+            Some(h) => {
+                write!(
+                    f,
+                    "not held by a quorum: {h} holds {} of {n} masters (quorum {q}), {answered} \
+                     answered",
+                    self.held_on()
+                )?;
+                if answered < n {
+                    write!(f, " ({why})")?;
+                }
+            }
             None if self.is_free() => write!(
                 f,
                 "free: no key on the {answered} of {n} masters that answered"
             )?,
             None => write!(
                 f,
-                "unknown: only {answered} of {n} masters answered (quorum {q}), none holds it"
+                "unknown: only {answered} of {n} masters answered (quorum {q}; {why}), none \
+                 holds it"
             )?,
         }
         let forever = self.masters.iter().filter(|m| m.never_expires()).count();
@@ -678,13 +736,21 @@ impl fmt::Display for ForcedRelease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let n = self.masters.len();
         let free = self.masters.iter().filter(|m| m.is_free()).count();
+        // A master that is not free now either refused (an error reply: no right to the
+        // key, a key of another type) or gave no answer (down, timed out): say which, so
+        // that "no key" is never read off masters that could not tell.
+        let why = Unanswered::of(self.masters.iter().map(|m| &m.outcome), |o| {
+            matches!(o, Outcome::Ok | Outcome::NotHeld)
+        });
         match self.holder() {
             Some(h) => write!(
                 f,
                 "deleted the key of {h} on {} of {n} masters",
                 self.removed_by(h)
             )?,
-            None => f.write_str("no master had the key")?,
+            None if free == n => f.write_str("no master had the key")?,
+            None if free == 0 => f.write_str("nothing deleted")?,
+            None => write!(f, "no key on the {free} of {n} masters that could tell")?,
         }
         let others = self.removed_on() - self.holder().map_or(0, |h| self.removed_by(h));
         if others > 0 {
@@ -703,9 +769,12 @@ impl fmt::Display for ForcedRelease {
         } else {
             write!(
                 f,
-                "; only {free} of {n} masters answered (quorum {}): it may still be held \
-                 until the other masters' keys expire",
+                "; no key now on only {free} of {n} masters (quorum {}; ",
                 self.quorum
+            )?;
+            write!(
+                f,
+                "{why}): it may still be held until the other masters' keys expire"
             )?;
         }
         Ok(())
@@ -785,6 +854,47 @@ mod tests {
         assert!(Removal::parse(a).is_none());
     }
 
+    /// A forced release that no master could carry out never reads "no master had the
+    /// key": it says nothing was deleted, and which masters refused and which gave no
+    /// answer (it said "no master had the key; only 0 of 3 masters answered" of three
+    /// masters that refused the script with NOPERM).
+    #[test]
+    fn a_forced_release_says_which_masters_refused_and_which_did_not_answer() {
+        use crate::rules::ErrorText;
+        let noperm = Outcome::Failed(Fault::Redis(ErrorText::new(
+            b"NOPERM this user has no permissions to access one of the keys used as arguments",
+        )));
+        let mut all_refused = ForcedRelease::new(b"job", 2);
+        for m in ["m0", "m1", "m2"] {
+            all_refused.push(m.into(), noperm, None);
+        }
+        assert!(!all_refused.is_free());
+        assert_eq!(
+            all_refused.to_string(),
+            "nothing deleted; no key now on only 0 of 3 masters (quorum 2; 3 refused): it may \
+             still be held until the other masters' keys expire"
+        );
+        let mut mixed = ForcedRelease::new(b"job", 2);
+        mixed.push("m0".into(), Outcome::NotHeld, None);
+        mixed.push("m1".into(), noperm, None);
+        mixed.push("m2".into(), Outcome::TimedOut, None);
+        assert_eq!(
+            mixed.to_string(),
+            "no key on the 1 of 3 masters that could tell; no key now on only 1 of 3 masters \
+             (quorum 2; 1 refused, 1 did not answer): it may still be held until the other \
+             masters' keys expire"
+        );
+        let mut none = ForcedRelease::new(b"job", 2);
+        for m in ["m0", "m1", "m2"] {
+            none.push(m.into(), Outcome::NotHeld, None);
+        }
+        assert!(none.is_free());
+        assert!(
+            none.to_string().starts_with("no master had the key; free"),
+            "{none}"
+        );
+    }
+
     #[test]
     fn the_holder_is_the_one_on_most_masters_and_a_quorum_decides() {
         let view = |holder: &[u8], pttl: i64| {
@@ -836,5 +946,29 @@ mod tests {
         assert!(!i.is_held() && !i.is_free());
         assert_eq!(i.answered(), 2);
         assert!(i.to_string().starts_with("not held by a quorum"), "{i}");
+        assert!(
+            i.to_string().contains("2 answered (1 did not answer)"),
+            "{i}"
+        );
+        // Masters that refused are told from masters that gave no answer (it said "only 0
+        // of 3 masters answered" of masters that refused with NOPERM).
+        let noperm = Outcome::Failed(crate::rules::Fault::Redis(crate::rules::ErrorText::new(
+            b"NOPERM this user has no permissions to access one of the keys used as arguments",
+        )));
+        let i = Inspection::new(
+            b"r",
+            2,
+            vec![
+                MasterView::new("m0".into(), noperm, None),
+                MasterView::new("m1".into(), noperm, None),
+                MasterView::new("m2".into(), down, None),
+            ],
+            Duration::ZERO,
+        );
+        assert_eq!(
+            i.to_string(),
+            "unknown: only 0 of 3 masters answered (quorum 2; 2 refused, 1 did not answer), \
+             none holds it"
+        );
     }
 }

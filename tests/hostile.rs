@@ -257,6 +257,9 @@ fn acquire_phase(name: &str, case: &Case, reals: &LocalMasters) {
     let t = Instant::now();
     let r = c.try_lock(&res, TTL);
     assert_quick(t.elapsed(), &phase);
+    // The fake's thread may not have read the SET yet on a loaded machine (a silent fake
+    // never answers it): wait for it, bounded, then check there was no second.
+    fake.wait_for_count("SET", 1, Duration::from_secs(10));
     assert_eq!(fake.count("SET"), 1, "{phase}: one round, one SET");
     match (case.on_set, r) {
         (Expect::Counted, Ok(lock)) => {
@@ -311,7 +314,27 @@ fn release_phase(name: &str, case: &Case, reals: &LocalMasters) {
     let t = Instant::now();
     let r = c.release(lock);
     assert_quick(t.elapsed(), &phase);
-    assert_eq!(fake.count("EVALSHA"), 1, "{phase}: one release");
+    // One release on the connection the fake answered it on. A reply that poisons the
+    // connection leaves the release owed (the master may not have run it): the client
+    // sends it again on its next connection, at once, often before this line runs. (It
+    // counted every EVALSHA and failed whenever the fake read the resent one first.)
+    let releases: Vec<_> = fake
+        .commands()
+        .into_iter()
+        .filter(|c| c.is("EVALSHA"))
+        .collect();
+    let first = releases.first().map(|c| c.conn);
+    assert!(first.is_some(), "{phase}: no release reached the fake");
+    assert_eq!(
+        releases.iter().filter(|c| Some(c.conn) == first).count(),
+        1,
+        "{phase}: one release per connection"
+    );
+    assert!(
+        case.poisons || case.silent || releases.len() == 1,
+        "{phase}: a release sent again although its connection was never closed: {}",
+        releases.len()
+    );
     match (case.on_release, r) {
         (Expect::Counted, Ok(())) => {}
         (Expect::Refused(_) | Expect::NotCounted, Err(e)) => {

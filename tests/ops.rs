@@ -702,6 +702,60 @@ mod cli {
         );
     }
 
+    /// `release --force` as a client the masters refuse (an ACL user without the lock's
+    /// keys, a wrong password) is a configuration error, 64, with the refusals and what to
+    /// fix, with or without --yes: no quorum can answer it whatever the operator passes.
+    /// (It said "cannot tell who holds it ... pass --yes" and exited 1, then 69 with --yes.)
+    #[test]
+    fn release_force_refused_by_the_masters_is_a_configuration_error() {
+        let m = masters(3);
+        let key = "ops:acl";
+        let mut owner = Redlock::new(m.urls()).expect("holder");
+        let lock = owner
+            .try_lock(key, Duration::from_secs(30))
+            .expect("the holder takes it");
+        for i in 0..3 {
+            let r = m[i].cmd(&[
+                b"ACL", b"SETUSER", b"app", b"on", b">app-pw", b"~app:*", b"&*", b"+@all",
+            ]);
+            assert!(r.unwrap().is_ok());
+        }
+        let urls = |user: &str| -> String {
+            m.addrs()
+                .iter()
+                .map(|a| format!("redis://{user}@{a}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        for (user, says) in [("app:app-pw", "ACL SETUSER"), ("app:wrong", "password")] {
+            for yes in [false, true] {
+                let mut args = vec!["release", "--force", "--masters"];
+                let masters = urls(user);
+                args.push(&masters);
+                if yes {
+                    args.push("--yes");
+                }
+                args.push(key);
+                let out = output(redlock(&m, &args));
+                let err = text(&out.stderr);
+                assert_eq!(code(&out), 64, "{user} --yes {yes}: {err}");
+                assert!(
+                    err.starts_with("redlock: cannot release ops:acl: 3 of 3 masters refuse")
+                        && err.contains(says)
+                        && !err.contains("pass --yes"),
+                    "{user} --yes {yes}: {err}"
+                );
+                for a in m.addrs() {
+                    assert!(err.contains(&a.to_string()), "{a} not named: {err}");
+                }
+                assert!(!err.contains("app-pw"), "{err}");
+            }
+        }
+        // Nothing was deleted.
+        assert!((0..3).all(|i| holder(&m, i, key).is_some()));
+        owner.release(lock).expect("release");
+    }
+
     #[test]
     fn status_shows_the_line_and_list_is_bounded() {
         let m = masters(3);
@@ -757,6 +811,13 @@ mod cli {
             "{}",
             text(&out.stderr)
         );
+        // The summary says the scan did not reach the end of every master.
+        let said = text(&out.stdout);
+        assert!(
+            said.contains("of 3 masters scanned to the end: the list may be incomplete")
+                && !said.contains("on 3 masters"),
+            "{said}"
+        );
         let out = output(redlock(&m, &["list", "--count", "0"]));
         assert_eq!(code(&out), 64, "{}", text(&out.stderr));
         // A master down: the others are listed, the exit says incomplete.
@@ -768,6 +829,15 @@ mod cli {
             text(&out.stderr).contains(&m[1].addr().to_string()),
             "{}",
             text(&out.stderr)
+        );
+        // Not "no locks (... scanned on 3 masters)": one master was not scanned at all.
+        // (The table's summary said so while stderr named the master that was down.)
+        let said = text(&out.stdout);
+        assert!(
+            said.starts_with("no locks found (")
+                && said.contains("2 of 3 masters scanned to the end")
+                && !said.contains("on 3 masters"),
+            "{said}"
         );
     }
 }

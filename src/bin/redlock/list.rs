@@ -315,12 +315,26 @@ fn print_table(
     locks: &[Inspection],
 ) -> io::Result<()> {
     let scanned: u64 = scans.iter().map(|s| s.scanned).sum();
-    if locks.is_empty() {
-        return writeln!(
-            out,
-            "no locks ({scanned} keys scanned on {} masters)",
+    // How far the scans went: every master to the end, or not (down, refused, a bound
+    // reached; stderr says why per master). "0 keys scanned on 3 masters" must not be
+    // read off masters that refused the scan.
+    let whole = scans.iter().filter(|s| s.complete).count();
+    let reach = if whole == specs.len() {
+        format!("{scanned} keys scanned on {} masters", specs.len())
+    } else {
+        format!(
+            "{scanned} keys scanned; {whole} of {} masters scanned to the end: the list may \
+             be incomplete",
             specs.len()
-        );
+        )
+    };
+    if locks.is_empty() {
+        let none = if whole == specs.len() {
+            "no locks"
+        } else {
+            "no locks found"
+        };
+        return writeln!(out, "{none} ({reach})");
     }
     let width = locks
         .iter()
@@ -350,10 +364,9 @@ fn print_table(
     }
     writeln!(
         out,
-        "{} lock{} ({scanned} keys scanned on {} masters)",
+        "{} lock{} ({reach})",
         locks.len(),
         if locks.len() == 1 { "" } else { "s" },
-        specs.len()
     )
 }
 

@@ -4,9 +4,10 @@
 use std::time::Duration;
 
 use clap::Args;
-use redlock_mux::{ForcedRelease, Inspection};
+use redlock_mux::{ForcedRelease, Inspection, Outcome};
 
 use crate::common::{exit, out, say};
+use crate::run;
 use crate::status::{client, master_json, ttl_text};
 use crate::{duration, MasterArgs};
 
@@ -26,7 +27,9 @@ Exit status:
   0    the lock is free: a quorum of masters has no key now (or none had one)
   1    not released: a live holder holds it (or too few masters answered to tell), and
        --yes was not given
-  64   usage or configuration error
+  64   usage or configuration error, or so many masters refuse this client (a wrong
+       password, an ACL without the lock's keys, an untrusted certificate) that no
+       quorum can answer, with or without --yes
   69   too few masters answered the forced release: the masters that did not keep their
        key until it expires";
 
@@ -71,6 +74,30 @@ pub fn main(args: ReleaseArgs) -> u8 {
             return exit::OSERR;
         }
     };
+    // Masters that refuse this client whatever it does (a wrong password, an ACL without
+    // the key, an untrusted certificate), so many that no quorum is left: a configuration
+    // error, which --yes cannot cure. (It said "cannot tell who holds it ... pass --yes",
+    // then with --yes exited 69.)
+    let refusing: Vec<(&str, Outcome)> = seen
+        .masters()
+        .iter()
+        .map(|m| (m.name(), m.outcome()))
+        .filter(|(_, o)| run::refuses(*o))
+        .collect();
+    let (n, k) = (seen.masters().len(), refusing.len());
+    if k > 0 && n - k < seen.quorum() {
+        let each: Vec<String> = refusing.iter().map(|(m, o)| format!("{m}: {o}")).collect();
+        say!(
+            "cannot release {r}: {k} of {n} master{} refuse{} this client ({}), so no quorum \
+             of {} can be looked at or released, with or without --yes: {}",
+            if n == 1 { "" } else { "s" },
+            if k == 1 { "s" } else { "" },
+            each.join("; "),
+            seen.quorum(),
+            run::hints(&refusing, r).join("; "),
+        );
+        return exit::USAGE;
+    }
     let unknown = !seen.is_held() && !seen.is_free() && seen.answered() < seen.quorum();
     if (seen.is_held() || unknown) && !args.yes {
         if args.json {

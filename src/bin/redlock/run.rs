@@ -986,7 +986,7 @@ fn acquire(args: &RunArgs, client: &mut Redlock, started: Instant) -> Result<Loc
 /// refusal for the moment is not one: `-LOADING` (a master reading its data after a
 /// restart), `-BUSY` (running a long script), `-ERR max number of clients reached`, and
 /// any code not known here, are waited for.
-fn refuses(o: Outcome) -> bool {
+pub(crate) fn refuses(o: Outcome) -> bool {
     match o {
         Outcome::Failed(f) if f.is_configuration() => true,
         Outcome::Failed(Fault::Handshake(t)) => {
@@ -1015,7 +1015,7 @@ fn silent(o: Outcome) -> bool {
 }
 
 /// What to do about the refusals seen, one hint per kind.
-fn hints(refusing: &[(&str, Outcome)], resource: &str) -> Vec<String> {
+pub(crate) fn hints(refusing: &[(&str, Outcome)], resource: &str) -> Vec<String> {
     let mut hints = Vec::new();
     let any = |f: &dyn Fn(Outcome) -> bool| refusing.iter().any(|(_, o)| f(*o));
     if any(&|o| matches!(o, Outcome::Failed(Fault::Handshake(_)))) {
