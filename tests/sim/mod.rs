@@ -640,6 +640,10 @@ impl World {
             {
                 break false;
             }
+            // A search stops at the first violation (a trace runs to the end).
+            if self.trace.is_none() && !self.violations.is_empty() {
+                break false;
+            }
         };
         self.stats.steps = steps;
         if end_drain {
@@ -1336,6 +1340,10 @@ impl World {
             .iter()
             .filter(|&&s| {
                 let m = &self.masters[s];
+                // A master the client cannot reach now is in its way too.
+                if m.down_until.is_some() || self.cut_until(client, s, t).is_some() {
+                    return true;
+                }
                 match m.server.get(0, key, m.clock_ms(t)) {
                     Some(v) => {
                         let v = v.strip_suffix(b"+").unwrap_or(&v);
