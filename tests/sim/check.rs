@@ -316,8 +316,31 @@ impl World {
         if !self.cfg.check_attempts {
             return;
         }
-        let x = self.calls[call].clone();
+        let mut x = self.calls[call].clone();
         let end = x.end.unwrap_or(self.t);
+        // A call that ended without a report (cancelled) tells no attempts: count what its
+        // client wrote for its keys meanwhile, when no other call of the client on them ran.
+        let names: Vec<Vec<u8>> = x.res.iter().map(|&r| World::resource_name(r)).collect();
+        let alone = !self.calls.iter().enumerate().any(|(i, y)| {
+            i != call
+                && y.client == x.client
+                && y.res.iter().any(|r| x.res.contains(r))
+                && y.start <= end
+                && y.end.is_none_or(|e| e >= x.start)
+        });
+        if alone {
+            let written = self
+                .attempts
+                .iter()
+                .filter(|a| {
+                    a.client == x.client
+                        && x.start <= a.at
+                        && a.at <= end
+                        && a.keys.iter().any(|k| names.contains(k))
+                })
+                .count() as u32;
+            x.attempts = x.attempts.max(written);
+        }
         let cfg = &self.cfg.clients[x.client];
         let gap = min_retry_gap(cfg);
         let timed = match x.retries {
@@ -325,7 +348,6 @@ impl World {
             None => (end - x.start) / gap + 1,
         };
         let during = |at: Us| x.start <= at && at <= end;
-        let names: Vec<Vec<u8>> = x.res.iter().map(|&r| World::resource_name(r)).collect();
         // Announcements that could free a quorum (not of this client's own tokens), and
         // subscriptions confirmed.
         let mut news = 0u64;
