@@ -41,6 +41,9 @@ fn env_u64(name: &str) -> Option<u64> {
     )
 }
 
+/// Seeds per family in a default run (CI): `SIM_SEEDS` overrides.
+const SEEDS: u64 = 500;
+
 /// A test family: the configuration for each seed.
 type Family = fn(u64) -> Config;
 
@@ -559,7 +562,7 @@ fn ms(us: Us) -> f64 {
 
 #[test]
 fn safe_under_model_assumptions() {
-    let s = expect_safe("safe_under_model_assumptions", within_model, 200);
+    let s = expect_safe("safe_under_model_assumptions", within_model, SEEDS);
     if !replaying() {
         assert!(s.grants > 500 && s.failed_calls > 0, "{s:?}");
         assert!(s.extends > 0 && s.failed_extends > 0, "{s:?}");
@@ -572,7 +575,7 @@ fn safe_with_amnesia_guard_after_restart_without_persistence() {
     let s = expect_safe(
         "safe_with_amnesia_guard_after_restart_without_persistence",
         guarded_amnesia,
-        200,
+        SEEDS,
     );
     if !replaying() {
         assert!(s.grants > 300 && s.faults > 300, "{s:?}");
@@ -582,7 +585,7 @@ fn safe_with_amnesia_guard_after_restart_without_persistence() {
 
 #[test]
 fn live_hot_resources() {
-    let s = expect_safe("live_hot_resources", hot, 200);
+    let s = expect_safe("live_hot_resources", hot, SEEDS);
     if !replaying() {
         assert!(s.grants > 500 && s.announcements > 500, "{s:?}");
     }
@@ -590,7 +593,7 @@ fn live_hot_resources() {
 
 #[test]
 fn live_hot_fair_without_faults() {
-    let s = expect_safe("live_hot_fair_without_faults", hot_fair_no_faults, 200);
+    let s = expect_safe("live_hot_fair_without_faults", hot_fair_no_faults, SEEDS);
     if !replaying() {
         assert!(s.grants > 500 && s.announcements > 500, "{s:?}");
     }
@@ -639,7 +642,7 @@ fn issue19_1_partitioned_fair_waiters_do_not_block_the_line() {
     expect_safe(
         "issue19_1_partitioned_fair_waiters_do_not_block_the_line",
         issue19_1_partitioned_fair_waiters,
-        100,
+        SEEDS,
     );
 }
 
@@ -648,7 +651,7 @@ fn issue19_2_a_minority_waiter_does_not_spin() {
     expect_safe(
         "issue19_2_a_minority_waiter_does_not_spin",
         issue19_2_minority_waiter,
-        100,
+        SEEDS,
     );
 }
 
@@ -657,7 +660,7 @@ fn issue19_3_waiters_keep_their_place_whatever_the_others_liveness() {
     expect_safe(
         "issue19_3_waiters_keep_their_place_whatever_the_others_liveness",
         issue19_3_mixed_liveness,
-        100,
+        SEEDS,
     );
 }
 
@@ -666,7 +669,7 @@ fn issue19_4_callers_of_one_shared_client_do_not_ping_pong() {
     expect_safe(
         "issue19_4_callers_of_one_shared_client_do_not_ping_pong",
         issue19_4_shared_callers,
-        100,
+        SEEDS,
     );
 }
 
@@ -675,7 +678,7 @@ fn issue19_5_multi_resource_waiters_are_woken() {
     expect_safe(
         "issue19_5_multi_resource_waiters_are_woken",
         issue19_5_multi_resource_waiters,
-        100,
+        SEEDS,
     );
 }
 
@@ -684,7 +687,7 @@ fn issue19_6_one_server_under_two_names_grants() {
     expect_safe(
         "issue19_6_one_server_under_two_names_grants",
         issue19_6_one_server_two_names,
-        100,
+        SEEDS,
     );
 }
 
@@ -693,7 +696,7 @@ fn issue19_8_releases_reach_a_master_that_fell_behind() {
     expect_safe(
         "issue19_8_releases_reach_a_master_that_fell_behind",
         issue19_8_master_falls_behind,
-        100,
+        SEEDS,
     );
 }
 
@@ -702,6 +705,6 @@ fn issue19_9_an_outage_does_not_make_waiters_hammer() {
     expect_safe(
         "issue19_9_an_outage_does_not_make_waiters_hammer",
         issue19_9_outage,
-        100,
+        SEEDS,
     );
 }
