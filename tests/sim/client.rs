@@ -774,7 +774,7 @@ impl World {
             }
         }
         let p = self.rng.f64();
-        let token = lock.token().as_str()[..16].as_bytes().to_vec();
+        let token = lock.token().as_bytes()[..16].to_vec();
         if !self.stopping && p < self.cfg.vanish_prob {
             self.log(|| format!("client {c} caller {k}: vanishes with its lock"));
             self.vanished.push(lock.token().as_bytes().to_vec());

@@ -693,7 +693,7 @@ impl World {
 
     fn handle(&mut self, ev: Ev) {
         match ev {
-            Ev::ToServer { conn, bytes } => self.to_server(conn, bytes),
+            Ev::ToServer { conn, bytes } => self.deliver_to_server(conn, bytes),
             Ev::Syn { conn } => self.syn(conn),
             Ev::Fin { conn } => {
                 let c = &mut self.conns[conn];
@@ -702,7 +702,7 @@ impl World {
                     self.masters[c.server].server.close(s);
                 }
             }
-            Ev::ToClient { conn, item } => self.to_client(conn, item),
+            Ev::ToClient { conn, item } => self.deliver_to_client(conn, item),
             Ev::Fault(f) => self.fault(f),
             Ev::Up { server } => self.master_up(server),
             Ev::Resume { client } => {
@@ -811,7 +811,7 @@ impl World {
         self.reply(conn, Item::Connected);
     }
 
-    fn to_server(&mut self, conn: usize, bytes: Vec<u8>) {
+    fn deliver_to_server(&mut self, conn: usize, bytes: Vec<u8>) {
         let (client, server) = (self.conns[conn].client, self.conns[conn].server);
         if !self.conns[conn].client_open && self.conns[conn].c2s_at > self.t {
             // Dropped by the client's reset (its Fin comes after).
@@ -867,7 +867,7 @@ impl World {
         self.schedule(at, Ev::ToClient { conn, item });
     }
 
-    fn to_client(&mut self, conn: usize, item: Item) {
+    fn deliver_to_client(&mut self, conn: usize, item: Item) {
         let (client, server) = (self.conns[conn].client, self.conns[conn].server);
         if !self.conns[conn].client_open {
             return;
@@ -1353,7 +1353,7 @@ impl World {
                 }
             })
             .count();
-        n - others.min(n) >= n / 2 + 1
+        n - others.min(n) > n / 2
     }
 
     pub(crate) fn resource_name(r: usize) -> Vec<u8> {
