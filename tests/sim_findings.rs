@@ -4,24 +4,29 @@
 //!
 //! 1. A failed attempt's cleanup sent to some masters only was freed before its requests
 //!    were counted: a `-NOSCRIPT` to it was never retried with `EVAL`.
+//! 2. A release started while a master's connection was backing off was forgotten.
 //!
 //! The order of events each bug needs is forced with the fault proxy (a held connection
 //! decides when a master answers) and checked on the masters (keys, lines, command
-//! counts); no sleep makes it happen. Every wait is bounded by what it proves:
+//! counts); no sleep makes it happen. Where a step depends on the machine's speed (a
+//! release within a reconnect backoff), the test
+//! checks that it happened and says so if not. Every wait is bounded by what it proves:
 //! long retry delays and TTLs (10 s, 30 s and more) that nothing here waits for, against a
 //! few seconds for what must happen at once.
 
 mod support;
 
 use std::future::Future;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
+use std::thread;
+use std::time::{Duration, Instant};
 
 use support::proxy::{Mode, Proxy};
 use support::{get, masters, poll_until, wait_until, LocalMasters};
 
-use redlock_mux::{LockGuard, Pending, Redlock, SharedRedlock};
+use redlock_mux::{Error, Lock, LockGuard, Pending, Redlock, SharedRedlock};
 
 /// A lock TTL no test waits for.
 const TTL: Duration = Duration::from_secs(30);
@@ -116,4 +121,254 @@ fn a_cleanup_sent_to_some_masters_is_retried_with_eval_after_noscript() {
          with EVAL (EVAL retries on master 1: {evals})",
         String::from_utf8_lossy(&token)
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// 2. A release while a master's connection backs off
+// ---------------------------------------------------------------------------------------
+
+/// The longest reconnect backoff (`NetConfig::backoff_max`): 25 ms doubled per failed
+/// connect, at most 1 s.
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// Failed connects in a row after which the backoff is `BACKOFF_MAX` (25 ms x 2^6 > 1 s).
+const FAILS_TO_MAX: usize = 7;
+
+/// A key held by hand on masters 0 and 1: a `try_lock` of it is refused.
+const PROBE: &str = "backoff-probe";
+
+/// The pause between two probes while master 2 backs off. Each probe refused then owes
+/// master 2 its cleanup (the fault a backing-off master reports is its last connection's,
+/// which may have run a request), and the queue of releases owed to a master is bounded
+/// (2048, oldest kept): unpaced (thousands of probes), they fill it before the release
+/// under test, which is then left to its TTL.
+const PROBE_PACE: Duration = Duration::from_millis(10);
+
+/// An address where nothing listens: a bound socket that does not listen (connects to it
+/// are refused; the socket keeps the port taken). Keep the socket alive.
+fn dead_addr() -> (socket2::Socket, SocketAddr) {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    s.bind(&SocketAddr::from((Ipv4Addr::LOCALHOST, 0)).into())
+        .unwrap();
+    let addr = s.local_addr().unwrap().as_socket().unwrap();
+    (s, addr)
+}
+
+/// One client (shared or single owner) for the backoff scenario: what the test does with
+/// it, whatever its kind.
+trait Client {
+    /// One `try_lock` of [`PROBE`]: it asks every master (so it connects a master that is
+    /// down once its backoff has passed) and is refused by masters 0 and 1, taking no lock
+    /// to release (see `PROBE_PACE` on why that matters). Runs the single owner's loop.
+    fn probe(&mut self);
+    fn disconnects(&mut self, i: usize) -> u64;
+    fn take(&mut self, key: &str) -> usize;
+    fn release(&mut self, lock: usize);
+    /// What makes the client deliver what it owes: nothing for the shared client (its loop
+    /// runs), a call for the single owner.
+    fn settle(&mut self);
+}
+
+struct Shared {
+    c: SharedRedlock,
+    guards: Vec<Option<redlock_mux::LockGuard>>,
+}
+
+impl Client for Shared {
+    fn probe(&mut self) {
+        let r = self.c.try_lock(PROBE, TTL).wait();
+        assert!(matches!(r, Err(Error::Taken(_))), "{r:?}");
+    }
+    fn disconnects(&mut self, i: usize) -> u64 {
+        stats(&self.c)[i].disconnects()
+    }
+    fn take(&mut self, key: &str) -> usize {
+        self.guards
+            .push(Some(self.c.try_lock(key, 2 * TTL).wait().unwrap()));
+        self.guards.len() - 1
+    }
+    fn release(&mut self, lock: usize) {
+        let g = self.guards[lock].take().unwrap();
+        g.release().wait().unwrap();
+    }
+    fn settle(&mut self) {}
+}
+
+struct Single {
+    c: Redlock,
+    locks: Vec<Option<Lock>>,
+}
+
+impl Client for Single {
+    fn probe(&mut self) {
+        let r = self.c.try_lock(PROBE, TTL);
+        assert!(matches!(r, Err(Error::Taken(_))), "{r:?}");
+    }
+    fn disconnects(&mut self, i: usize) -> u64 {
+        self.c.stats()[i].disconnects()
+    }
+    fn take(&mut self, key: &str) -> usize {
+        self.locks
+            .push(Some(self.c.try_lock(key, 2 * TTL).unwrap()));
+        self.locks.len() - 1
+    }
+    fn release(&mut self, lock: usize) {
+        let l = self.locks[lock].take().unwrap();
+        self.c.release(l).unwrap();
+    }
+    fn settle(&mut self) {
+        self.probe();
+    }
+}
+
+/// Master 2 (behind `p`) holds the client's locks; its connection is reset and every
+/// reconnect fails (the proxy's upstream refuses) until the backoff is at its longest;
+/// then a lock is released right after a failed connect, within that backoff (checked:
+/// the release returned less than `BACKOFF_MAX` after a moment before that connect was
+/// accepted). The master is reachable again; the released key must be deleted there
+/// within the backoff and `PROMPT`, well before its TTL (60 s). `None`: fine; or what
+/// went wrong.
+fn release_while_backing_off(
+    m: &LocalMasters,
+    p: &Proxy,
+    c: &mut dyn Client,
+    kind: &str,
+) -> Option<String> {
+    let on_2 = |key: &str| get(m, 2, key).is_some();
+    // Three locks: one is released per backoff until one release lands within it.
+    let keys: Vec<String> = (0..3).map(|k| format!("backoff-{kind}-{k}")).collect();
+    let locks: Vec<usize> = keys.iter().map(|k| c.take(k)).collect();
+    for k in &keys {
+        // Its SET there is answered within the next calls.
+        wait_until("the key on master 2", PROMPT, || {
+            c.settle();
+            on_2(k)
+        });
+    }
+    set_by_hand(m, 0, PROBE, FOREIGN);
+    set_by_hand(m, 1, PROBE, FOREIGN);
+    let (_dead, dead) = dead_addr();
+    let d0 = c.disconnects(2);
+    p.set_upstream(dead);
+    p.reset_all();
+    wait_until("the reset seen", PROMPT, || {
+        c.probe();
+        c.disconnects(2) > d0
+    });
+    let t0 = Instant::now();
+    let (a0, d1) = (p.accepted(), c.disconnects(2));
+    let mut released = None;
+    let (mut seen, mut t_seen) = (a0, t0);
+    let escalation = Instant::now() + Duration::from_secs(30);
+    'locks: for (lock, key) in locks.iter().zip(&keys) {
+        // Until a connect at the longest backoff has been accepted (and refused).
+        let t_before = loop {
+            assert!(
+                Instant::now() < escalation,
+                "{kind}: no reconnect in 30 s ({} accepted)",
+                p.accepted() - a0
+            );
+            thread::sleep(PROBE_PACE);
+            c.probe();
+            let t = Instant::now();
+            let a = p.accepted();
+            if a > seen {
+                // The a-th connect was accepted after `t_seen` (`seen` was read then).
+                let before = t_seen;
+                (seen, t_seen) = (a, t);
+                if a - a0 >= FAILS_TO_MAX {
+                    break before;
+                }
+            } else {
+                t_seen = t;
+            }
+        };
+        // The client saw that connect fail: it backs off until at least `t_before +
+        // BACKOFF_MAX`.
+        let failed = d1 + (seen - a0) as u64;
+        wait_until("the failed connect seen", PROMPT, || {
+            c.probe();
+            c.disconnects(2) >= failed
+        });
+        c.release(*lock);
+        // Within the backoff: nothing reconnected since that connect.
+        if Instant::now() < t_before + BACKOFF_MAX && p.accepted() == seen {
+            released = Some(key.clone());
+            break 'locks;
+        }
+        // Too late (a slow machine): the release may have reconnected. The next lock.
+    }
+    let Some(key) = released else {
+        return Some(format!(
+            "{kind}: no release landed within a backoff (the machine was too slow)"
+        ));
+    };
+    assert!(
+        on_2(&key),
+        "{kind}: the key left master 2 while it was cut off"
+    );
+    // Master 2 is reachable again; the client is not asked anything (the shared client)
+    // or only for other locks (the single owner).
+    p.set_upstream(m[2].addr());
+    let gone = poll_until(BACKOFF_MAX + PROMPT, || {
+        c.settle();
+        !on_2(&key)
+    });
+    (!gone).then(|| {
+        format!(
+            "{kind}: the key released while master 2's connection backed off is still there \
+             {:?} after it was reachable again (TTL {:?})",
+            BACKOFF_MAX + PROMPT,
+            2 * TTL
+        )
+    })
+}
+
+/// (2, commit 6e3d7d1; the simulation's seed 53: a shared client's release during a 40 ms
+/// restart left the key for its TTL after shutdown.) A client holds locks on 3 masters;
+/// master 2's connection breaks and every reconnect fails (the proxy before it cannot
+/// reach it) while the master keeps the keys; a lock is released while the client backs
+/// off before its next reconnect. Once master 2 is reachable again, the release must take
+/// effect there within the TTL: the shared client's loop reconnects for it by itself, the
+/// single owner with its next calls.
+///
+/// Before the fix the release failed there at once ("down") and was forgotten: the key
+/// stayed for its whole TTL. Failed with: "shared client: the key released while master
+/// 2's connection backed off is still there 4s after it was reachable again (TTL 60s)"
+/// and "single owner: ..." (the same).
+#[test]
+fn a_release_while_a_master_backs_off_is_owed_to_its_next_connection() {
+    let m = masters(3);
+    let mut problems = Vec::new();
+    let builder = |p: &Proxy| {
+        Redlock::builder()
+            .masters([m[0].url(), m[1].url(), p.url()])
+            .node_timeout(Duration::from_secs(1))
+            .retry_count(0)
+    };
+
+    let p = Proxy::start(m[2].addr()).unwrap();
+    let mut shared = Shared {
+        c: builder(&p).build_shared().unwrap(),
+        guards: Vec::new(),
+    };
+    problems.extend(release_while_backing_off(
+        &m,
+        &p,
+        &mut shared,
+        "shared client",
+    ));
+
+    let p = Proxy::start(m[2].addr()).unwrap();
+    let mut single = Single {
+        c: builder(&p).build().unwrap(),
+        locks: Vec::new(),
+    };
+    problems.extend(release_while_backing_off(
+        &m,
+        &p,
+        &mut single,
+        "single owner",
+    ));
+    assert!(problems.is_empty(), "{problems:#?}");
 }
