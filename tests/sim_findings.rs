@@ -1,15 +1,17 @@
 //! The bugs of the core the deterministic simulation found (`tests/simulation.rs`), each
 //! shown against real `redis-server` masters: every test here failed on the code before
-//! its fix (commit 6e3d7d1; the failure messages are in each test's doc).
+//! its fix (commits 6e3d7d1 and 7bad1c4; the failure messages are in each test's doc).
 //!
 //! 1. A failed attempt's cleanup sent to some masters only was freed before its requests
 //!    were counted: a `-NOSCRIPT` to it was never retried with `EVAL`.
 //! 2. A release started while a master's connection was backing off was forgotten.
+//! 3. A fair waiter lost the wake-up of its turn after announcements it read during its
+//!    first attempt.
 //!
 //! The order of events each bug needs is forced with the fault proxy (a held connection
 //! decides when a master answers) and checked on the masters (keys, lines, command
 //! counts); no sleep makes it happen. Where a step depends on the machine's speed (a
-//! release within a reconnect backoff), the test
+//! release within a reconnect backoff, a call within the subscriptions' linger), the test
 //! checks that it happened and says so if not. Every wait is bounded by what it proves:
 //! long retry delays and TTLs (10 s, 30 s and more) that nothing here waits for, against a
 //! few seconds for what must happen at once.
@@ -19,12 +21,13 @@ mod support;
 use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::pin::Pin;
+use std::sync::mpsc;
 use std::task::{Context, Poll, Waker};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use support::proxy::{Mode, Proxy};
-use support::{get, masters, poll_until, wait_until, LocalMasters};
+use support::{get, masters, poll_until, wait_until, AdminReply, LocalMasters};
 
 use redlock_mux::{Error, Lock, LockGuard, Pending, Redlock, SharedRedlock};
 
@@ -371,4 +374,152 @@ fn a_release_while_a_master_backs_off_is_owed_to_its_next_connection() {
         "single owner",
     ));
     assert!(problems.is_empty(), "{problems:#?}");
+}
+
+// ---------------------------------------------------------------------------------------
+// 3. A fair waiter's turn after announcements read during its first attempt
+// ---------------------------------------------------------------------------------------
+
+fn del_by_hand(m: &LocalMasters, i: usize, key: &str) {
+    m[i].cmd(&[b"DEL", key.as_bytes()]).unwrap();
+}
+
+/// Waiters in the line of `key` on master `i` (see `scripts::QUEUE_PREFIX`).
+fn in_line(m: &LocalMasters, i: usize, key: &str) -> i64 {
+    let q = format!("redlock-mux:queue:{key}");
+    match m[i].cmd(&[b"ZCARD", q.as_bytes()]) {
+        Ok(AdminReply::Int(n)) => n,
+        other => panic!("ZCARD: {other:?}"),
+    }
+}
+
+/// Subscribers of `channel` on master `i`.
+fn subscribers(m: &LocalMasters, i: usize, channel: &str) -> i64 {
+    match m[i].cmd(&[b"PUBSUB", b"NUMSUB", channel.as_bytes()]) {
+        Ok(AdminReply::Array(a)) => match a.get(1) {
+            Some(AdminReply::Int(n)) => *n,
+            other => panic!("PUBSUB NUMSUB: {other:?}"),
+        },
+        other => panic!("PUBSUB NUMSUB: {other:?}"),
+    }
+}
+
+/// The channels matching `pattern` on master `i` that have subscribers.
+fn channels(m: &LocalMasters, i: usize, pattern: &str) -> usize {
+    match m[i].cmd(&[b"PUBSUB", b"CHANNELS", pattern.as_bytes()]) {
+        Ok(AdminReply::Array(a)) => a.len(),
+        other => panic!("PUBSUB CHANNELS: {other:?}"),
+    }
+}
+
+/// `cmdstat_<name>:calls` of `INFO commandstats` on master `i` (0 before the first call).
+fn command_calls(m: &LocalMasters, i: usize, name: &str) -> u64 {
+    let info = m[i].cmd(&[b"INFO", b"commandstats"]).unwrap();
+    let text = info.as_str().expect("INFO text").to_string();
+    let prefix = format!("cmdstat_{name}:calls=");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map_or(0, |rest| {
+            rest.split(',').next().unwrap_or("0").parse().unwrap()
+        })
+}
+
+/// The linger of a channel nobody waits on (`chans::LINGER`).
+const LINGER: Duration = Duration::from_secs(2);
+
+/// (3, commit 7bad1c4; the simulation's seed 148 of `live_hot_fair_without_faults`.) A
+/// fair single-owner waiter W (retry delay 10 s) waited for the key and gave up; its
+/// channels linger (2 s) and its loop runs only in its calls. While W is idle, the holder
+/// it waited for releases: the release is announced on the key's channel (W's refusals
+/// marked the key; nobody stands in line now) and waits unread in W's subscription
+/// connections. W calls `lock` again while H has the key on masters 0 and 1 (H's key on
+/// master 2 deleted, so that W's attempt wins there and its cleanup shows when the attempt
+/// is over). W reads the old announcement while its first attempt runs (it stands in no
+/// local wait list yet: not its turn); the attempt is refused. Then H releases, and the
+/// release names W, first in line: W must be granted at once, not at its retry delay.
+///
+/// Before the fix the old announcement, weighed when the attempt ended, freed the masters
+/// where H had refused W but started nothing (not its turn), and H's release, which named
+/// W, found no master left to free: W slept through its retry delay. Failed with: "W was
+/// not granted within 3s of the holder's release, which named it (its retry delay is
+/// 10s): a lost wake-up".
+#[test]
+fn a_fair_waiter_is_woken_by_its_turn_after_announcements_read_during_its_first_attempt() {
+    let key = "turn-after-stale";
+    let warm_for = Duration::from_secs(2);
+    let m = masters(3);
+    let mut other = Redlock::builder().masters(m.urls()).build().unwrap();
+    let held = other.try_lock(key, TTL).unwrap();
+
+    let mut w = Redlock::builder()
+        .masters(m.urls())
+        .node_timeout(Duration::from_secs(1))
+        .retry_delay(FALLBACK)
+        .retry_jitter(Duration::ZERO)
+        .retry_count(3)
+        .fairness(true)
+        .build()
+        .unwrap();
+    let (warm_tx, warm_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let (idle_tx, idle_rx) = mpsc::channel();
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        // A wait in line that gives up: the key's channel and the client's own linger.
+        let warm = w.lock_with_deadline(key, TTL, Instant::now() + warm_for);
+        let ended = Instant::now();
+        let _ = warm_tx.send(warm.map(drop));
+        if go_rx.recv().is_err() {
+            return;
+        }
+        let _ = idle_tx.send(ended.elapsed());
+        let _ = tx.send(w.lock(key, TTL).map(|l| l.attempts()));
+    });
+    wait_until("W in line and subscribed", warm_for, || {
+        (0..3).all(|i| {
+            in_line(&m, i, key) == 1
+                && subscribers(&m, i, &format!("redlock-mux:released:{key}")) == 1
+                && channels(&m, i, "redlock-mux:next:*") == 1
+        })
+    });
+    let r = warm_rx
+        .recv_timeout(warm_for + PROMPT)
+        .expect("W's first call");
+    assert!(matches!(r, Err(Error::DeadlineExceeded(_))), "{r:?}");
+    wait_until("W out of line", PROMPT, || {
+        (0..3).all(|i| in_line(&m, i, key) == 0)
+    });
+    // While W is idle: the release, announced to W's lingering subscriptions.
+    other.release(held).unwrap();
+    // H holds the key on masters 0 and 1.
+    let held = other.try_lock(key, TTL).unwrap();
+    del_by_hand(&m, 2, key);
+    let evals = command_calls(&m, 2, "evalsha");
+    go_tx.send(()).unwrap();
+    // The scenario needs W's subscriptions alive at its call: they linger 2 s from the end
+    // of its last wait (a little before its call returned).
+    let idle = idle_rx.recv_timeout(PROMPT).expect("W's call");
+    assert!(
+        idle < LINGER - Duration::from_millis(500),
+        "W called {idle:?} after its last wait: its channels may no longer linger (the \
+         machine was too slow for this test)"
+    );
+    // W's attempt and its cleanup on master 2: the attempt is over.
+    wait_until("W's first attempt over (its cleanup)", PROMPT, || {
+        command_calls(&m, 2, "evalsha") >= evals + 2
+    });
+    let released = Instant::now();
+    other.release(held).unwrap();
+    let r = rx.recv_timeout(PROMPT).unwrap_or_else(|_| {
+        panic!(
+            "W was not granted within {PROMPT:?} of the holder's release, which named it \
+             (its retry delay is {FALLBACK:?}): a lost wake-up"
+        )
+    });
+    let attempts = r.expect("W gets the lock");
+    assert!(
+        released.elapsed() < PROMPT,
+        "granted {:?} after the release ({attempts} attempts)",
+        released.elapsed()
+    );
 }
