@@ -364,6 +364,7 @@ impl Core {
             |a| {
                 a.set(lock.keys.iter(), token, ttl_ms);
                 a.leave = leave;
+                a.of_lock = true;
             },
             timeout,
             now,

@@ -27,6 +27,12 @@ pub(crate) struct OpArgs {
     pub line: Option<Line>,
     /// A release: the lock's id in its keys' lines, which it leaves.
     pub leave: Option<crate::core::Fingerprint>,
+    /// A release of a granted lock (not a failed attempt's cleanup): owed to a master whose
+    /// link is down when it starts (the master may hold the key from before its connection
+    /// broke). A cleanup is not: where its attempt's request never went out (the link was
+    /// down then too), the master holds nothing, and owing it filled the bounded queue of
+    /// owed releases with useless ones while waiters retried during a backoff.
+    pub of_lock: bool,
 }
 
 /// A waiter's place in a key's line (see `scripts::QUEUE_PREFIX`).
@@ -60,6 +66,7 @@ impl OpArgs {
         self.ttl_ms = ttl_ms;
         self.line = None;
         self.leave = None;
+        self.of_lock = false;
     }
 }
 

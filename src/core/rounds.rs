@@ -377,7 +377,7 @@ impl Rounds {
                 }
                 Err(fault) => {
                     self.unshare(i, at);
-                    if req == Request::Release {
+                    if req == Request::Release && self.ops[slot as usize].args.of_lock {
                         // Down (backing off, or connecting): the master may hold the key
                         // all the same (a lock granted before its connection broke). Owed
                         // to its next connection, as a release its connection lost is:

@@ -363,6 +363,7 @@ impl Core {
             |a| {
                 a.set(keys.iter(), token, ttl_ms);
                 a.leave = leave;
+                a.of_lock = true;
             },
             timeout,
             now,
