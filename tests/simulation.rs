@@ -560,6 +560,9 @@ fn ms(us: Us) -> f64 {
 // Within the assumptions
 // ---------------------------------------------------------------------------------------
 
+/// Found here: seed 363, a cleanup release freed before its requests were counted (its
+/// -NOSCRIPT never retried); seed 53 (373 today), a release to a master that was down
+/// forgotten. Both fail with their fix reverted.
 #[test]
 fn safe_under_model_assumptions() {
     let s = expect_safe("safe_under_model_assumptions", within_model, SEEDS);
@@ -570,6 +573,8 @@ fn safe_under_model_assumptions() {
     }
 }
 
+/// Item 7: with the run_id rule reverted (a swapped-in server with a long uptime trusted),
+/// seed 0 grants one resource to two clients.
 #[test]
 fn safe_with_amnesia_guard_after_restart_without_persistence() {
     let s = expect_safe(
@@ -591,6 +596,9 @@ fn live_hot_resources() {
     }
 }
 
+/// Found here: seed 148, a lost wake-up (a fair task's announcements heard during its
+/// first attempt kept as not its turn); seed 1905, a fair waiter whose attempt stood out of
+/// line overtaken for a whole retry delay. Both fail with their fix reverted.
 #[test]
 fn live_hot_fair_without_faults() {
     let s = expect_safe("live_hot_fair_without_faults", hot_fair_no_faults, SEEDS);
@@ -637,6 +645,8 @@ fn hazard_holders_past_their_validity_break_mutual_exclusion() {
 // Issue 19's situations
 // ---------------------------------------------------------------------------------------
 
+/// With item 1's fix reverted (no attempt stands out of line): seed 1, nobody granted the
+/// free resource for 8.9 s.
 #[test]
 fn issue19_1_partitioned_fair_waiters_do_not_block_the_line() {
     expect_safe(
@@ -646,6 +656,9 @@ fn issue19_1_partitioned_fair_waiters_do_not_block_the_line() {
     );
 }
 
+/// Items 2 and 9 are layered: either fix alone, and issue 23's marks (a release announces
+/// itself only where a waiter marked the key), each stop the spin. With all three reverted:
+/// seed 343, 157 attempts against a bound of 105.
 #[test]
 fn issue19_2_a_minority_waiter_does_not_spin() {
     expect_safe(
@@ -655,6 +668,8 @@ fn issue19_2_a_minority_waiter_does_not_spin() {
     );
 }
 
+/// With item 3's fix reverted (the simulated master's ACQUIRE_WAIT shortens the line's
+/// expiry): seed 1, a later arrival granted while an earlier one waited in line.
 #[test]
 fn issue19_3_waiters_keep_their_place_whatever_the_others_liveness() {
     expect_safe(
@@ -664,6 +679,8 @@ fn issue19_3_waiters_keep_their_place_whatever_the_others_liveness() {
     );
 }
 
+/// With item 4's fix reverted (a sibling's cleanup frees every master; unanswered masters
+/// counted free): seed 25, 32 attempts in 2 s against a bound of 26.
 #[test]
 fn issue19_4_callers_of_one_shared_client_do_not_ping_pong() {
     expect_safe(
@@ -673,6 +690,8 @@ fn issue19_4_callers_of_one_shared_client_do_not_ping_pong() {
     );
 }
 
+/// With item 5's fix reverted (the release's later copies ignored): seed 135, a release
+/// followed by no attempt of the waiting lock_many.
 #[test]
 fn issue19_5_multi_resource_waiters_are_woken() {
     expect_safe(
@@ -682,6 +701,8 @@ fn issue19_5_multi_resource_waiters_are_woken() {
     );
 }
 
+/// With item 6's fix reverted (grants sent to the duplicate, its yes refused): seed 0,
+/// "lock is held by another client" on a free resource.
 #[test]
 fn issue19_6_one_server_under_two_names_grants() {
     expect_safe(
@@ -691,6 +712,8 @@ fn issue19_6_one_server_under_two_names_grants() {
     );
 }
 
+/// With item 8's fix reverted (nothing owed to a master's next connection): seed 0, a
+/// released key left on the master that was cut off.
 #[test]
 fn issue19_8_releases_reach_a_master_that_fell_behind() {
     expect_safe(
@@ -700,6 +723,8 @@ fn issue19_8_releases_reach_a_master_that_fell_behind() {
     );
 }
 
+/// See item 2: with items 2 and 9 and issue 23's marks reverted, seed 0 made 566,112
+/// attempts in 260 ms.
 #[test]
 fn issue19_9_an_outage_does_not_make_waiters_hammer() {
     expect_safe(
