@@ -163,12 +163,21 @@ pub const ACQUIRE_MANY: Script = Script {
 /// the line with its release ([`RELEASE`]'s `ARGV[2]`), not at the grant on one master
 /// (the attempt may fail elsewhere, and its place must stay the same on every master). A
 /// polite waiter does not take a free key while another live waiter comes first in line:
-/// it is refused with `{-1, ''}` (and keeps its place). With `ARGV[7]` = `o` the waiter
+/// it is refused with `{-1, ''}` (and keeps its place), and the key being free, it tells
+/// that first waiter it is its turn ([`NEXT_PREFIX`], its token's first 16 bytes and the
+/// waiter's id, as a release does): the masters' lines may disagree on who is first (a
+/// waiter that won a master before a line existed there is not in that line), and the one
+/// first on a quorum, asleep until its retry delay, would otherwise hear from nobody while
+/// the others yield to it (the simulation's soak: live_hot_fair_without_faults seed 3810). With `ARGV[7]` = `o` the waiter
 /// stands out of line (its last attempt could not reach a quorum): it leaves the line and
 /// takes no place in it, and a polite one still yields to every live waiter in line.
-/// Every attempt of a waiter already in line refreshes its liveness key and the line's
-/// expiry, the ones that take the key too: a waiter whose attempt wins here but fails the
-/// round (a split vote, a timeout elsewhere) is still asking and keeps its place. The
+/// Every attempt of a waiter refreshes its liveness key and the line's expiry, the ones
+/// that take the key too: a waiter whose attempt wins here but fails the round (a split
+/// vote, a timeout elsewhere) is still asking and keeps its place. One that wins a master
+/// where a line exists takes its place there too (a waiter refused on the others and
+/// missing here made the lines disagree: each master named another first waiter, each
+/// refused the other's polite attempts, and nobody was woken until a timed retry; found by
+/// the simulation's soak, live_hot_fair_without_faults seed 3810). The
 /// line's expiry is only ever moved later (to this waiter's liveness when that is longer
 /// than what the line has left), never earlier: a waiter with a short liveness (short
 /// retry delay) must not expire a line in which a waiter with a long one is still alive
@@ -208,7 +217,7 @@ pub const ACQUIRE_WAIT: Script = Script {
         "      local h = type(r) == 'table' and r[1]\n",
         "      if not h or h == id then break end\n",
         "      if redis.pcall('exists', 'redlock-mux:waiter:' .. h) == 1 then\n",
-        "        behind = true\n",
+        "        behind = true if redis.pcall('exists', KEYS[1]) == 0 then redis.pcall('publish', 'redlock-mux:next:' .. string.sub(h, 1, 8), string.sub(ARGV[1], 1, 16) .. h) end\n",
         "        break\n",
         "      end\n",
         "      redis.pcall('zrem', q, h)\n",
@@ -217,7 +226,7 @@ pub const ACQUIRE_WAIT: Script = Script {
         "  local val = ARGV[1]\n",
         "  if lined then val = val .. '+' end\n",
         "  if not behind and redis.call('set', KEYS[1], val, 'NX', 'PX', ARGV[2]) then\n",
-        "    if id and redis.pcall('exists', 'redlock-mux:waiter:' .. id) == 1 then\n",
+        "    if lined and not out then redis.pcall('zadd', q, 'NX', ARGV[6], id)\n",
         "      redis.pcall('set', 'redlock-mux:waiter:' .. id, '1', 'PX', ARGV[4])\n",
         "      keep()\n",
         "    end\n",
@@ -248,7 +257,7 @@ pub const ACQUIRE_WAIT: Script = Script {
         "for i = 1, #KEYS do redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2]) end\n",
         "return 0"
     ),
-    sha: "0bc37bc8dbc3c924de785b087fd71ee9808be19f",
+    sha: "79fdf4f8db4e20c772f75eaf757a723c225e10f1",
 };
 
 /// Fencing draw (read-only): `KEYS` = the lock's n keys, then their n counters. When every

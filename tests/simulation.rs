@@ -373,6 +373,9 @@ fn issue19_6_one_server_two_names(seed: u64) -> Config {
     for k in &mut c.clients {
         k.calls = [3, 1, 0, 0];
         k.shared = false;
+        // A round longer than a connection's handshake: the first try_lock goes out behind
+        // it (a round that timed out there is no refusal of a free resource).
+        k.node_timeout = Some(50 * MS);
     }
     c.check_uncontended = true;
     c.progress_bound = Some(liveness_bound(&c));

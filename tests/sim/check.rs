@@ -482,10 +482,11 @@ impl World {
                 if t - since > bound {
                     let what = format!(
                         "resource {r}: free on a quorum since {:.3} ms with a waiter that \
-                         reaches a quorum ({:?}), and nobody granted for {:.3} ms",
+                         reaches a quorum ({:?}), and nobody granted for {:.3} ms; lines: {}",
                         super::ms(since),
                         self.waiting_on(r),
-                        super::ms(t - since)
+                        super::ms(t - since),
+                        self.lines(&key)
                     );
                     self.violation(Property::Progress, t, what);
                     self.stuck_since[r] = Some(t);
@@ -494,6 +495,38 @@ impl World {
                 self.stuck_since[r] = None;
             }
         }
+    }
+
+    /// The line of `key` on every master: waiter ids (first 8 hex digits of the call's
+    /// part), scores, and whether each is alive.
+    fn lines(&self, key: &[u8]) -> String {
+        let t = self.t;
+        let q = [redlock_mux::scripts::QUEUE_PREFIX, key].concat();
+        let mut out = String::new();
+        for (s, m) in self.masters.iter().enumerate() {
+            let now = m.clock_ms(t);
+            let line: Vec<String> = m
+                .server
+                .zset(0, &q, now)
+                .iter()
+                .map(|(id, score)| {
+                    let alive = m
+                        .server
+                        .get(0, &[redlock_mux::scripts::WAITER_PREFIX, id].concat(), now)
+                        .is_some();
+                    format!(
+                        "{}@{score}{}",
+                        String::from_utf8_lossy(id),
+                        if alive { "" } else { " (dead)" }
+                    )
+                })
+                .collect();
+            out.push_str(&format!(
+                "master {s}: {line:?} pttl {}; ",
+                m.server.pttl(0, &q, now)
+            ));
+        }
+        out
     }
 
     /// A release of resource `r` was sent: (x) a waiting call must try soon.

@@ -1591,9 +1591,17 @@ impl SimRedis {
                     // L26: if redis.pcall('exists', 'redlock-mux:waiter:' .. h) == 1 then
                     let live = cat(b"redlock-mux:waiter:", &h);
                     if self.pcall(x, &[Some(b"exists"), Some(&live)]) == Reply::Int(1) {
-                        // L27: behind = true
-                        // L28: break
+                        // L27: behind = true if redis.pcall('exists', KEYS[1]) == 0 then
+                        //   redis.pcall('publish', 'redlock-mux:next:' .. string.sub(h, 1, 8),
+                        //   string.sub(ARGV[1], 1, 16) .. h) end
                         behind = true;
+                        if self.pcall(x, &[Some(b"exists"), key]) == Reply::Int(0) {
+                            let channel = cat(b"redlock-mux:next:", lua_sub(&h, 1, 8));
+                            let note = lua_sub(x.arg(1).unwrap_or_default(), 1, 16);
+                            let payload = cat(note, &h);
+                            self.pcall(x, &[Some(b"publish"), Some(&channel), Some(&payload)]);
+                        }
+                        // L28: break
                         break;
                     }
                     // L30: redis.pcall('zrem', q, h)
@@ -1629,10 +1637,14 @@ impl SimRedis {
                     x.arg(2),
                 ];
                 if self.call(x, 35, &args)? != Reply::Nil {
-                    // L36: if id and redis.pcall('exists', 'redlock-mux:waiter:' .. id) == 1 then
-                    if let Some(id) = id {
+                    // L36: if lined and not out then redis.pcall('zadd', q, 'NX', ARGV[6], id)
+                    if let (Some(id), true, false) = (id, lined, out) {
                         let live = cat(b"redlock-mux:waiter:", id);
-                        if self.pcall(x, &[Some(b"exists"), Some(&live)]) == Reply::Int(1) {
+                        {
+                            self.pcall(
+                                x,
+                                &[Some(b"zadd"), Some(&q), Some(b"NX"), x.arg(6), Some(id)],
+                            );
                             // L37: redis.pcall('set', 'redlock-mux:waiter:' .. id, '1', 'PX', ARGV[4])
                             let args = [
                                 Some(&b"set"[..]),
