@@ -302,23 +302,7 @@ impl Rounds {
         for i in 0..n {
             let link = &mut self.links[i];
             if fast_server && link.is_up() && link.pending.len() < fast_limit && target(i) {
-                if link.pending.is_empty() {
-                    link.last_progress = now;
-                    stall_clock_started = true;
-                }
-                if link.shared_from.is_none() {
-                    if link.out.is_empty() {
-                        link.shared_from = Some(at);
-                    } else {
-                        link.out.extend_from_slice(&self.shared[at..]);
-                    }
-                }
-                link.pending.push_back(Tag::Op {
-                    id,
-                    req,
-                    eval: false,
-                });
-                self.masters[i].stats.requests += 1;
+                stall_clock_started |= self.enqueue(i, id, req, at, now);
                 sent += 1;
                 continue;
             }
@@ -353,26 +337,7 @@ impl Rounds {
             }
             match self.ensure_connection(i, now) {
                 Ok(()) => {
-                    let link = &mut self.links[i];
-                    if link.pending.is_empty() {
-                        link.last_progress = now;
-                        stall_clock_started = true;
-                    }
-                    // Already sharing: this request rides along. Empty queue: share from
-                    // here. Bytes queued: append a copy behind them.
-                    if link.shared_from.is_none() {
-                        if link.out.is_empty() {
-                            link.shared_from = Some(at);
-                        } else {
-                            link.out.extend_from_slice(&self.shared[at..]);
-                        }
-                    }
-                    link.pending.push_back(Tag::Op {
-                        id,
-                        req,
-                        eval: false,
-                    });
-                    self.masters[i].stats.requests += 1;
+                    stall_clock_started |= self.enqueue(i, id, req, at, now);
                     sent += 1;
                 }
                 Err(fault) => {
@@ -395,6 +360,33 @@ impl Rounds {
         }
         self.check_decided(id, now);
         id
+    }
+
+    /// Queue op `id`'s request (encoded at `at` in the shared buffer) on master `i`'s link;
+    /// whether the link's stall clock starts now (its queue was empty).
+    #[inline(always)]
+    fn enqueue(&mut self, i: usize, id: OpId, req: Request, at: usize, now: Instant) -> bool {
+        let link = &mut self.links[i];
+        let started = link.pending.is_empty();
+        if started {
+            link.last_progress = now;
+        }
+        // Already sharing: this request rides along. Empty queue: share from here. Bytes
+        // queued: append a copy behind them.
+        if link.shared_from.is_none() {
+            if link.out.is_empty() {
+                link.shared_from = Some(at);
+            } else {
+                link.out.extend_from_slice(&self.shared[at..]);
+            }
+        }
+        link.pending.push_back(Tag::Op {
+            id,
+            req,
+            eval: false,
+        });
+        self.masters[i].stats.requests += 1;
+        started
     }
 
     /// The caller has read the op's result (or gave up on it); its slot is reused once no
