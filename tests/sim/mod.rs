@@ -200,13 +200,17 @@ impl Config {
 #[derive(Debug)]
 enum Ev {
     /// Bytes the client wrote reach the server.
-    ToServer { conn: usize, bytes: Vec<u8> },
+    ToServer {
+        conn: usize,
+        bytes: Vec<u8>,
+        seq: u64,
+    },
     /// The client's connect reaches the server (SYN).
-    Syn { conn: usize },
+    Syn { conn: usize, seq: u64 },
     /// The client's close reaches the server.
-    Fin { conn: usize },
+    Fin { conn: usize, seq: u64 },
     /// Something reaches the client on a connection.
-    ToClient { conn: usize, item: Item },
+    ToClient { conn: usize, item: Item, seq: u64 },
     /// A fault starts.
     Fault(FaultEv),
     /// A master comes back after a crash.
@@ -298,9 +302,16 @@ struct Conn {
     client_open: bool,
     /// The server has not closed it.
     server_open: bool,
-    /// FIFO: the last delivery scheduled each way.
+    /// FIFO: the last delivery scheduled each way, the next sequence number to give out
+    /// and the next to deliver (a message held by a cut holds the ones behind it).
     c2s_at: Us,
     s2c_at: Us,
+    c2s_seq: u64,
+    c2s_next: u64,
+    s2c_seq: u64,
+    s2c_next: u64,
+    /// A reset: what the server sent before it (below this number) is lost.
+    s2c_lost_below: u64,
     /// What the client wrote, and how much of it was parsed.
     wire: Vec<u8>,
     wire_at: usize,
@@ -693,16 +704,48 @@ impl World {
 
     fn handle(&mut self, ev: Ev) {
         match ev {
-            Ev::ToServer { conn, bytes } => self.deliver_to_server(conn, bytes),
-            Ev::Syn { conn } => self.syn(conn),
-            Ev::Fin { conn } => {
+            Ev::ToServer { conn, seq, .. } | Ev::Syn { conn, seq }
+                if seq < self.conns[conn].c2s_next =>
+            {
+                // Lost to the client's reset.
+            }
+            Ev::ToServer { conn, bytes, seq } => {
+                if self.held_back(conn, true, seq) {
+                    let at = self.t.max(self.conns[conn].c2s_at) + 1;
+                    self.schedule(at, Ev::ToServer { conn, bytes, seq });
+                } else if self.deliver_to_server(conn, bytes, seq) {
+                    self.conns[conn].c2s_next = self.conns[conn].c2s_next.max(seq + 1);
+                }
+            }
+            Ev::Syn { conn, seq } => {
+                if self.held_back(conn, true, seq) {
+                    let at = self.t.max(self.conns[conn].c2s_at) + 1;
+                    self.schedule(at, Ev::Syn { conn, seq });
+                } else if self.syn(conn, seq) {
+                    self.conns[conn].c2s_next = self.conns[conn].c2s_next.max(seq + 1);
+                }
+            }
+            Ev::Fin { conn, seq } => {
+                if self.held_back(conn, true, seq) {
+                    let at = self.t.max(self.conns[conn].c2s_at) + 1;
+                    self.schedule(at, Ev::Fin { conn, seq });
+                    return;
+                }
+                self.conns[conn].c2s_next = self.conns[conn].c2s_next.max(seq + 1);
                 let c = &mut self.conns[conn];
                 c.server_open = false;
                 if let Some(s) = c.sconn.take() {
                     self.masters[c.server].server.close(s);
                 }
             }
-            Ev::ToClient { conn, item } => self.deliver_to_client(conn, item),
+            Ev::ToClient { conn, item, seq } => {
+                if self.held_back(conn, false, seq) {
+                    let at = self.t.max(self.conns[conn].s2c_at) + 1;
+                    self.schedule(at, Ev::ToClient { conn, item, seq });
+                } else if self.deliver_to_client(conn, item, seq) {
+                    self.conns[conn].s2c_next = self.conns[conn].s2c_next.max(seq + 1);
+                }
+            }
             Ev::Fault(f) => self.fault(f),
             Ev::Up { server } => self.master_up(server),
             Ev::Resume { client } => {
@@ -741,6 +784,11 @@ impl World {
             server_open: false,
             c2s_at: self.t,
             s2c_at: self.t,
+            c2s_seq: 0,
+            c2s_next: 0,
+            s2c_seq: 0,
+            s2c_next: 0,
+            s2c_lost_below: 0,
             wire: Vec::new(),
             wire_at: 0,
             heard: Vec::new(),
@@ -748,8 +796,26 @@ impl World {
         });
         let at = self.t + self.delay();
         self.conns[id].c2s_at = at;
-        self.schedule(at, Ev::Syn { conn: id });
+        let seq = self.up_seq(id);
+        self.schedule(at, Ev::Syn { conn: id, seq });
         id
+    }
+
+    /// The next sequence number of a message from the client on `conn`.
+    fn up_seq(&mut self, conn: usize) -> u64 {
+        let c = &mut self.conns[conn];
+        c.c2s_seq += 1;
+        c.c2s_seq - 1
+    }
+
+    /// A message of `conn` (`up`: to the server) that must wait for one sent before it.
+    fn held_back(&self, conn: usize, up: bool, seq: u64) -> bool {
+        let c = &self.conns[conn];
+        if up {
+            seq > c.c2s_next
+        } else {
+            seq > c.s2c_next.max(c.s2c_lost_below)
+        }
     }
 
     /// Client `c` closes connection `conn` (RST: what is in flight is lost).
@@ -761,14 +827,16 @@ impl World {
         c.client_open = false;
         if graceful {
             let at = c.c2s_at.max(self.t);
-            self.schedule(at, Ev::Fin { conn });
+            let seq = self.up_seq(conn);
+            self.schedule(at, Ev::Fin { conn, seq });
         } else {
+            // What was in flight is dropped: the server sees the reset next.
             let at = self.t + self.delay();
             let c = &mut self.conns[conn];
-            // What was in flight is dropped: the server sees the reset at once after the
-            // bytes already delivered.
             c.c2s_at = at;
-            self.schedule(at, Ev::Fin { conn });
+            c.c2s_next = c.c2s_seq;
+            let seq = self.up_seq(conn);
+            self.schedule(at, Ev::Fin { conn, seq });
         }
     }
 
@@ -779,54 +847,56 @@ impl World {
         c.wire.extend_from_slice(bytes);
         let at = (self.t + d).max(c.c2s_at);
         c.c2s_at = at;
+        let seq = self.up_seq(conn);
         self.schedule(
             at,
             Ev::ToServer {
                 conn,
                 bytes: bytes.to_vec(),
+                seq,
             },
         );
         self.parse_wire(conn);
     }
 
-    fn syn(&mut self, conn: usize) {
+    /// The connect reaches the server; `false` when a cut holds it.
+    fn syn(&mut self, conn: usize, seq: u64) -> bool {
         let (client, server) = (self.conns[conn].client, self.conns[conn].server);
         if !self.conns[conn].client_open {
-            return;
+            return true;
         }
         if let Some(until) = self.cut_until(client, server, self.t) {
-            let at = until + self.delay();
+            let at = (until + self.delay()).max(self.conns[conn].c2s_at);
             self.conns[conn].c2s_at = at;
-            self.schedule(at, Ev::Syn { conn });
-            return;
+            self.schedule(at, Ev::Syn { conn, seq });
+            return false;
         }
         if self.masters[server].down_until.is_some() {
             self.reply(conn, Item::Refused);
-            return;
+            return true;
         }
         let s = self.masters[server].server.open();
         let c = &mut self.conns[conn];
         c.sconn = Some(s);
         c.server_open = true;
         self.reply(conn, Item::Connected);
+        true
     }
 
-    fn deliver_to_server(&mut self, conn: usize, bytes: Vec<u8>) {
+    /// Client bytes reach the server; `false` when a cut holds them.
+    fn deliver_to_server(&mut self, conn: usize, bytes: Vec<u8>, seq: u64) -> bool {
         let (client, server) = (self.conns[conn].client, self.conns[conn].server);
-        if !self.conns[conn].client_open && self.conns[conn].c2s_at > self.t {
-            // Dropped by the client's reset (its Fin comes after).
-        }
         if let Some(until) = self.cut_until(client, server, self.t) {
             let at = (until + self.delay()).max(self.conns[conn].c2s_at);
             self.conns[conn].c2s_at = at;
-            self.schedule(at, Ev::ToServer { conn, bytes });
-            return;
+            self.schedule(at, Ev::ToServer { conn, bytes, seq });
+            return false;
         }
         let Some(s) = self.conns[conn].sconn else {
-            return;
+            return true;
         };
         if !self.conns[conn].server_open {
-            return;
+            return true;
         }
         let now_ms = self.masters[server].clock_ms(self.t);
         let open = self.masters[server].server.feed(s, &bytes, now_ms);
@@ -837,6 +907,7 @@ impl World {
             c.sconn = None;
             self.reply(conn, Item::Closed(ErrorKind::UnexpectedEof));
         }
+        true
     }
 
     /// Send what server `server` wrote to its connections.
@@ -864,19 +935,22 @@ impl World {
         let c = &mut self.conns[conn];
         let at = (self.t + d).max(c.s2c_at);
         c.s2c_at = at;
-        self.schedule(at, Ev::ToClient { conn, item });
+        let seq = c.s2c_seq;
+        c.s2c_seq += 1;
+        self.schedule(at, Ev::ToClient { conn, item, seq });
     }
 
-    fn deliver_to_client(&mut self, conn: usize, item: Item) {
+    /// Something reaches the client; `false` when a cut holds it.
+    fn deliver_to_client(&mut self, conn: usize, item: Item, seq: u64) -> bool {
         let (client, server) = (self.conns[conn].client, self.conns[conn].server);
-        if !self.conns[conn].client_open {
-            return;
+        if !self.conns[conn].client_open || seq < self.conns[conn].s2c_lost_below {
+            return true;
         }
         if let Some(until) = self.cut_until(client, server, self.t) {
             let at = (until + self.delay()).max(self.conns[conn].s2c_at);
             self.conns[conn].s2c_at = at;
-            self.schedule(at, Ev::ToClient { conn, item });
-            return;
+            self.schedule(at, Ev::ToClient { conn, item, seq });
+            return false;
         }
         if self.trace.is_some() {
             let link = self.conns[conn].link;
@@ -899,6 +973,7 @@ impl World {
         }
         self.clients[client].inbox.push_back((conn, item));
         self.client_reads(client);
+        true
     }
 
     /// Reset one connection: both ends learn it.
@@ -910,14 +985,18 @@ impl World {
         let c = &mut self.conns[conn];
         c.server_open = false;
         if c.client_open {
-            // Nothing more comes but the reset.
+            // Nothing more comes but the reset: what was in flight is lost.
             let at = self.t + 1;
             c.s2c_at = at;
+            c.s2c_lost_below = c.s2c_seq;
+            let seq = c.s2c_seq;
+            c.s2c_seq += 1;
             self.schedule(
                 at,
                 Ev::ToClient {
                     conn,
                     item: Item::Closed(ErrorKind::ConnectionReset),
+                    seq,
                 },
             );
         }
