@@ -30,7 +30,7 @@ pub const REPLIES: &[&[u8]] = &[
     b"*3\r\n$7\r\nmessage\r\n$25\r\nredlock-mux:next:0123abcd\r\n$32\r\n0123456789abcdef0123abcd89abcdef\r\n",
     b"*3\r\n$9\r\nsubscribe\r\n$26\r\nredlock-mux:released:sku:1\r\n:1\r\n",
     b"-NOSCRIPT No matching script. Please use EVAL.\r\n",
-    b"$40\r\n75817da7cb54815f8a0291f234d1b14f3507e7e6\r\n",
+    b"$40\r\n16109271968973e69a54ed567550aeea5b9c5a76\r\n",
 ];
 
 fn main() {

@@ -72,15 +72,22 @@ pub const NEXT_PREFIX: &[u8] = b"redlock-mux:next:";
 /// every waiter, on [`RELEASED_PREFIX`]`<key>` (with `pcall` throughout: a user without the
 /// right to publish or to the line still releases). `ARGV[2]`, if given, is the releasing
 /// lock's id in the keys' lines: it leaves them (a lock that waited, at its release or its
-/// last cleanup; whether or not it still held the key).
+/// last cleanup; whether or not it still held the key) where it may stand in them, that is
+/// wherever the key does not hold the unmarked token: a waiter in a key's line that wins
+/// the key sets it marked ([`ACQUIRE_WAIT`]), so an unmarked key held with the token was
+/// won where no line existed, and the lock never stood in one there (the lines of waiters
+/// expire as a whole, with their longest-lived waiter). An uncontended `lock()` therefore
+/// releases with the same `GET` and `DEL` as the compare-and-delete, nothing more.
 pub const RELEASE: Script = Script {
     src: concat!(
-        "local held = 1\n",
-        "if ARGV[2] then redis.pcall('del', 'redlock-mux:waiter:' .. ARGV[2]) end\n",
+        "local held, left = 1, false\n",
         "for i = 1, #KEYS do\n",
         "  local q = 'redlock-mux:queue:' .. KEYS[i]\n",
-        "  if ARGV[2] then redis.pcall('zrem', q, ARGV[2]) end\n",
         "  local v = redis.call('get', KEYS[i])\n",
+        "  if ARGV[2] and v ~= ARGV[1] then\n",
+        "    redis.pcall('zrem', q, ARGV[2])\n",
+        "    left = true\n",
+        "  end\n",
         "  if v == ARGV[1] then\n",
         "    redis.call('del', KEYS[i])\n",
         "  elseif v == ARGV[1] .. '+' then\n",
@@ -108,9 +115,10 @@ pub const RELEASE: Script = Script {
         "    held = 0\n",
         "  end\n",
         "end\n",
+        "if left then redis.pcall('del', 'redlock-mux:waiter:' .. ARGV[2]) end\n",
         "return held"
     ),
-    sha: "75817da7cb54815f8a0291f234d1b14f3507e7e6",
+    sha: "16109271968973e69a54ed567550aeea5b9c5a76",
 };
 
 /// The mark a refused waiter appends to the value of a key held with one of this crate's

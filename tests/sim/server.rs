@@ -1397,79 +1397,84 @@ impl SimRedis {
 
     /// `scripts::RELEASE`.
     fn lua_release(&mut self, x: &Run<'_>) -> Result<Reply, Raised> {
-        // L1: local held = 1
-        let mut held = 1;
-        // L2: if ARGV[2] then redis.pcall('del', 'redlock-mux:waiter:' .. ARGV[2]) end
-        if let Some(id) = x.arg(2) {
-            self.pcall(x, &[Some(b"del"), Some(&cat(b"redlock-mux:waiter:", id))]);
-        }
-        // L3: for i = 1, #KEYS do
+        // L1: local held, left = 1, false
+        let (mut held, mut left) = (1, false);
+        // L2: for i = 1, #KEYS do
         for i in 1..=x.nkeys() {
             let key = x.key(i as f64);
-            // L4: local q = 'redlock-mux:queue:' .. KEYS[i]
+            // L3: local q = 'redlock-mux:queue:' .. KEYS[i]
             let q = cat(b"redlock-mux:queue:", key.unwrap_or_default());
-            // L5: if ARGV[2] then redis.pcall('zrem', q, ARGV[2]) end
+            // L4: local v = redis.call('get', KEYS[i])
+            let v = self.call(x, 4, &[Some(b"get"), key])?;
+            // L5: if ARGV[2] and v ~= ARGV[1] then
             if let Some(id) = x.arg(2) {
-                self.pcall(x, &[Some(b"zrem"), Some(&q), Some(id)]);
+                if !lua_eq(&v, x.arg(1)) {
+                    // L6: redis.pcall('zrem', q, ARGV[2])
+                    self.pcall(x, &[Some(b"zrem"), Some(&q), Some(id)]);
+                    // L7: left = true
+                    left = true;
+                }
             }
-            // L6: local v = redis.call('get', KEYS[i])
-            let v = self.call(x, 6, &[Some(b"get"), key])?;
-            // L7: if v == ARGV[1] then
+            // L9: if v == ARGV[1] then
             if lua_eq(&v, x.arg(1)) {
-                // L8: redis.call('del', KEYS[i])
-                self.call(x, 8, &[Some(b"del"), key])?;
-            // L9: elseif v == ARGV[1] .. '+' then
-            } else if lua_eq(&v, Some(&lua_concat(x, 9, x.arg(1), b"+")?)) {
                 // L10: redis.call('del', KEYS[i])
                 self.call(x, 10, &[Some(b"del"), key])?;
-                // L11: local turn
+            // L11: elseif v == ARGV[1] .. '+' then
+            } else if lua_eq(&v, Some(&lua_concat(x, 11, x.arg(1), b"+")?)) {
+                // L12: redis.call('del', KEYS[i])
+                self.call(x, 12, &[Some(b"del"), key])?;
+                // L13: local turn
                 let mut turn: Option<Vec<u8>> = None;
-                // L12: if redis.pcall('exists', q) == 1 then
+                // L14: if redis.pcall('exists', q) == 1 then
                 if self.pcall(x, &[Some(b"exists"), Some(&q)]) == Reply::Int(1) {
-                    // L13: for _ = 1, 8 do
+                    // L15: for _ = 1, 8 do
                     for _ in 1..=8 {
-                        // L14: local r = redis.pcall('zrange', q, 0, 0)
+                        // L16: local r = redis.pcall('zrange', q, 0, 0)
                         let r = self.pcall(x, &[Some(b"zrange"), Some(&q), Some(b"0"), Some(b"0")]);
-                        // L15: local h = type(r) == 'table' and r[1]
-                        // L16: if not h then break end
+                        // L17: local h = type(r) == 'table' and r[1]
+                        // L18: if not h then break end
                         let Some(h) = first_string(&r) else {
                             break;
                         };
-                        // L17: if redis.pcall('exists', 'redlock-mux:waiter:' .. h) == 1 then
+                        // L19: if redis.pcall('exists', 'redlock-mux:waiter:' .. h) == 1 then
                         let live = cat(b"redlock-mux:waiter:", &h);
                         if self.pcall(x, &[Some(b"exists"), Some(&live)]) == Reply::Int(1) {
-                            // L18: turn = h
-                            // L19: break
+                            // L20: turn = h
+                            // L21: break
                             turn = Some(h);
                             break;
                         }
-                        // L21: redis.pcall('zrem', q, h)
+                        // L23: redis.pcall('zrem', q, h)
                         self.pcall(x, &[Some(b"zrem"), Some(&q), Some(&h)]);
                     }
                 }
-                // L24: local note = string.sub(ARGV[1], 1, 16)
+                // L26: local note = string.sub(ARGV[1], 1, 16)
                 // (ARGV[1] is a string here: it equalled a value.)
                 let note = lua_sub(x.arg(1).unwrap_or_default(), 1, 16);
                 match turn {
-                    // L25: if turn then
-                    // L26: redis.pcall('publish', 'redlock-mux:next:' .. string.sub(turn, 1, 8), note .. turn)
+                    // L27: if turn then
+                    // L28: redis.pcall('publish', 'redlock-mux:next:' .. string.sub(turn, 1, 8), note .. turn)
                     Some(turn) => {
                         let channel = cat(b"redlock-mux:next:", lua_sub(&turn, 1, 8));
                         let payload = cat(note, &turn);
                         self.pcall(x, &[Some(b"publish"), Some(&channel), Some(&payload)]);
                     }
-                    // L28: redis.pcall('publish', 'redlock-mux:released:' .. KEYS[i], note)
+                    // L30: redis.pcall('publish', 'redlock-mux:released:' .. KEYS[i], note)
                     None => {
                         let channel = cat(b"redlock-mux:released:", key.unwrap_or_default());
                         self.pcall(x, &[Some(b"publish"), Some(&channel), Some(note)]);
                     }
                 }
             } else {
-                // L31: held = 0
+                // L33: held = 0
                 held = 0;
             }
         }
-        // L34: return held
+        // L36: if left then redis.pcall('del', 'redlock-mux:waiter:' .. ARGV[2]) end
+        if let (true, Some(id)) = (left, x.arg(2)) {
+            self.pcall(x, &[Some(b"del"), Some(&cat(b"redlock-mux:waiter:", id))]);
+        }
+        // L37: return held
         Ok(Reply::Int(held))
     }
 
