@@ -471,7 +471,17 @@ fn one_server_through_two_addresses_votes_once() {
 fn hold_keeps_the_lock_when_every_master_restarts_between_extensions() {
     let mut m = masters_with(3, DURABLE);
     let mut c = builder(m.urls()).build().unwrap();
-    let ttl = Duration::from_millis(1500);
+    // The TTL must leave the extensions room for the restarts (one master down at a time,
+    // the one before it reconnecting): scaled to how long a restart takes on this machine
+    // now (on a loaded one, a durable restart took long enough to expire a 1.5 s lock in
+    // a stress run), measured by restarting each master once before the lock.
+    let mut slowest = Duration::ZERO;
+    for i in 0..3 {
+        let t = Instant::now();
+        m[i].restart().unwrap();
+        slowest = slowest.max(t.elapsed());
+    }
+    let ttl = Duration::from_millis(1500).max(slowest * 12);
     let held = c
         .run_locked("restarts", ttl, |signal| {
             for i in 0..3 {
