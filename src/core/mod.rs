@@ -186,6 +186,8 @@ pub struct Core {
     /// The last TTL whose round timeout was asked, and that timeout (see
     /// [`Core::round_timeout`]): a client's locks nearly always share one TTL.
     timeout_memo: std::cell::Cell<(Duration, Duration)>,
+    /// The last TTL [`Core::check_ttl`] accepted, and what it made of it.
+    ttl_memo: std::cell::Cell<Option<(Duration, Duration)>>,
 }
 
 impl Core {
@@ -219,6 +221,7 @@ impl Core {
             wall: (wall_us, now),
             last_score: 0,
             timeout_memo: std::cell::Cell::new((Duration::ZERO, Duration::ZERO)),
+            ttl_memo: std::cell::Cell::new(None),
         };
         m.timeout_memo
             .set((Duration::ZERO, m.cfg.round_timeout(Duration::ZERO)));
@@ -279,6 +282,20 @@ impl Core {
             Some(r) => r,
             None => Err(Error::Cancelled),
         }
+    }
+
+    /// [`Settings::check_ttl`] of `ttl`, remembered for the last TTL accepted (a client's
+    /// locks nearly always share a TTL; the check takes a floating-point product).
+    #[inline]
+    pub(crate) fn check_ttl(&self, ttl: Duration) -> Result<Duration, Error> {
+        if let Some((asked, whole)) = self.ttl_memo.get() {
+            if asked == ttl {
+                return Ok(whole);
+            }
+        }
+        let whole = self.cfg.check_ttl(ttl)?;
+        self.ttl_memo.set(Some((ttl, whole)));
+        Ok(whole)
     }
 
     /// [`Settings::round_timeout`] of `ttl`, remembered for the last TTL asked (it takes a

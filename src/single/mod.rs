@@ -66,7 +66,6 @@ pub struct Redlock {
     core: Core,
     driver: Driver,
     cancel: CancelHandle,
-    scratch_keys: KeyList,
     batch: Vec<TaskId>,
     /// Locks our user dropped unreleased; released by the next call.
     dropped: Arc<Dropped>,
@@ -91,7 +90,6 @@ impl Redlock {
             },
             core,
             driver,
-            scratch_keys: KeyList::default(),
             batch: Vec::with_capacity(64),
             dropped: Arc::default(),
             orphans: Vec::new(),
@@ -158,19 +156,8 @@ impl Redlock {
     /// every master, decide as soon as a quorum said OK (or can no longer), and on failure
     /// release wherever the key may have been set.
     pub fn try_lock(&mut self, resource: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
-        self.with_key(resource.as_ref(), |this, keys| {
-            this.lock_keys(keys, ttl, None, 0)
-        })
-    }
-
-    /// Run `f` with `resource` as a one-key list, in reused storage (no allocation).
-    fn with_key<T>(&mut self, resource: &[u8], f: impl FnOnce(&mut Self, &KeyList) -> T) -> T {
-        let mut keys = std::mem::take(&mut self.scratch_keys);
-        keys.clear();
-        keys.push(resource);
-        let r = f(self, &keys);
-        self.scratch_keys = keys;
-        r
+        let resource = resource.as_ref();
+        self.lock_keys(|| std::iter::once(resource), ttl, None, 0)
     }
 
     /// Take `resource` for `ttl`, retrying while it is taken or no quorum answers (after a
@@ -186,9 +173,8 @@ impl Redlock {
     /// change end it at once ([`Error::Refused`]).
     pub fn lock(&mut self, resource: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
         let retries = self.core.cfg.retry_count;
-        self.with_key(resource.as_ref(), |this, keys| {
-            this.lock_keys(keys, ttl, None, retries)
-        })
+        let resource = resource.as_ref();
+        self.lock_keys(|| std::iter::once(resource), ttl, None, retries)
     }
 
     /// Like [`Redlock::lock`], but bounded by `deadline` instead of the retry count: it
@@ -202,9 +188,8 @@ impl Redlock {
         deadline: Instant,
     ) -> Result<Lock, Error> {
         let retries = self.core.cfg.retry_count;
-        self.with_key(resource.as_ref(), |this, keys| {
-            this.lock_keys(keys, ttl, Some(deadline), retries)
-        })
+        let resource = resource.as_ref();
+        self.lock_keys(|| std::iter::once(resource), ttl, Some(deadline), retries)
     }
 
     /// Take several resources as one lock: on each master all keys are set only if none
@@ -220,26 +205,26 @@ impl Redlock {
         }
         check_distinct(&keys)?;
         let retries = self.core.cfg.retry_count;
-        self.lock_keys(&keys, ttl, None, retries)
+        self.lock_keys(|| keys.iter(), ttl, None, retries)
     }
 
-    fn lock_keys(
+    /// Take the resources `keys()` walks (a one-resource call walks its argument: no list
+    /// is built for it).
+    fn lock_keys<'k, I: Iterator<Item = &'k [u8]>>(
         &mut self,
-        keys: &KeyList,
+        keys: impl Fn() -> I,
         ttl: Duration,
         deadline: Option<Instant>,
         retries: u32,
     ) -> Result<Lock, Error> {
-        if keys.len() == 0 {
+        if keys().next().is_none() {
             return Err(Error::InvalidArgument("no resource given".into()));
         }
-        check_resources(keys.iter())?;
-        let ttl = self.core.cfg.check_ttl(ttl)?;
+        check_resources(keys())?;
+        let ttl = self.core.check_ttl(ttl)?;
         self.arm_cancel();
         let now = self.enter()?;
-        let id = self
-            .core
-            .submit_lock(keys.iter(), ttl, deadline, retries, now);
+        let id = self.core.submit_lock(keys(), ttl, deadline, retries, now);
         match self.run(id, true, now)? {
             Done::Locked(lock) => Ok(self.hand_out(lock)),
             other => unreachable!("a lock task ended with {other:?}"),
@@ -321,7 +306,7 @@ impl Redlock {
     ) -> Result<(), Error> {
         out.clear();
         check_resources(resources.iter().map(AsRef::as_ref))?;
-        let ttl = self.core.cfg.check_ttl(ttl)?;
+        let ttl = self.core.check_ttl(ttl)?;
         self.arm_cancel();
         let now = self.enter()?;
         self.batch.clear();
@@ -381,7 +366,7 @@ impl Redlock {
     /// deadline then becomes the later of the old one and the new one. On failure the lock
     /// keeps its old deadline, which still holds: no master's key was cut short.
     pub fn extend(&mut self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
-        let ttl = self.core.cfg.check_ttl(ttl)?;
+        let ttl = self.core.check_ttl(ttl)?;
         if !lock.is_valid() {
             return Err(Error::Expired);
         }
