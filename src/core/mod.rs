@@ -186,6 +186,8 @@ pub struct Core {
     /// The last TTL whose round timeout was asked, and that timeout (see
     /// [`Core::round_timeout`]): a client's locks nearly always share one TTL.
     timeout_memo: std::cell::Cell<(Duration, Duration)>,
+    /// The last TTL [`Core::check_ttl`] accepted, and what it made of it.
+    ttl_memo: std::cell::Cell<Option<(Duration, Duration)>>,
 }
 
 impl Core {
@@ -219,6 +221,7 @@ impl Core {
             wall: (wall_us, now),
             last_score: 0,
             timeout_memo: std::cell::Cell::new((Duration::ZERO, Duration::ZERO)),
+            ttl_memo: std::cell::Cell::new(None),
         };
         m.timeout_memo
             .set((Duration::ZERO, m.cfg.round_timeout(Duration::ZERO)));
@@ -279,6 +282,20 @@ impl Core {
             Some(r) => r,
             None => Err(Error::Cancelled),
         }
+    }
+
+    /// [`Settings::check_ttl`] of `ttl`, remembered for the last TTL accepted (a client's
+    /// locks nearly always share a TTL; the check takes a floating-point product).
+    #[inline]
+    pub(crate) fn check_ttl(&self, ttl: Duration) -> Result<Duration, Error> {
+        if let Some((asked, whole)) = self.ttl_memo.get() {
+            if asked == ttl {
+                return Ok(whole);
+            }
+        }
+        let whole = self.cfg.check_ttl(ttl)?;
+        self.ttl_memo.set(Some((ttl, whole)));
+        Ok(whole)
     }
 
     /// [`Settings::round_timeout`] of `ttl`, remembered for the last TTL asked (it takes a
@@ -421,14 +438,26 @@ impl Core {
     /// judges it).
     #[inline]
     pub fn timer_due(&self, now: Instant) -> bool {
-        self.next_timer(None).is_some_and(|t| now >= t)
+        // The earliest is due when either is (two comparisons, no minimum taken).
+        self.rounds.next_due().is_some_and(|t| now >= t) || self.next_wake.is_some_and(|t| now >= t)
     }
 
     /// One step at `now`: run the due timers, hand each decided round to its task, wake the
     /// tasks whose retry delay is over, hand the announcements heard to the waiters.
     /// Whatever was submitted or advanced in one step goes out in the driver's next flush,
     /// in one write per master.
+    #[inline]
     pub fn step(&mut self, now: Instant) {
+        // Most turns of a loop have nothing to step over (replies read that decided
+        // nothing): a test, no call.
+        if self.has_news() || self.timer_due(now) {
+            self.step_due(now);
+        }
+    }
+
+    /// [`Core::step`] when a timer is due or a round was decided, or a notice heard.
+    #[inline(never)]
+    fn step_due(&mut self, now: Instant) {
         self.rounds.tick_if_due(now);
         if self.next_wake.is_some_and(|w| now >= w) {
             self.wake_sleepers(now);

@@ -68,7 +68,9 @@ type Resolved = (usize, u64, Result<SocketAddr, ErrorText>);
 /// The sockets and the poll of one client.
 pub(crate) struct Driver {
     poll: Poll,
-    events: Events,
+    /// The readiness events of the last poll; `None` only while they are being handled
+    /// (taken out of `self` for the walk, see [`Driver::handle_events`]).
+    events: Option<Events>,
     waker: Arc<Waker>,
     ends: Vec<Peer>,
     /// One per link: `i` master `i`'s lock link, `n + i` its sub link.
@@ -97,7 +99,7 @@ impl Driver {
         let tls = ends.iter().any(|e| e.tls.is_some());
         Ok(Driver {
             poll,
-            events: Events::with_capacity(64),
+            events: Some(Events::with_capacity(64)),
             waker,
             #[cfg(feature = "tls")]
             tls,
@@ -140,15 +142,16 @@ impl Driver {
     }
 
     /// Drive `core` until `done` holds (`Ok(true)`), `until` passes or `interrupted` says
-    /// so (`Ok(false)`).
+    /// so (`Ok(false)`). `now`: the time the loop was entered at ([`Driver::enter`], or
+    /// [`Driver::catch_up`] just before the work was submitted).
     pub(crate) fn drive(
         &mut self,
         core: &mut Core,
+        mut now: Instant,
         until: Option<Instant>,
         mut done: impl FnMut(&Core) -> bool,
         mut interrupted: impl FnMut() -> bool,
     ) -> io::Result<bool> {
-        let mut now = self.enter(core);
         loop {
             self.turn(core, now);
             if done(core) {
@@ -181,7 +184,7 @@ impl Driver {
     /// hold: what is ready is read first. Otherwise replies that came while this thread was
     /// not running (a loaded machine, a client back from its own work) would count as
     /// timed out.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn turn(&mut self, core: &mut Core, now: Instant) {
         if core.timer_due(now) {
             self.read_ready(core, now);
@@ -202,12 +205,13 @@ impl Driver {
     /// Tell the core how long the client was away (when at least `IDLE_SHIFT_MIN`);
     /// returns whether it was.
     fn shift(&mut self, core: &mut Core, entered: Instant) -> bool {
-        let idle = entered.saturating_duration_since(self.left_loop);
-        self.left_loop = entered;
-        if idle < IDLE_SHIFT_MIN {
+        let left = std::mem::replace(&mut self.left_loop, entered);
+        // `entered - left < IDLE_SHIFT_MIN`, without the subtraction (the common case: a
+        // client back within a millisecond).
+        if entered < left + IDLE_SHIFT_MIN {
             return false;
         }
-        core.shift_clocks(idle, entered);
+        core.shift_clocks(entered.saturating_duration_since(left), entered);
         true
     }
 
@@ -216,27 +220,36 @@ impl Driver {
     /// master that restarted closed ours), so that the requests go out on a fresh
     /// connection rather than into one the master already closed. One `epoll_wait` that
     /// does not block; nothing at all when the client was back within `IDLE_SHIFT_MIN`
-    /// (it read everything then).
-    pub(crate) fn catch_up(&mut self, core: &mut Core) -> io::Result<()> {
-        if !self.shift(core, Instant::now()) {
-            return Ok(());
+    /// (it read everything then). Returns the time it read last: requests submitted next
+    /// start at it, and the loop that drives them ([`Driver::drive`]) enters at it.
+    pub(crate) fn catch_up(&mut self, core: &mut Core) -> io::Result<Instant> {
+        let entered = Instant::now();
+        if !self.shift(core, entered) {
+            return Ok(entered);
         }
-        match self.poll.poll(&mut self.events, Some(Duration::ZERO)) {
+        match self.poll(Some(Duration::ZERO)) {
             Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(entered),
             Err(e) => return Err(e),
         }
         let now = Instant::now();
         self.handle_events(core, now);
         self.left_loop = now;
-        Ok(())
+        Ok(now)
+    }
+
+    /// One `epoll_wait` into the events buffer.
+    #[inline]
+    fn poll(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        let events = self.events.get_or_insert_with(|| Events::with_capacity(64));
+        self.poll.poll(events, timeout)
     }
 
     /// Read what the sockets hold now, without waiting (one `epoll_wait`).
     #[cold]
     fn read_ready(&mut self, core: &mut Core, now: Instant) {
         // Interrupted, or a poll that cannot work: the wait that follows says so.
-        if let Ok(()) = self.poll.poll(&mut self.events, Some(Duration::ZERO)) {
+        if let Ok(()) = self.poll(Some(Duration::ZERO)) {
             self.handle_events(core, now);
         }
     }
@@ -254,7 +267,7 @@ impl Driver {
         } else {
             wake.map(|w| w.saturating_duration_since(now))
         };
-        match self.poll.poll(&mut self.events, timeout) {
+        match self.poll(timeout) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {
                 self.left_loop = Instant::now();
@@ -262,7 +275,10 @@ impl Driver {
             }
             Err(e) => return Err(e),
         }
-        if self.events.is_empty() && timeout == Some(Duration::ZERO) && self.busy_poll {
+        if self.busy_poll
+            && timeout == Some(Duration::ZERO)
+            && self.events.as_ref().is_some_and(Events::is_empty)
+        {
             // Busy-poll found nothing: give the core away for a moment. Where the masters
             // share the machine (tests, benches, small hosts), a pure spin would steal the
             // very CPU the replies need; with a core to spare this costs one cheap syscall.
@@ -279,11 +295,17 @@ impl Driver {
     /// Write every link's queued bytes that the core says may have some: one `write` per
     /// master when the kernel takes them all (the normal case). Bytes a link could not
     /// write wait for its writable event (or its connect).
+    #[inline]
     pub(crate) fn flush(&mut self, core: &mut Core, now: Instant) {
         let (lock, sub) = core.flush_wanted();
-        if !lock && !sub {
-            return;
+        if lock || sub {
+            self.flush_wanted(core, now);
         }
+    }
+
+    /// [`Driver::flush`] when some link may have bytes to write.
+    #[inline(never)]
+    fn flush_wanted(&mut self, core: &mut Core, now: Instant) {
         let n = self.n();
         let (socks, io) = (&mut self.socks, &mut self.io);
         core.flush_with(now, |l, bytes| match &mut socks[l.0] {
@@ -312,9 +334,11 @@ impl Driver {
 
     /// Handle the readiness events of the last poll.
     fn handle_events(&mut self, core: &mut Core, now: Instant) {
-        // Handling an event needs `&mut self`: borrow the events out for the walk (an
-        // empty `Events` allocates nothing) and put them back after.
-        let events = std::mem::replace(&mut self.events, Events::with_capacity(0));
+        // Handling an event needs `&mut self`: take the events out for the walk and put
+        // them back after.
+        let Some(events) = self.events.take() else {
+            return;
+        };
         for ev in events.iter() {
             let l = ev.token().0;
             if l >= self.socks.len() {
@@ -331,7 +355,7 @@ impl Driver {
             self.link_event(core, LinkId(l), readable, writable, closed, now);
             self.apply_actions(core, now);
         }
-        self.events = events;
+        self.events = Some(events);
     }
 
     /// A readiness event of link `l`.

@@ -66,7 +66,6 @@ pub struct Redlock {
     core: Core,
     driver: Driver,
     cancel: CancelHandle,
-    scratch_keys: KeyList,
     batch: Vec<TaskId>,
     /// Locks our user dropped unreleased; released by the next call.
     dropped: Arc<Dropped>,
@@ -91,7 +90,6 @@ impl Redlock {
             },
             core,
             driver,
-            scratch_keys: KeyList::default(),
             batch: Vec::with_capacity(64),
             dropped: Arc::default(),
             orphans: Vec::new(),
@@ -99,8 +97,9 @@ impl Redlock {
     }
 
     /// Every call starts here: read what the masters sent while the client was away, and
-    /// release the locks the user dropped unreleased.
-    fn enter(&mut self) -> Result<(), Error> {
+    /// release the locks the user dropped unreleased. Returns the time, read on entering:
+    /// the call's requests start at it, and its loop enters at it (one clock read).
+    fn enter(&mut self) -> Result<Instant, Error> {
         let caught_up = self.driver.catch_up(&mut self.core);
         // Queued even when catching up failed: the releases go out with the next write.
         self.dropped.take_into(&mut self.orphans);
@@ -110,8 +109,7 @@ impl Redlock {
                 self.core.release_detached(&lock, now);
             }
         }
-        caught_up?;
-        Ok(())
+        Ok(caught_up?)
     }
 
     /// A lock for our user: dropped unreleased, it comes back to us.
@@ -158,19 +156,8 @@ impl Redlock {
     /// every master, decide as soon as a quorum said OK (or can no longer), and on failure
     /// release wherever the key may have been set.
     pub fn try_lock(&mut self, resource: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
-        self.with_key(resource.as_ref(), |this, keys| {
-            this.lock_keys(keys, ttl, None, 0)
-        })
-    }
-
-    /// Run `f` with `resource` as a one-key list, in reused storage (no allocation).
-    fn with_key<T>(&mut self, resource: &[u8], f: impl FnOnce(&mut Self, &KeyList) -> T) -> T {
-        let mut keys = std::mem::take(&mut self.scratch_keys);
-        keys.clear();
-        keys.push(resource);
-        let r = f(self, &keys);
-        self.scratch_keys = keys;
-        r
+        let resource = resource.as_ref();
+        self.lock_keys(|| std::iter::once(resource), ttl, None, 0)
     }
 
     /// Take `resource` for `ttl`, retrying while it is taken or no quorum answers (after a
@@ -186,9 +173,8 @@ impl Redlock {
     /// change end it at once ([`Error::Refused`]).
     pub fn lock(&mut self, resource: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
         let retries = self.core.cfg.retry_count;
-        self.with_key(resource.as_ref(), |this, keys| {
-            this.lock_keys(keys, ttl, None, retries)
-        })
+        let resource = resource.as_ref();
+        self.lock_keys(|| std::iter::once(resource), ttl, None, retries)
     }
 
     /// Like [`Redlock::lock`], but bounded by `deadline` instead of the retry count: it
@@ -202,9 +188,8 @@ impl Redlock {
         deadline: Instant,
     ) -> Result<Lock, Error> {
         let retries = self.core.cfg.retry_count;
-        self.with_key(resource.as_ref(), |this, keys| {
-            this.lock_keys(keys, ttl, Some(deadline), retries)
-        })
+        let resource = resource.as_ref();
+        self.lock_keys(|| std::iter::once(resource), ttl, Some(deadline), retries)
     }
 
     /// Take several resources as one lock: on each master all keys are set only if none
@@ -220,27 +205,27 @@ impl Redlock {
         }
         check_distinct(&keys)?;
         let retries = self.core.cfg.retry_count;
-        self.lock_keys(&keys, ttl, None, retries)
+        self.lock_keys(|| keys.iter(), ttl, None, retries)
     }
 
-    fn lock_keys(
+    /// Take the resources `keys()` walks (a one-resource call walks its argument: no list
+    /// is built for it).
+    fn lock_keys<'k, I: Iterator<Item = &'k [u8]>>(
         &mut self,
-        keys: &KeyList,
+        keys: impl Fn() -> I,
         ttl: Duration,
         deadline: Option<Instant>,
         retries: u32,
     ) -> Result<Lock, Error> {
-        if keys.len() == 0 {
+        if keys().next().is_none() {
             return Err(Error::InvalidArgument("no resource given".into()));
         }
-        check_resources(keys.iter())?;
-        let ttl = self.core.cfg.check_ttl(ttl)?;
+        check_resources(keys())?;
+        let ttl = self.core.check_ttl(ttl)?;
         self.arm_cancel();
-        self.enter()?;
-        let id = self
-            .core
-            .submit_lock(keys.iter(), ttl, deadline, retries, Instant::now());
-        match self.run(id, true)? {
+        let now = self.enter()?;
+        let id = self.core.submit_lock(keys(), ttl, deadline, retries, now);
+        match self.run(id, true, now)? {
             Done::Locked(lock) => Ok(self.hand_out(lock)),
             other => unreachable!("a lock task ended with {other:?}"),
         }
@@ -252,11 +237,14 @@ impl Redlock {
     }
 
     /// Drive the loop until task `id` is done; a cancel (for lock tasks) cancels it.
-    fn run(&mut self, id: TaskId, cancellable: bool) -> Result<Done, Error> {
+    /// `entered`: the time [`Redlock::enter`] returned (the loop enters at it).
+    fn run(&mut self, id: TaskId, cancellable: bool, entered: Instant) -> Result<Done, Error> {
+        let mut now = entered;
         loop {
             let flag = &self.cancel.flag;
             let done = self.driver.drive(
                 &mut self.core,
+                now,
                 None,
                 |c| c.is_done(id),
                 || cancellable && flag.load(Ordering::Relaxed),
@@ -266,6 +254,7 @@ impl Redlock {
                 Ok(false) => {
                     self.cancel.flag.store(false, Ordering::SeqCst);
                     self.core.cancel(id, Instant::now());
+                    now = self.driver.enter(&mut self.core);
                 }
                 Err(e) => {
                     self.core.cancel(id, Instant::now());
@@ -279,12 +268,15 @@ impl Redlock {
     }
 
     /// Drive the loop until every task of the batch is done; a cancel cancels them all.
-    fn run_batch(&mut self, cancellable: bool) -> Result<(), Error> {
+    /// `entered`: the time [`Redlock::enter`] returned (the loop enters at it).
+    fn run_batch(&mut self, cancellable: bool, entered: Instant) -> Result<(), Error> {
+        let mut now = entered;
         loop {
             let flag = &self.cancel.flag;
             let batch = &self.batch;
             let done = self.driver.drive(
                 &mut self.core,
+                now,
                 None,
                 |c| batch.iter().all(|id| c.is_done(*id)),
                 || cancellable && flag.load(Ordering::Relaxed),
@@ -293,10 +285,11 @@ impl Redlock {
                 return Ok(());
             }
             self.cancel.flag.store(false, Ordering::SeqCst);
-            let now = Instant::now();
+            let cancelled = Instant::now();
             for id in self.batch.iter() {
-                self.core.cancel(*id, now);
+                self.core.cancel(*id, cancelled);
             }
+            now = self.driver.enter(&mut self.core);
         }
     }
 
@@ -313,16 +306,15 @@ impl Redlock {
     ) -> Result<(), Error> {
         out.clear();
         check_resources(resources.iter().map(AsRef::as_ref))?;
-        let ttl = self.core.cfg.check_ttl(ttl)?;
+        let ttl = self.core.check_ttl(ttl)?;
         self.arm_cancel();
-        self.enter()?;
-        let now = Instant::now();
+        let now = self.enter()?;
         self.batch.clear();
         for r in resources {
             let id = self.core.submit_lock([r.as_ref()], ttl, None, 0, now);
             self.batch.push(id);
         }
-        let driven = self.run_batch(true);
+        let driven = self.run_batch(true, now);
         for k in 0..self.batch.len() {
             let id = self.batch[k];
             let r = self.core.take(id).map(|d| match d {
@@ -342,15 +334,14 @@ impl Redlock {
         out: &mut Vec<Result<(), Error>>,
     ) -> Result<(), Error> {
         out.clear();
-        self.enter()?;
-        let now = Instant::now();
+        let now = self.enter()?;
         self.batch.clear();
         for mut lock in locks {
             lock.dropped = None;
             let id = self.core.submit_release(&lock, now);
             self.batch.push(id);
         }
-        let driven = self.run_batch(false);
+        let driven = self.run_batch(false, now);
         for k in 0..self.batch.len() {
             let id = self.batch[k];
             out.push(self.core.take(id).map(|_| ()));
@@ -362,10 +353,10 @@ impl Redlock {
     /// hold this lock's token are deleted). `Ok` when a quorum confirmed.
     pub fn release(&mut self, mut lock: Lock) -> Result<(), Error> {
         // Should `enter` fail, `lock` is dropped still armed: queued for the next call.
-        self.enter()?;
+        let now = self.enter()?;
         lock.dropped = None;
-        let id = self.core.submit_release(&lock, Instant::now());
-        self.run(id, false).map(|_| ())
+        let id = self.core.submit_release(&lock, now);
+        self.run(id, false, now).map(|_| ())
     }
 
     /// Extend the lock to live at least `ttl` from now (compare-and-extend on every
@@ -375,13 +366,13 @@ impl Redlock {
     /// deadline then becomes the later of the old one and the new one. On failure the lock
     /// keeps its old deadline, which still holds: no master's key was cut short.
     pub fn extend(&mut self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
-        let ttl = self.core.cfg.check_ttl(ttl)?;
+        let ttl = self.core.check_ttl(ttl)?;
         if !lock.is_valid() {
             return Err(Error::Expired);
         }
-        self.enter()?;
-        let id = self.core.submit_extend(lock, ttl, Instant::now());
-        match self.run(id, false)? {
+        let now = self.enter()?;
+        let id = self.core.submit_extend(lock, ttl, now);
+        match self.run(id, false, now)? {
             Done::Extended { valid_until, ttl } => {
                 lock.valid_until = valid_until;
                 lock.ttl = ttl;
@@ -417,9 +408,9 @@ impl Redlock {
     pub fn inspect(&mut self, resource: impl AsRef<[u8]>) -> Result<Inspection, Error> {
         let resource = resource.as_ref();
         check_resources([resource])?;
-        self.enter()?;
-        let id = self.core.submit_inspect(resource, Instant::now());
-        match self.run(id, false)? {
+        let now = self.enter()?;
+        let id = self.core.submit_inspect(resource, now);
+        match self.run(id, false, now)? {
             Done::Inspected(i) => Ok(i),
             other => unreachable!("an inspect task ended with {other:?}"),
         }
@@ -437,9 +428,9 @@ impl Redlock {
     pub fn force_release(&mut self, resource: impl AsRef<[u8]>) -> Result<ForcedRelease, Error> {
         let resource = resource.as_ref();
         check_resources([resource])?;
-        self.enter()?;
-        let id = self.core.submit_force_release(resource, Instant::now());
-        match self.run(id, false)? {
+        let now = self.enter()?;
+        let id = self.core.submit_force_release(resource, now);
+        match self.run(id, false, now)? {
             Done::ForceReleased(f) => Ok(f),
             other => unreachable!("a forced release ended with {other:?}"),
         }
