@@ -665,3 +665,37 @@ fn dropping_a_guard_never_blocks_on_a_slow_round() {
         || gone(&m, "slow-drop"),
     );
 }
+
+/// A master restarts while the shared client's loop is parked (nothing in flight, nobody
+/// driving): the next call reads what came meanwhile before it writes (the closed
+/// connection), as the single owner's calls do, so its request goes out on a fresh
+/// connection instead of failing on the one the master closed. (The loop's entry read
+/// the clock and then "caught up" with an idle gap it had already reset: it never
+/// polled, and the first lock after the restart failed on that master.)
+#[test]
+fn a_parked_loop_reads_a_restart_before_the_next_request() {
+    let mut m = masters(3);
+    // A patient round (the reconnect and handshake on a loaded machine must not count as
+    // a timeout: only a request written to the closed connection fails here).
+    let ttl = Duration::from_secs(60);
+    let c = Redlock::builder()
+        .masters(m.urls())
+        .node_timeout(Duration::from_secs(5))
+        .build_shared()
+        .unwrap();
+    let g = c.try_lock("parked", ttl).wait().unwrap();
+    g.release().wait().unwrap();
+    let before = c.stats().wait().unwrap();
+    // Parked: nothing in flight, nothing owed (the release was answered by every master).
+    m[1].restart().unwrap();
+    let g = c.try_lock("parked", ttl).wait().unwrap();
+    let after = c.stats().wait().unwrap();
+    g.release().wait().unwrap();
+    assert_eq!(
+        (after[1].failed(), after[1].timed_out()),
+        (before[1].failed(), before[1].timed_out()),
+        "the first request after the restart failed on the old connection: {:?}",
+        after[1].last_fault()
+    );
+    assert!(after[1].connects() > before[1].connects());
+}

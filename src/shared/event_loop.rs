@@ -93,12 +93,13 @@ impl Loop {
         }
     }
 
-    /// Start driving (after a pause, read what the masters sent meanwhile); returns the
-    /// time.
+    /// Start driving (after a pause, read what the masters sent meanwhile: above all the
+    /// connections they closed, so that the requests go out on fresh ones); returns the
+    /// time. `catch_up` takes the idle gap itself: a `Driver::enter` before it reset the
+    /// gap, and the loop never read anything on entering (a parked client's first lock
+    /// after a master restart failed on that master).
     pub(crate) fn enter(&mut self) -> io::Result<Instant> {
-        let now = self.driver.enter(&mut self.m);
-        self.driver.catch_up(&mut self.m)?;
-        Ok(now)
+        self.driver.catch_up(&mut self.m)
     }
 
     /// One turn at `now`: commands, tasks, results, keepers, watchers, writes. Returns
