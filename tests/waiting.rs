@@ -121,8 +121,8 @@ fn shared_lock_waits_until_granted_while_the_blocking_lock_keeps_its_default_bou
     // 11 timed attempts; more when refusals came before the subscriptions were confirmed
     // (a waiter tries again when its cover of the masters completes, and weighs the
     // confirmations heard during an attempt at its end): on a loaded machine (a 4-client
-    // bench beside the tests) 13 was seen, and 3 of 36 runs broke the old bound of 12: the bound checked is the
-    // order of the default (10 retries), not the exact count.
+    // bench beside the tests) 13 was seen, and 3 of 36 runs broke the old bound of 12. The
+    // bound checked is the order of the default (10 retries), not the exact count.
     let attempts = e.report().map_or(0, |r| r.attempts());
     assert!((11..=14).contains(&attempts), "{attempts} attempts: {e}");
 
