@@ -17,6 +17,9 @@ pub enum Operation {
     Release,
     /// Extending a lock.
     Extend,
+    /// Watching a held lock (the masters' invalidations and connections; see
+    /// [`crate::LockGuard::lost`]).
+    Watch,
 }
 
 impl fmt::Display for Operation {
@@ -25,6 +28,7 @@ impl fmt::Display for Operation {
             Operation::Acquire => "acquire",
             Operation::Release => "release",
             Operation::Extend => "extend",
+            Operation::Watch => "watch",
         })
     }
 }
@@ -218,6 +222,9 @@ impl fmt::Display for Report {
             }
             f.write_str(")")?;
         }
+        if self.op == Operation::Watch {
+            return Ok(());
+        }
         if self.attempts > 1 {
             write!(f, "; {} attempts in {:.1?}, ", self.attempts, self.total)?;
             // A round decided before any answer could come (every master it needed
@@ -310,6 +317,11 @@ impl fmt::Display for Error {
                 f,
                 "quorum reached too late, no validity left: raise the TTL or lower the \
                  round timeout ({r})"
+            ),
+            Error::NotHeld(r) if r.op == Operation::Watch => write!(
+                f,
+                "lock lost: the masters' watch found fewer than a quorum that may still hold \
+                 it (keys deleted, overwritten or expired, masters restarted or cut off) ({r})"
             ),
             Error::NotHeld(r) => write!(
                 f,

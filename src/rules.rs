@@ -689,6 +689,9 @@ pub fn classify(request: Request, frame: &Frame<'_>) -> Result<Outcome, ()> {
             Some(_) => Ok(Outcome::Taken),
             None => Err(()),
         },
+        // 2: the master had lost a key and the script put it back: not a vote this round
+        // (see `scripts::EXTEND`).
+        (Request::Extend, Frame::Integer(2)) => Ok(Outcome::NotHeld),
         (Request::Release | Request::Extend, Frame::Integer(n)) if *n > 0 => Ok(Outcome::Ok),
         (Request::Release | Request::Extend, Frame::Integer(0)) => Ok(Outcome::NotHeld),
         (Request::FenceDraw, Frame::Integer(n)) if *n > 0 => Ok(Outcome::Ok),
@@ -846,6 +849,8 @@ mod tests {
         assert_eq!(classify(Release, &Frame::Integer(1)), Ok(Outcome::Ok));
         assert_eq!(classify(Release, &Frame::Integer(0)), Ok(Outcome::NotHeld));
         assert_eq!(classify(Extend, &Frame::Integer(0)), Ok(Outcome::NotHeld));
+        assert_eq!(classify(Extend, &Frame::Integer(1)), Ok(Outcome::Ok));
+        assert_eq!(classify(Extend, &Frame::Integer(2)), Ok(Outcome::NotHeld));
         assert_eq!(classify(Release, &Frame::Simple(b"OK")), Err(()));
         assert_eq!(classify(Acquire, &Frame::Simple(b"QUEUED")), Err(()));
         assert_eq!(

@@ -130,20 +130,30 @@ pub const WAITED: &[u8] = b"+";
 
 /// Compare-and-extend: when every key holds the token, make each key live at least
 /// `ARGV[2]` ms from now, never shorter than it already does (a late or failed extend with
-/// a shorter TTL can then never cut a lock short); returns 1, else 0.
+/// a shorter TTL can then never cut a lock short); returns 1. When every key holds the
+/// token or is missing (the master lost it: restarted without persistence, deleted by
+/// hand), the missing ones are put back with the token for `ARGV[2]` ms and it returns 2:
+/// the client counts that master as *not* holding the lock in this round (the quorum must
+/// come from masters that still held it), and as holding it from the next round on, so
+/// that a lock held on a quorum does not erode one master at a time. Else 0.
 pub const EXTEND: Script = Script {
     src: concat!(
+        "local put = false\n",
         "for i = 1, #KEYS do\n",
         "  local v = redis.call('get', KEYS[i])\n",
-        "  if v ~= ARGV[1] and v ~= ARGV[1] .. '+' then return 0 end\n",
+        "  if not v then put = true\n",
+        "  elseif v ~= ARGV[1] and v ~= ARGV[1] .. '+' then return 0 end\n",
         "end\n",
         "local ttl = tonumber(ARGV[2])\n",
         "for i = 1, #KEYS do\n",
-        "  if redis.call('pttl', KEYS[i]) < ttl then redis.call('pexpire', KEYS[i], ttl) end\n",
+        "  local left = redis.call('pttl', KEYS[i])\n",
+        "  if left == -2 then redis.call('set', KEYS[i], ARGV[1], 'PX', ttl)\n",
+        "  elseif left < ttl then redis.call('pexpire', KEYS[i], ttl) end\n",
         "end\n",
+        "if put then return 2 end\n",
         "return 1"
     ),
-    sha: "024ed804c050520dd1717148b96177dbd691103e",
+    sha: "830eddd8495614e5a5d40f245f36162579a21be3",
 };
 
 /// All-or-nothing multi-key acquire: set every key (`PX ARGV[2]`) only when none exists.

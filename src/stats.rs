@@ -129,6 +129,12 @@ pub(crate) struct Counters {
     pub last_sub_fault: Option<Fault>,
     /// The master listed before this one that is the same server (same `run_id`).
     pub same_as: Option<usize>,
+    /// Invalidations the master pushed for watched locks' keys.
+    pub invalidations: u64,
+    /// Keys the master had lost that an extension put back.
+    pub restored: u64,
+    /// Whether the master tracks watched keys (`None`: never asked).
+    pub tracking: Option<bool>,
 }
 
 impl Counters {
@@ -189,6 +195,24 @@ impl MasterStats {
     /// Requests retried with `EVAL` after `-NOSCRIPT`.
     pub fn noscript(&self) -> u64 {
         self.c.noscript
+    }
+    /// Invalidations this master pushed for the keys of watched locks (each one checked
+    /// with a read of the keys before it counts against the lock).
+    pub fn invalidations(&self) -> u64 {
+        self.c.invalidations
+    }
+    /// Keys of a held lock that this master had lost (restarted without persistence,
+    /// deleted by hand) and that an extension put back: the lock stays held on a quorum and
+    /// does not erode one master at a time.
+    pub fn restored(&self) -> u64 {
+        self.c.restored
+    }
+    /// Whether this master pushes invalidations for watched locks (client-side tracking:
+    /// Redis 6+, Valkey): `Some(false)` when it can not (the lock is then watched on the
+    /// other masters only, and this master counts as holding it); `None` before a lock was
+    /// watched on this connection.
+    pub fn tracking(&self) -> Option<bool> {
+        self.c.tracking
     }
     /// Yes votes (acquired, released, extended, fencing draw or write-back).
     pub fn ok(&self) -> u64 {

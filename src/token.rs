@@ -50,6 +50,12 @@ impl Token {
     /// A placeholder (all `'0'`) for storage that holds no lock yet; never sent.
     pub(crate) const ZERO: Token = Token([b'0'; TOKEN_LEN]);
 
+    /// A token of one repeated byte (unit tests).
+    #[cfg(test)]
+    pub(crate) const fn filled(b: u8) -> Token {
+        Token([b; TOKEN_LEN])
+    }
+
     /// The token's bytes, as stored in Redis.
     pub fn as_bytes(&self) -> &[u8] {
         &self.0

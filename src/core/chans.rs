@@ -494,7 +494,10 @@ impl Rounds {
                         true
                     }
                     Some(Tag::Unsubscribe) => true,
-                    Some(Tag::Op { .. } | Tag::Owed) | None => false,
+                    Some(
+                        Tag::Op { .. } | Tag::Owed | Tag::Track(_) | Tag::Caching | Tag::Watch(_),
+                    )
+                    | None => false,
                 },
                 SubFrame::Other => false,
             };

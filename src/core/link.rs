@@ -68,6 +68,33 @@ pub(super) enum Tag {
     Unsubscribe,
     /// A release sent again on a new connection (the front of `Master::owed`).
     Owed,
+    /// Turning client-side tracking on (see `watch.rs`): `HELLO 3`, then
+    /// `CLIENT TRACKING ON OPTIN NOLOOP`.
+    Track(TrackStep),
+    /// `CLIENT CACHING YES` ahead of a watch's read.
+    Caching,
+    /// A watch's `MGET` of its keys (arms their tracking, and says who holds them).
+    Watch(super::watch::WatchId),
+}
+
+/// The steps of turning tracking on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum TrackStep {
+    Hello,
+    On,
+}
+
+/// Where a lock link's client-side tracking stands (reset with each connection).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Tracking {
+    /// Never asked on this connection.
+    Off,
+    /// `HELLO 3` and `CLIENT TRACKING` are on their way.
+    Asked,
+    /// The master pushes invalidations on this connection.
+    On,
+    /// The master can not track (no RESP3 or no tracking, or not allowed to us).
+    Refused,
 }
 
 /// A release a connection closed before its master answered it (its round may well be
@@ -117,6 +144,8 @@ pub(super) struct Link {
     pub last_fault: Option<Fault>,
     pub connect_deadline: Instant,
     pub last_progress: Instant,
+    /// Client-side tracking on this connection (lock links; see `watch.rs`).
+    pub tracking: Tracking,
 }
 
 impl Link {
@@ -142,6 +171,7 @@ impl Link {
             last_fault: None,
             connect_deadline: now,
             last_progress: now,
+            tracking: Tracking::Off,
         }
     }
 
@@ -167,6 +197,7 @@ impl Link {
         self.gate = None;
         self.kick = false;
         self.input.clear();
+        self.tracking = Tracking::Off;
     }
 }
 

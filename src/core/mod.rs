@@ -29,6 +29,7 @@ mod ops;
 mod rounds;
 mod task;
 mod wait;
+mod watch;
 
 use std::io;
 use std::time::{Duration, Instant};
@@ -49,6 +50,7 @@ pub(crate) use rounds::{NetConfig, Owner, Rounds};
 pub use task::Done;
 use task::Task;
 pub use wait::WaitMode;
+pub use watch::WatchId;
 
 /// Where a task stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -367,12 +369,18 @@ impl Core {
     /// Release `lock` on every master.
     pub fn submit_release(&mut self, lock: &Lock, now: Instant) -> TaskId {
         lock.record_hold(now);
+        if self.rounds.watches.any() {
+            self.rounds.watches.remove_token(&lock.token);
+        }
         self.submit_on_lock(task::Kind::Release, lock, lock.ttl, now)
     }
 
     /// Release `lock` on every master, fire and forget (a lock its user dropped).
     pub fn release_detached(&mut self, lock: &Lock, now: Instant) {
         lock.record_hold(now);
+        if self.rounds.watches.any() {
+            self.rounds.watches.remove_token(&lock.token);
+        }
         let timeout = self.round_timeout(lock.ttl);
         let (token, ttl_ms) = (lock.token, lock.ttl.as_millis() as u64);
         let leave = lock.line;
@@ -623,6 +631,64 @@ impl Core {
     /// What every master did so far, by name (the driver adds its syscall counts).
     pub fn stats(&self) -> Vec<crate::stats::MasterStats> {
         self.rounds.stats()
+    }
+
+    /// Watch held `lock` for a loss (see `watch.rs`): every master tracks its keys and
+    /// pushes an invalidation when they change; once fewer than a quorum may still hold
+    /// it, [`Core::take_lost`] names it. The reads that arm the tracking go out with the
+    /// next write. Watching a watched lock again returns its id.
+    pub fn watch_lock(&mut self, lock: &Lock, now: Instant) -> WatchId {
+        if let Some(w) = self.rounds.watches.find_token(&lock.token) {
+            return w;
+        }
+        let n = self.rounds.n();
+        let w = self.rounds.watches.add(&lock.keys, lock.token, n);
+        for i in 0..n {
+            self.rounds.arm(i, w, now);
+        }
+        w
+    }
+
+    /// Stop watching (a lock released, a guard dropped). Releasing a lock stops its watch
+    /// too.
+    pub fn unwatch_lock(&mut self, w: WatchId) {
+        self.rounds.watches.remove(w);
+    }
+
+    /// Some lock is watched: the loop must keep reading the masters' connections.
+    pub fn watching_locks(&self) -> bool {
+        self.rounds.watches.any()
+    }
+
+    /// Whether watched lock `w` was found lost.
+    pub fn is_watch_lost(&self, w: WatchId) -> bool {
+        self.rounds.watches.get(w).is_some_and(|x| x.lost)
+    }
+
+    /// The next watched lock found lost since the last call (each is reported once).
+    pub fn take_lost(&mut self) -> Option<WatchId> {
+        self.rounds.watches.take_lost()
+    }
+
+    /// Why watched lock `w` is lost (`None` while it may be held, or for an id no longer
+    /// watched): `Error::NotHeld` whose report says, per master, what the watch knows.
+    pub fn watch_lost(&self, w: WatchId) -> Option<Error> {
+        let watch = self.rounds.watches.get(w).filter(|x| x.lost)?;
+        let nodes = self
+            .rounds
+            .masters
+            .iter()
+            .zip(watch.votes.iter())
+            .map(|(m, v)| (m.name.clone(), v.outcome()))
+            .collect();
+        Some(Error::NotHeld(Box::new(Report {
+            op: Operation::Watch,
+            nodes,
+            quorum: self.rounds.quorum(),
+            elapsed: Duration::ZERO,
+            attempts: 0,
+            total: Duration::ZERO,
+        })))
     }
 
     /// Start the timed retries that are due (with fairness, polite ones: see

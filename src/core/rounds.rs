@@ -30,9 +30,10 @@ use std::time::{Duration, Instant};
 use super::chans::{self, Channels, Fingerprint};
 use super::encode::encode_request;
 use super::link::{interpret, write_handshake, Action, ConnectPhase, Link, LinkId, Master};
-use super::link::{Owed, Setup, SetupReply, State, Tag, INBUF_START};
+use super::link::{Owed, Setup, SetupReply, State, Tag, TrackStep, Tracking, INBUF_START};
+use super::watch::{self, Vote, WatchId, Watches};
 use super::ops::{Op, OpArgs, OpId, OpState};
-use crate::resp::{self, Frame};
+use crate::resp::{self, Arg, Frame};
 use crate::rules::{self, Decision, ErrorText, Fault, Outcome, Request, Tally, TlsFault};
 use crate::stats::MasterStats;
 
@@ -124,6 +125,11 @@ pub(crate) struct Rounds {
     /// Some master is known to be the same server as another (same `run_id`): a yes to a
     /// grant is then checked against the other names' votes (one server, one vote).
     same_servers: bool,
+    /// The locks watched for a loss (see `watch.rs`).
+    pub(super) watches: Watches,
+    /// Bytes were queued on a lock link's own queue outside a round (a watch's read): the
+    /// next flush writes the lock links even with nothing shared.
+    lock_dirty: bool,
 }
 
 /// Whoever started an op and wants to hear when it is decided (a task of the layer
@@ -162,6 +168,8 @@ impl Rounds {
             actions: VecDeque::with_capacity(16),
             chans: Channels::default(),
             same_servers: false,
+            watches: Watches::default(),
+            lock_dirty: false,
         };
         // Pre-build a few slots so the first cycles do not allocate either.
         for _ in 0..4 {
@@ -606,6 +614,10 @@ impl Rounds {
         }
         // Give the (empty) queue its storage back.
         self.links[i].pending = pending;
+        // The connection that held the watched keys is gone: so are its votes.
+        if self.watches.any() {
+            self.watches.link_lost(i, fault, self.quorum);
+        }
         if answered {
             let link = &mut self.links[i];
             link.failures = 0;
@@ -856,7 +868,7 @@ impl Rounds {
         mut write: impl FnMut(LinkId, &[u8]) -> Result<usize, Fault>,
     ) {
         let n = self.n();
-        if !self.shared.is_empty() {
+        if !self.shared.is_empty() || self.lock_dirty {
             for i in 0..n {
                 let link = &mut self.links[i];
                 // The common case: the link's share of the shared buffer, its own queue
@@ -927,7 +939,7 @@ impl Rounds {
     /// Which links may have bytes to write since the last flush: (lock links, sub links).
     #[inline]
     pub(crate) fn flush_wanted(&self) -> (bool, bool) {
-        (!self.shared.is_empty(), self.chans.dirty)
+        (!self.shared.is_empty() || self.lock_dirty, self.chans.dirty)
     }
 
     /// The driver's flush is over: every lock link takes what is left of its share into its
@@ -936,6 +948,7 @@ impl Rounds {
     #[inline]
     pub(crate) fn flushed(&mut self) {
         self.chans.dirty = false;
+        self.lock_dirty = false;
         if self.shared.is_empty() {
             return;
         }
@@ -1099,7 +1112,48 @@ impl Rounds {
                     return false;
                 }
             };
+            if let Frame::Aggregate(ref a) = frame {
+                if a.kind() == resp::AggregateKind::Push {
+                    // Out of band (RESP3, on a connection that tracks keys): answers no
+                    // request.
+                    let touched = watch::invalidated(a, &self.watches);
+                    link.input.in_start += used;
+                    self.on_invalidated(i, touched, now);
+                    continue;
+                }
+            }
             let tag = match link.pending.pop_front() {
+                Some(Tag::Track(step)) => {
+                    let ok = match step {
+                        TrackStep::Hello => matches!(frame, Frame::Aggregate(_)),
+                        TrackStep::On => matches!(frame, Frame::Simple(b"OK")),
+                    };
+                    link.input.in_start += used;
+                    link.answered = true;
+                    if !ok {
+                        link.tracking = Tracking::Refused;
+                    } else if step == TrackStep::On && link.tracking == Tracking::Asked {
+                        link.tracking = Tracking::On;
+                    }
+                    self.masters[i].stats.tracking = Some(link.tracking == Tracking::On);
+                    continue;
+                }
+                Some(Tag::Caching) => {
+                    link.input.in_start += used;
+                    link.answered = true;
+                    continue;
+                }
+                Some(Tag::Watch(w)) => {
+                    let vote = match self.watches.get(w) {
+                        Some(_) if link.tracking != Tracking::On => Vote::Blind,
+                        Some(watch) => watch::vote_of(&frame, watch),
+                        None => Vote::Blind,
+                    };
+                    link.input.in_start += used;
+                    link.answered = true;
+                    self.watches.set_vote(w, i, vote, self.quorum);
+                    continue;
+                }
                 Some(Tag::Owed) => {
                     // Delivered (or refused: then the keys expire by their TTL).
                     link.input.in_start += used;
@@ -1156,7 +1210,12 @@ impl Rounds {
                     continue;
                 }
                 Tag::Setup(setup) => interpret(setup, &frame),
-                Tag::Subscribe(_) | Tag::Unsubscribe | Tag::Owed => unreachable!("taken above"),
+                Tag::Subscribe(_)
+                | Tag::Unsubscribe
+                | Tag::Owed
+                | Tag::Track(_)
+                | Tag::Caching
+                | Tag::Watch(_) => unreachable!("taken above"),
             };
             link.input.in_start += used;
             link.answered = true;
@@ -1307,6 +1366,9 @@ impl Rounds {
         if self.ops[id.slot as usize].gen != id.gen {
             return;
         }
+        if req == Request::Extend {
+            self.after_extend(i, id, value, now);
+        }
         let us = self.micros(now);
         let op = &mut self.ops[id.slot as usize];
         let latency_us = us.saturating_sub(op.started_us);
@@ -1338,6 +1400,105 @@ impl Rounds {
             self.check_decided(id, now);
         } else {
             self.maybe_free(id.slot);
+        }
+    }
+
+    /// Arm (or re-arm) the tracking of watch `w`'s keys on master `i` and read them (see
+    /// `watch.rs`): `CLIENT CACHING YES` and `MGET`, behind `HELLO 3` and `CLIENT TRACKING
+    /// ON OPTIN NOLOOP` where this connection has not turned tracking on yet. A master whose
+    /// connection is down loses its vote (the connection that may have held the keys is
+    /// gone); one that can not track counts as holding.
+    pub(crate) fn arm(&mut self, i: usize, w: WatchId, now: Instant) {
+        let Some(keys) = self.watches.get(w).map(|x| &x.keys) else {
+            return;
+        };
+        let link = &self.links[i];
+        if !(link.is_up() || link.is_connecting()) {
+            let fault = link.last_fault.unwrap_or(Fault::Down);
+            self.watches
+                .set_vote(w, i, Vote::No(Outcome::Failed(fault)), self.quorum);
+            return;
+        }
+        if link.tracking == Tracking::Refused {
+            self.watches.set_vote(w, i, Vote::Blind, self.quorum);
+            return;
+        }
+        if let Some(from) = self.links[i].shared_from.take() {
+            let link = &mut self.links[i];
+            link.out.extend_from_slice(&self.shared[from..]);
+        }
+        let link = &mut self.links[i];
+        if link.pending.is_empty() {
+            link.last_progress = now;
+            self.next_due = Some(self.next_due.map_or(now + self.cfg.stall_timeout, |d| {
+                d.min(now + self.cfg.stall_timeout)
+            }));
+        }
+        if link.tracking == Tracking::Off {
+            resp::encode_command(&mut link.out, &[Arg::Bytes(b"HELLO"), Arg::Uint(3)]);
+            link.pending.push_back(Tag::Track(TrackStep::Hello));
+            resp::encode_command(
+                &mut link.out,
+                &[
+                    Arg::Bytes(b"CLIENT"),
+                    Arg::Bytes(b"TRACKING"),
+                    Arg::Bytes(b"ON"),
+                    Arg::Bytes(b"OPTIN"),
+                    Arg::Bytes(b"NOLOOP"),
+                ],
+            );
+            link.pending.push_back(Tag::Track(TrackStep::On));
+            link.tracking = Tracking::Asked;
+        }
+        resp::encode_command(
+            &mut link.out,
+            &[
+                Arg::Bytes(b"CLIENT"),
+                Arg::Bytes(b"CACHING"),
+                Arg::Bytes(b"YES"),
+            ],
+        );
+        link.pending.push_back(Tag::Caching);
+        watch::encode_mget(&mut link.out, keys);
+        link.pending.push_back(Tag::Watch(w));
+        link.kick = true;
+        self.lock_dirty = true;
+        self.watches.set_vote(w, i, Vote::Asked, self.quorum);
+    }
+
+    /// Master `i` pushed an invalidation for the keys of `touched`: none is taken on trust
+    /// (a tracking table that evicts sends them for keys that did not change); each
+    /// watch that master may hold for is read again there.
+    #[cold]
+    fn on_invalidated(&mut self, i: usize, touched: smallvec::SmallVec<[WatchId; 4]>, now: Instant) {
+        self.masters[i].stats.invalidations += 1;
+        for w in touched {
+            let may_hold = self
+                .watches
+                .get(w)
+                .and_then(|x| x.votes.get(i))
+                .is_some_and(|v| matches!(v, Vote::Yes | Vote::Asked));
+            if may_hold {
+                self.arm(i, w, now);
+            }
+        }
+    }
+
+    /// An extension's reply from master `i` (our own write ended the tracking of its keys
+    /// there): re-arm the watch of its lock, if it has one. `value` 2: the extension put a
+    /// key back that the master had lost (see `scripts::EXTEND`).
+    fn after_extend(&mut self, i: usize, id: OpId, value: i64, now: Instant) {
+        if value == 2 {
+            self.masters[i].stats.restored += 1;
+        }
+        if !self.watches.any() {
+            return;
+        }
+        let Some(token) = self.ops[id.slot as usize].args.token else {
+            return;
+        };
+        if let Some(w) = self.watches.find_token(&token) {
+            self.arm(i, w, now);
         }
     }
 

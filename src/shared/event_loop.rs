@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use super::pending::{Out, Slot};
 use super::state::LockState;
 use super::Command;
-use crate::core::{Core, Done, TaskId};
+use crate::core::{Core, Done, TaskId, WatchId};
 use crate::driver::Driver;
 use crate::error::Error;
 use crate::keep::{AfterExtend, KeepAlive};
@@ -45,6 +45,8 @@ pub(crate) struct Loop {
     live: usize,
     keepers: Vec<Keeper>,
     watched: Vec<Arc<LockState>>,
+    /// The locks the masters watch for a loss (auto-extended, or someone awaits `lost()`).
+    watches: Vec<(WatchId, Arc<LockState>)>,
     inbox: Vec<Command>,
     finished: Vec<TaskId>,
     /// The origin of the guards' clocks.
@@ -66,6 +68,7 @@ impl Loop {
             live: 0,
             keepers: Vec::new(),
             watched: Vec::new(),
+            watches: Vec::new(),
             inbox: Vec::with_capacity(64),
             finished: Vec::with_capacity(64),
             base: Instant::now(),
@@ -187,6 +190,8 @@ impl Loop {
             Command::Release { state, slot } => {
                 self.keepers.retain(|k| !Arc::ptr_eq(&k.state, &state));
                 self.watched.retain(|s| !Arc::ptr_eq(s, &state));
+                // The release ends the masters' watch too.
+                self.watches.retain(|(_, s)| !Arc::ptr_eq(s, &state));
                 match slot {
                     Some(slot) => {
                         let id = self.m.submit_release(&state.to_lock(), now);
@@ -213,6 +218,7 @@ impl Loop {
                 }
                 let keep = KeepAlive::new(state.ttl(), &opts, now);
                 state.set_stop_at(keep.stop_at(state.valid_until()));
+                self.watch_on_masters(&state, now);
                 self.keepers.push(Keeper {
                     state,
                     keep,
@@ -221,6 +227,7 @@ impl Loop {
             }
             Command::Watch(state) => {
                 if !self.watched.iter().any(|s| Arc::ptr_eq(s, &state)) {
+                    self.watch_on_masters(&state, now);
                     self.watched.push(state);
                 }
             }
@@ -356,9 +363,39 @@ impl Loop {
         }
     }
 
-    /// Wake the `lost()` futures of locks whose lost instant passed.
+    /// Have the masters watch `state`'s lock for a loss (see `core::watch`).
+    fn watch_on_masters(&mut self, state: &Arc<LockState>, now: Instant) {
+        if state.is_lost() || self.watches.iter().any(|(_, s)| Arc::ptr_eq(s, state)) {
+            return;
+        }
+        let w = self.m.watch_lock(&state.to_lock(), now);
+        self.watches.push((w, state.clone()));
+    }
+
+    /// Mark lost the locks the masters' watch found lost (and stop keeping them); wake
+    /// the `lost()` futures of locks whose lost instant passed.
     fn watch(&mut self, _now: Instant) {
+        while let Some(w) = self.m.take_lost() {
+            let Some(k) = self.watches.iter().position(|(x, _)| *x == w) else {
+                continue;
+            };
+            let (w, state) = self.watches.swap_remove(k);
+            let why = self.m.watch_lost(w);
+            self.m.unwatch_lock(w);
+            state.mark_lost(why.as_ref());
+            self.keepers.retain(|k| !Arc::ptr_eq(&k.state, &state));
+        }
         self.watched.retain(|s| !s.is_lost());
+        if !self.watches.is_empty() {
+            let m = &mut self.m;
+            self.watches.retain(|(w, s)| {
+                let keep = !s.is_lost();
+                if !keep {
+                    m.unwatch_lock(*w);
+                }
+                keep
+            });
+        }
     }
 
     /// The next instant a keeper or a watched lock needs the loop.

@@ -165,6 +165,12 @@ impl LockGuard {
     pub fn wait_lost(&self, timeout: Duration) -> bool {
         let deadline = Instant::now().checked_add(timeout);
         let mut w = self.st().watch();
+        if !std::mem::replace(&mut w.timer, true) && !w.lost {
+            // First wait: the loop watches the lock (its timers, and the masters).
+            drop(w);
+            self.inner.submit(Command::Watch(self.st().clone()));
+            w = self.st().watch();
+        }
         loop {
             if w.lost {
                 return true;

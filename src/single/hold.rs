@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use super::Redlock;
 use crate::error::Error;
 use crate::keep::{AfterExtend, HoldOptions, KeepAlive};
+use crate::core::WatchId;
 use crate::lock::Lock;
 
 /// Tells the work whether its lock is still held. Cheap to poll ([`LockSignal::is_lost`]:
@@ -20,6 +21,8 @@ use crate::lock::Lock;
 #[derive(Debug)]
 pub struct LockSignal {
     lost: AtomicBool,
+    /// The work returned (or panicked): the keeper stops.
+    done: AtomicBool,
     /// Past this instant (nanoseconds after `base`) the lock counts as lost: its deadline
     /// minus the margin. Moved later by each extension.
     stop_at: AtomicU64,
@@ -41,6 +44,7 @@ impl LockSignal {
         let base = Instant::now();
         let signal = LockSignal {
             lost: AtomicBool::new(false),
+            done: AtomicBool::new(false),
             stop_at: AtomicU64::new(0),
             valid_until: AtomicU64::new(0),
             base,
@@ -125,6 +129,7 @@ impl LockSignal {
     fn mark_done(&self) {
         let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         st.done = true;
+        self.done.store(true, Ordering::Release);
         self.cv.notify_all();
     }
 
@@ -226,23 +231,34 @@ impl Redlock {
         let mut keep = KeepAlive::new(ttl, &opts, Instant::now());
         let signal = LockSignal::new(lock.valid_until(), keep.stop_at(lock.valid_until()));
         let mut lost: Option<Error> = None;
+        // The masters watch the lock's keys: this thread reads their connections while it
+        // waits, and hears within a round trip that the lock is gone (see `core::watch`).
+        let watch = self.core.watch_lock(&lock, Instant::now());
+        let waker = self.driver.waker();
         let value = std::thread::scope(|s| {
             let worker = s.spawn(|| {
                 // Mark done even if the work panics, so the keeper stops.
-                struct Done<'a>(&'a LockSignal);
+                struct Done<'a>(&'a LockSignal, &'a mio::Waker);
                 impl Drop for Done<'_> {
                     fn drop(&mut self) {
                         self.0.mark_done();
+                        // The keeper may be waiting on the masters' sockets.
+                        let _ = self.1.wake();
                     }
                 }
-                let _done = Done(&signal);
+                let _done = Done(&signal, &waker);
                 work(&signal)
             });
             // Keep the lock until the work is done; after a loss there is nothing left to
             // keep, and `join` below waits for the work.
             loop {
                 let wake = keep.next_wake(lock.valid_until(), Instant::now());
-                if signal.wait_done(wake) {
+                if self.wait_on_masters(&signal, watch, wake) {
+                    break;
+                }
+                if let Some(e) = self.core.watch_lost(watch) {
+                    lost = Some(e);
+                    signal.mark_lost();
                     break;
                 }
                 if signal.is_lost() {
@@ -269,6 +285,7 @@ impl Redlock {
             }
             worker.join()
         });
+        self.core.unwatch_lock(watch);
         let value = match value {
             Ok(v) => v,
             Err(panic) => {
@@ -293,6 +310,32 @@ impl Redlock {
             held_throughout: lost.is_none(),
             extensions: keep.extensions,
             lost,
+        }
+    }
+
+    /// The keeper's wait until `wake`: on the masters' connections (their invalidations,
+    /// the replies still owed), until the work is done, the watch finds the lock lost or
+    /// `wake` passes. Returns whether the work is done. Should the event loop fail, the
+    /// wait goes on without the masters (the lock is then kept by its extensions alone).
+    fn wait_on_masters(&mut self, signal: &LockSignal, watch: WatchId, wake: Instant) -> bool {
+        if signal.done.load(Ordering::Acquire) {
+            return true;
+        }
+        let now = match self.enter() {
+            Ok(now) => now,
+            Err(_) => return signal.wait_done(wake),
+        };
+        let done = &signal.done;
+        let r = self.driver.drive(
+            &mut self.core,
+            now,
+            Some(wake),
+            |c| c.is_watch_lost(watch),
+            || done.load(Ordering::Acquire),
+        );
+        match r {
+            Ok(_) => done.load(Ordering::Acquire),
+            Err(_) => signal.wait_done(wake),
         }
     }
 }

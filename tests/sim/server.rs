@@ -1480,28 +1480,46 @@ impl SimRedis {
 
     /// `scripts::EXTEND`.
     fn lua_extend(&mut self, x: &Run<'_>) -> Result<Reply, Raised> {
-        // L1: for i = 1, #KEYS do
+        // L1: local put = false
+        let mut put = false;
+        // L2: for i = 1, #KEYS do
         for i in 1..=x.nkeys() {
-            // L2: local v = redis.call('get', KEYS[i])
-            let v = self.call(x, 2, &[Some(b"get"), x.key(i as f64)])?;
-            // L3: if v ~= ARGV[1] and v ~= ARGV[1] .. '+' then return 0 end
-            if !lua_holds(x, 3, &v)? {
+            // L3: local v = redis.call('get', KEYS[i])
+            let v = self.call(x, 3, &[Some(b"get"), x.key(i as f64)])?;
+            // L4: if not v then put = true
+            if matches!(v, Reply::Nil) {
+                put = true;
+            // L5: elseif v ~= ARGV[1] and v ~= ARGV[1] .. '+' then return 0 end
+            } else if !lua_holds(x, 5, &v)? {
                 return Ok(Reply::Int(0));
             }
         }
-        // L5: local ttl = tonumber(ARGV[2])
+        // L7: local ttl = tonumber(ARGV[2])
         let ttl = x.arg(2).and_then(lua_tonumber);
-        // L6: for i = 1, #KEYS do
+        // L8: for i = 1, #KEYS do
         for i in 1..=x.nkeys() {
             let key = x.key(i as f64);
-            // L7: if redis.call('pttl', KEYS[i]) < ttl then redis.call('pexpire', KEYS[i], ttl) end
-            let pttl = lua_number(&self.call(x, 7, &[Some(b"pttl"), key])?);
-            if lua_lt(x, 7, pttl, ttl)? {
+            // L9: local left = redis.call('pttl', KEYS[i])
+            let left = lua_number(&self.call(x, 9, &[Some(b"pttl"), key])?);
+            // L10: if left == -2 then redis.call('set', KEYS[i], ARGV[1], 'PX', ttl)
+            if left == Some(-2.0) {
+                let ms = ttl.map(lua_num_arg);
+                self.call(
+                    x,
+                    10,
+                    &[Some(b"set"), key, x.arg(1), Some(b"PX"), ms.as_deref()],
+                )?;
+            // L11: elseif left < ttl then redis.call('pexpire', KEYS[i], ttl) end
+            } else if lua_lt(x, 11, left, ttl)? {
                 let ms = lua_num_arg(ttl.unwrap_or_default());
-                self.call(x, 7, &[Some(b"pexpire"), key, Some(&ms)])?;
+                self.call(x, 11, &[Some(b"pexpire"), key, Some(&ms)])?;
             }
         }
-        // L9: return 1
+        // L13: if put then return 2 end
+        if put {
+            return Ok(Reply::Int(2));
+        }
+        // L14: return 1
         Ok(Reply::Int(1))
     }
 
