@@ -67,7 +67,10 @@ fn run_locked_hears_at_once_that_a_quorum_deleted_its_key() {
         })
         .unwrap();
     assert!(!held.held_throughout);
-    assert_eq!(held.extensions, 0, "found by an extension, not by the watch");
+    assert_eq!(
+        held.extensions, 0,
+        "found by an extension, not by the watch"
+    );
     let why = held.lost.expect("the reason").to_string();
     assert!(why.contains("watch"), "{why}");
     // Two masters still hold it: the release cleans them.
@@ -79,10 +82,7 @@ fn run_locked_hears_at_once_that_a_quorum_deleted_its_key() {
 #[test]
 fn one_deleted_key_of_five_is_not_a_loss_and_the_extension_puts_it_back() {
     let m = masters(5);
-    let c = Redlock::builder()
-        .masters(m.urls())
-        .build_shared()
-        .unwrap();
+    let c = Redlock::builder().masters(m.urls()).build_shared().unwrap();
     let key = "lost:one";
     // A 3 s TTL: auto-extended 2 s after the grant.
     let g = c.lock(key, Duration::from_secs(3)).wait().unwrap();
@@ -92,9 +92,11 @@ fn one_deleted_key_of_five_is_not_a_loss_and_the_extension_puts_it_back() {
     wait_until("master 0's invalidation to be heard", BOUND, || {
         c.stats().wait().unwrap()[0].invalidations() >= 1
     });
-    wait_until("the extension to put the key back", Duration::from_secs(10), || {
-        get(&m, 0, key).as_deref() == Some(g.token().as_bytes())
-    });
+    wait_until(
+        "the extension to put the key back",
+        Duration::from_secs(10),
+        || get(&m, 0, key).as_deref() == Some(g.token().as_bytes()),
+    );
     assert!(!g.is_lost(), "{:?}", g.lost_reason());
     let stats = c.stats().wait().unwrap();
     assert_eq!(stats[0].restored(), 1);
@@ -113,10 +115,7 @@ fn one_deleted_key_of_five_is_not_a_loss_and_the_extension_puts_it_back() {
 #[test]
 fn auto_extend_hears_that_a_quorum_of_keys_was_overwritten() {
     let m = masters(5);
-    let c = Redlock::builder()
-        .masters(m.urls())
-        .build_shared()
-        .unwrap();
+    let c = Redlock::builder().masters(m.urls()).build_shared().unwrap();
     let key = "lost:overwrite";
     let g = c.lock(key, TTL).wait().unwrap();
     g.auto_extend(HoldOptions::default());
@@ -137,10 +136,7 @@ fn auto_extend_hears_that_a_quorum_of_keys_was_overwritten() {
 #[test]
 fn lost_fires_when_a_quorum_restarts_without_persistence() {
     let mut m = masters(5);
-    let c = Redlock::builder()
-        .masters(m.urls())
-        .build_shared()
-        .unwrap();
+    let c = Redlock::builder().masters(m.urls()).build_shared().unwrap();
     let key = "lost:restart";
     let g = c.lock(key, TTL).wait().unwrap();
     // `wait_lost` watches too (here: not auto-extended).

@@ -31,8 +31,8 @@ use super::chans::{self, Channels, Fingerprint};
 use super::encode::encode_request;
 use super::link::{interpret, write_handshake, Action, ConnectPhase, Link, LinkId, Master};
 use super::link::{Owed, Setup, SetupReply, State, Tag, TrackStep, Tracking, INBUF_START};
-use super::watch::{self, Vote, WatchId, Watches};
 use super::ops::{Op, OpArgs, OpId, OpState};
+use super::watch::{self, Vote, WatchId, Watches};
 use crate::resp::{self, Arg, Frame};
 use crate::rules::{self, Decision, ErrorText, Fault, Outcome, Request, Tally, TlsFault};
 use crate::stats::MasterStats;
@@ -1470,7 +1470,12 @@ impl Rounds {
     /// (a tracking table that evicts sends them for keys that did not change); each
     /// watch that master may hold for is read again there.
     #[cold]
-    fn on_invalidated(&mut self, i: usize, touched: smallvec::SmallVec<[WatchId; 4]>, now: Instant) {
+    fn on_invalidated(
+        &mut self,
+        i: usize,
+        touched: smallvec::SmallVec<[WatchId; 4]>,
+        now: Instant,
+    ) {
         self.masters[i].stats.invalidations += 1;
         for w in touched {
             let may_hold = self

@@ -247,8 +247,7 @@ pub(super) fn encode_mget(out: &mut Vec<u8>, keys: &KeyList) {
 pub(super) fn invalidated(push: &resp::Aggregate<'_>, watches: &Watches) -> SmallVec<[WatchId; 4]> {
     let mut out = SmallVec::new();
     let mut it = push.iter();
-    let (Some(Frame::Bulk(kind) | Frame::Simple(kind)), Some(what)) = (it.next(), it.next())
-    else {
+    let (Some(Frame::Bulk(kind) | Frame::Simple(kind)), Some(what)) = (it.next(), it.next()) else {
         return out;
     };
     if !kind.eq_ignore_ascii_case(b"invalidate") {

@@ -6,9 +6,9 @@ use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::Redlock;
+use crate::core::WatchId;
 use crate::error::Error;
 use crate::keep::{AfterExtend, HoldOptions, KeepAlive};
-use crate::core::WatchId;
 use crate::lock::Lock;
 
 /// Tells the work whether its lock is still held. Cheap to poll ([`LockSignal::is_lost`]:
