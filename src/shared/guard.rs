@@ -154,7 +154,9 @@ impl LockGuard {
     }
 
     /// `true` once the lock is lost: its validity ran out (less than the margin left when
-    /// auto-extended), or an extension found it no longer held. Stays true.
+    /// auto-extended), an extension found it no longer held, or (once watched: see
+    /// [`LockGuard::lost`]) the masters' watch found fewer than a quorum that may still hold
+    /// it. Stays true.
     pub fn is_lost(&self) -> bool {
         self.st().is_lost()
     }
@@ -197,6 +199,11 @@ impl LockGuard {
 
     /// A future that completes when the lock is lost (the loop's timers wake it when the
     /// validity runs out). For `select!` against the work done under the lock.
+    ///
+    /// From its first poll (or the first [`LockGuard::wait_lost`], or
+    /// [`LockGuard::auto_extend`]) the masters watch the lock's keys: a quorum deleted by
+    /// hand, overwritten or lost with restarted masters completes it within a round trip,
+    /// not at the next extension (see docs/production.md, "Lost at once").
     pub fn lost(&self) -> Lost<'_> {
         Lost { guard: self }
     }

@@ -17,7 +17,8 @@ use crate::lock::Lock;
 /// The signal reads the clock itself: it reports the lock lost once less than the
 /// [`HoldOptions::lost_at`] share of the TTL is left before the lock's deadline, even when
 /// the thread that extends it is late, and at once when an extension finds the lock no
-/// longer held. Once lost, it stays lost.
+/// longer held or the masters' watch finds fewer than a quorum that may still hold it.
+/// Once lost, it stays lost.
 #[derive(Debug)]
 pub struct LockSignal {
     lost: AtomicBool,
@@ -63,9 +64,9 @@ impl LockSignal {
         self.base + Duration::from_nanos(self.valid_until.load(Ordering::Acquire))
     }
 
-    /// `true` once the lock is lost: an extension found it no longer held, or less than
-    /// the margin of validity is left (however late the extending thread is). Stop
-    /// touching the protected resource when it turns true.
+    /// `true` once the lock is lost: an extension or the masters' watch found it no longer
+    /// held on a quorum, or less than the margin of validity is left (however late the
+    /// extending thread is). Stop touching the protected resource when it turns true.
     pub fn is_lost(&self) -> bool {
         if self.lost.load(Ordering::Acquire) {
             return true;
@@ -173,6 +174,11 @@ impl Redlock {
     /// deadline (extensions that fail for want of answers are retried until then); the work
     /// should then stop (it is not killed). The result says whether the lock held
     /// throughout.
+    ///
+    /// Meanwhile the masters watch the lock's keys, and this thread waits on their
+    /// connections: keys deleted by hand, overwritten or lost with restarted masters on a
+    /// quorum fire the signal within a round trip, not at the next extension (see
+    /// docs/production.md, "Lost at once").
     ///
     /// ```no_run
     /// use std::time::Duration;
