@@ -113,6 +113,12 @@ impl Driver {
         })
     }
 
+    /// Busy-poll on or off (a keeper that waits for the masters' pushes for the whole
+    /// hold sleeps in `epoll_wait` even on a busy-polling client); returns what it was.
+    pub(crate) fn set_busy_poll(&mut self, on: bool) -> bool {
+        std::mem::replace(&mut self.busy_poll, on)
+    }
+
     pub(crate) fn waker(&self) -> Arc<Waker> {
         self.waker.clone()
     }

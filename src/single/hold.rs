@@ -332,6 +332,8 @@ impl Redlock {
             Err(_) => return signal.wait_done(wake),
         };
         let done = &signal.done;
+        // A whole hold is no time to spin, whatever the client's busy-poll setting.
+        let busy = self.driver.set_busy_poll(false);
         let r = self.driver.drive(
             &mut self.core,
             now,
@@ -339,6 +341,7 @@ impl Redlock {
             |c| c.is_watch_lost(watch),
             || done.load(Ordering::Acquire),
         );
+        self.driver.set_busy_poll(busy);
         match r {
             Ok(_) => done.load(Ordering::Acquire),
             Err(_) => signal.wait_done(wake),
