@@ -1113,9 +1113,10 @@ impl Rounds {
                 }
             };
             if let Frame::Aggregate(ref a) = frame {
-                if a.kind() == resp::AggregateKind::Push {
-                    // Out of band (RESP3, on a connection that tracks keys): answers no
-                    // request.
+                // Out of band on a connection that tracks keys (RESP3): answers no request.
+                // Anywhere else a push is no answer to anything: taken as the answer to the
+                // oldest request below, which it does not fit (the stream is not trusted).
+                if a.kind() == resp::AggregateKind::Push && link.tracking == Tracking::On {
                     let touched = watch::invalidated(a, &self.watches);
                     link.input.in_start += used;
                     self.on_invalidated(i, touched, now);
