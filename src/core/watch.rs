@@ -337,6 +337,89 @@ mod tests {
         assert!(ws.with_key(Some(b"z")).is_empty());
     }
 
+    fn frame(bytes: &[u8]) -> Frame<'_> {
+        match resp::parse(bytes, &resp::Limits::default()) {
+            Ok(resp::Status::Complete((f, n))) if n == bytes.len() => f,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn push_touches(ws: &Watches, bytes: &[u8]) -> SmallVec<[WatchId; 4]> {
+        match frame(bytes) {
+            Frame::Aggregate(a) => invalidated(&a, ws),
+            f => panic!("{f:?}"),
+        }
+    }
+
+    #[test]
+    fn invalidations_name_the_watches_of_their_keys_and_nothing_else() {
+        let mut ws = Watches::default();
+        let mut ab = KeyList::default();
+        ab.push(b"a");
+        ab.push(b"b");
+        let mut c = KeyList::default();
+        c.push(b"c");
+        let w1 = ws.add(&ab, token(1), 3);
+        let w2 = ws.add(&c, token(2), 3);
+        assert_eq!(
+            push_touches(
+                &ws,
+                b">2\r\n$10\r\ninvalidate\r\n*2\r\n$1\r\nb\r\n$1\r\na\r\n"
+            )
+            .as_slice(),
+            &[w1],
+            "one watch, once, for two of its keys"
+        );
+        let mut all = push_touches(&ws, b">2\r\n$10\r\ninvalidate\r\n_\r\n");
+        all.sort_by_key(|w| w.slot);
+        assert_eq!(all.as_slice(), &[w1, w2], "a flush touches every watch");
+        // Shapes Redis never sends touch nothing (and never panic).
+        for hostile in [
+            &b">2\r\n$7\r\nmessage\r\n*1\r\n$1\r\na\r\n"[..],
+            b">1\r\n$10\r\ninvalidate\r\n",
+            b">0\r\n",
+            b">2\r\n:1\r\n*1\r\n$1\r\na\r\n",
+            b">2\r\n$10\r\ninvalidate\r\n:5\r\n",
+            b">2\r\n$10\r\ninvalidate\r\n*2\r\n:1\r\n*0\r\n",
+            b">2\r\n$10\r\ninvalidate\r\n*1\r\n$1\r\nz\r\n",
+        ] {
+            assert!(push_touches(&ws, hostile).is_empty(), "{hostile:?}");
+        }
+    }
+
+    #[test]
+    fn a_read_votes_yes_only_when_every_key_holds_the_token() {
+        let mut ws = Watches::default();
+        let mut ab = KeyList::default();
+        ab.push(b"a");
+        ab.push(b"b");
+        let t = token(1);
+        let w = ws.add(&ab, t, 3);
+        let watch = ws.get(w).unwrap();
+        let tok = std::str::from_utf8(t.as_bytes()).unwrap();
+        let both = format!("*2\r\n$32\r\n{tok}\r\n$33\r\n{tok}+\r\n");
+        assert_eq!(vote_of(&frame(both.as_bytes()), watch), Vote::Yes);
+        let one = format!("*2\r\n$32\r\n{tok}\r\n_\r\n");
+        assert_eq!(
+            vote_of(&frame(one.as_bytes()), watch),
+            Vote::No(Outcome::NotHeld)
+        );
+        let other = format!("*2\r\n$32\r\n{tok}\r\n$5\r\nother\r\n");
+        assert_eq!(
+            vote_of(&frame(other.as_bytes()), watch),
+            Vote::No(Outcome::NotHeld)
+        );
+        // Not an answer to MGET of two keys: the master is not counted either way.
+        for hostile in [
+            &b"-NOPERM no\r\n"[..],
+            b"*1\r\n$1\r\na\r\n",
+            b"%1\r\n$1\r\na\r\n$1\r\nb\r\n",
+            b":1\r\n",
+        ] {
+            assert_eq!(vote_of(&frame(hostile), watch), Vote::Blind, "{hostile:?}");
+        }
+    }
+
     #[test]
     fn a_marked_token_is_held() {
         let t = token(3);
