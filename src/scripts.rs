@@ -132,28 +132,31 @@ pub const WAITED: &[u8] = b"+";
 /// `ARGV[2]` ms from now, never shorter than it already does (a late or failed extend with
 /// a shorter TTL can then never cut a lock short); returns 1. When every key holds the
 /// token or is missing (the master lost it: restarted without persistence, deleted by
-/// hand), the missing ones are put back with the token for `ARGV[2]` ms and it returns 2:
-/// the client counts that master as *not* holding the lock in this round (the quorum must
-/// come from masters that still held it), and as holding it from the next round on, so
-/// that a lock held on a quorum does not erode one master at a time. Else 0.
+/// hand), it extends the others and returns 2: the client counts that master as *not*
+/// holding the lock in this round. Once the extension has its quorum from the masters that
+/// did hold it, the client sends the same extend with `ARGV[3]` = `put` to the masters that
+/// answered 2, which sets the missing keys with the token for `ARGV[2]` ms (still only
+/// where no key is someone else's): a lock held on a quorum does not erode one master at a
+/// time, and a lock broken on a quorum (`force_release`) is never put back. Else 0.
 pub const EXTEND: Script = Script {
     src: concat!(
-        "local put = false\n",
+        "local gone = false\n",
         "for i = 1, #KEYS do\n",
         "  local v = redis.call('get', KEYS[i])\n",
-        "  if not v then put = true\n",
+        "  if not v then gone = true\n",
         "  elseif v ~= ARGV[1] and v ~= ARGV[1] .. '+' then return 0 end\n",
         "end\n",
         "local ttl = tonumber(ARGV[2])\n",
         "for i = 1, #KEYS do\n",
         "  local left = redis.call('pttl', KEYS[i])\n",
-        "  if left == -2 then redis.call('set', KEYS[i], ARGV[1], 'PX', ttl)\n",
+        "  if left == -2 then\n",
+        "    if ARGV[3] == 'put' then redis.call('set', KEYS[i], ARGV[1], 'PX', ttl) end\n",
         "  elseif left < ttl then redis.call('pexpire', KEYS[i], ttl) end\n",
         "end\n",
-        "if put then return 2 end\n",
+        "if gone then return 2 end\n",
         "return 1"
     ),
-    sha: "830eddd8495614e5a5d40f245f36162579a21be3",
+    sha: "dfdcff0460af9a0bf9b3eda53622411ff35f9fc5",
 };
 
 /// All-or-nothing multi-key acquire: set every key (`PX ARGV[2]`) only when none exists.

@@ -720,25 +720,51 @@ fn cases() -> Vec<Case> {
         .sha(0, scripts::EXTEND, &["z"], &[TA, "100"]);
     v.push(case("extend_never_shortens", Kind::Plain, 1, s));
 
-    // A master that lost a key: put back (2) where every other key holds the token, never
-    // where one is someone else's; with no TTL argument the SET raises.
+    // A master that lost a key: 2, and nothing set unless `put`; with `put`, the missing
+    // keys set where every other key holds the token, never where one is someone else's;
+    // with no TTL argument the SET raises.
     s.load_all(0)
         .sha(0, scripts::EXTEND, &["gone"], &[TA, "60000"])
+        .c(0, &["EXISTS", "gone"])
+        .sha(0, scripts::EXTEND, &["gone"], &[TA, "60000", "put"])
         .c(0, &["GET", "gone"])
         .ttl(0, &["PTTL", "gone"])
         .c(0, &["SET", "mine", TA, "PX", "10000"])
         .sha(0, scripts::EXTEND, &["mine", "gone2"], &[TA, "50000"])
-        .ttl(0, &["PTTL", "gone2"])
         .ttl(0, &["PTTL", "mine"])
-        .sha(0, scripts::EXTEND, &["mine", "gone2"], &[TA, "50000"])
+        .c(0, &["EXISTS", "gone2"])
+        .sha(
+            0,
+            scripts::EXTEND,
+            &["mine", "gone2"],
+            &[TA, "50000", "put"],
+        )
+        .ttl(0, &["PTTL", "gone2"])
+        .sha(
+            0,
+            scripts::EXTEND,
+            &["mine", "gone2"],
+            &[TA, "50000", "put"],
+        )
         .c(0, &["SET", "theirs", TB, "PX", "10000"])
-        .sha(0, scripts::EXTEND, &["gone3", "theirs"], &[TA, "50000"])
+        .sha(
+            0,
+            scripts::EXTEND,
+            &["gone3", "theirs"],
+            &[TA, "50000", "put"],
+        )
         .c(0, &["EXISTS", "gone3"])
+        .sha(0, scripts::EXTEND, &["gone4"], &[TA, "x", "put"])
         .sha(0, scripts::EXTEND, &["gone4"], &[TA])
         .c(0, &["EXISTS", "gone4"])
         .sha(0, scripts::EXTEND, &["gone5"], &[])
         .c(0, &["SET", "marked", &format!("{TA}+"), "PX", "10000"])
-        .sha(0, scripts::EXTEND, &["marked", "gone6"], &[TA, "40000"])
+        .sha(
+            0,
+            scripts::EXTEND,
+            &["marked", "gone6"],
+            &[TA, "40000", "put"],
+        )
         .c(0, &["GET", "gone6"]);
     v.push(case("extend_puts_back_a_lost_key", Kind::Plain, 1, s));
 

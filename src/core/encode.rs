@@ -16,7 +16,7 @@ pub(super) fn encode_request(out: &mut Vec<u8>, req: Request, args: &OpArgs, eva
     let nkeys = args.keys.len();
     // The hot requests of a lock cycle, written from constant pieces: same bytes as the
     // general path below (a unit test checks), a fraction of the instructions.
-    if nkeys == 1 && token.len() == TOKEN_LEN && !eval && args.leave.is_none() {
+    if nkeys == 1 && token.len() == TOKEN_LEN && !eval && args.leave.is_none() && !args.put {
         let key = args.keys.iter().next().unwrap_or(&[]);
         match req {
             Request::Acquire => {
@@ -194,6 +194,11 @@ fn encode_request_general(
         Request::Inspect => v.push(Arg::Uint(args.value)),
         // `KEYS`: the resource, its line.
         Request::ForceRelease => {}
+        Request::Extend if args.put => {
+            v.push(Arg::Bytes(token));
+            v.push(Arg::Uint(args.ttl_ms));
+            v.push(Arg::Bytes(b"put"));
+        }
         _ => {
             v.push(Arg::Bytes(token));
             v.push(Arg::Uint(args.ttl_ms));

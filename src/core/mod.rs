@@ -481,13 +481,16 @@ impl Core {
                 break;
             }
         }
+        if self.rounds.has_restores() {
+            self.rounds.start_restores(now);
+        }
     }
 
     /// Something the last [`Core::step`] did not see is waiting for the next one (a round
     /// decided by a socket's failure, an announcement read): step again before sleeping.
     #[inline]
     pub fn has_news(&self) -> bool {
-        self.rounds.has_decided() || self.rounds.chans.has_notices()
+        self.rounds.has_decided() || self.rounds.chans.has_notices() || self.rounds.has_restores()
     }
 
     // ---- The driver's side: sockets, bytes, the clock ----------------------------------

@@ -33,6 +33,9 @@ pub(crate) struct OpArgs {
     /// down then too), the master holds nothing, and owing it filled the bounded queue of
     /// owed releases with useless ones while waiters retried during a backoff.
     pub of_lock: bool,
+    /// An extend that puts back the keys a master lost (`scripts::EXTEND`'s `put`): sent
+    /// only to those masters, once an extension reached its quorum without them.
+    pub put: bool,
 }
 
 /// A waiter's place in a key's line (see `scripts::QUEUE_PREFIX`).
@@ -67,6 +70,7 @@ impl OpArgs {
         self.line = None;
         self.leave = None;
         self.of_lock = false;
+        self.put = false;
     }
 }
 
@@ -100,6 +104,8 @@ pub(crate) struct Op {
     /// Operators' rounds (`Request::is_admin`): each master's answer, by master (see
     /// `core::admin`). Empty for every other round.
     pub views: Vec<Option<crate::inspect::View>>,
+    /// Extend rounds: the masters (bit `i`) that answered that they lost a key (2).
+    pub(super) missing: u64,
     /// Replies still owed to this op.
     pub(super) outstanding: u32,
     /// Told when the op is decided; `None`: nobody collects the result (cleanup releases).

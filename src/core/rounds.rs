@@ -130,6 +130,9 @@ pub(crate) struct Rounds {
     /// Bytes were queued on a lock link's own queue outside a round (a watch's read): the
     /// next flush writes the lock links even with nothing shared.
     lock_dirty: bool,
+    /// Extensions that reached their quorum while some masters had lost the keys (by
+    /// master bit): the keys are put back there at the next step (see `scripts::EXTEND`).
+    restores: Vec<(OpArgs, u64, Duration)>,
 }
 
 /// Whoever started an op and wants to hear when it is decided (a task of the layer
@@ -170,6 +173,7 @@ impl Rounds {
             same_servers: false,
             watches: Watches::default(),
             lock_dirty: false,
+            restores: Vec::new(),
         };
         // Pre-build a few slots so the first cycles do not allocate either.
         for _ in 0..4 {
@@ -220,6 +224,7 @@ impl Rounds {
             left_ms: smallvec::SmallVec::new(),
             holders: smallvec::SmallVec::new(),
             views: Vec::new(),
+            missing: 0,
             outstanding: 0,
             owner: None,
             collected: false,
@@ -282,6 +287,7 @@ impl Rounds {
         op.decided_at = now;
         op.outstanding = 0;
         op.max_value = 0;
+        op.missing = 0;
         if req == Request::AcquireWait {
             op.left_ms.clear();
             op.left_ms.resize(n, 0);
@@ -1402,6 +1408,54 @@ impl Rounds {
         } else {
             self.maybe_free(id.slot);
         }
+        if req == Request::Extend {
+            self.restore_where_missing(i, id, value);
+        }
+    }
+
+    /// An extend's answer from master `i`: 2 says the master had lost a key. Once the
+    /// extension has its quorum (from masters that still held the lock), the keys are put
+    /// back on the masters that lost them, so that a lock held on a quorum does not erode
+    /// one master at a time; an extension that fails puts nothing back (a lock broken on
+    /// purpose, `force_release`, stays broken).
+    fn restore_where_missing(&mut self, i: usize, id: OpId, value: i64) {
+        let op = &mut self.ops[id.slot as usize];
+        if op.gen != id.gen || op.args.put {
+            return;
+        }
+        if value == 2 && i < 64 {
+            op.missing |= 1 << i;
+        }
+        if op.missing != 0 && op.tally.decision() == Decision::Reached {
+            let mask = std::mem::take(&mut op.missing);
+            let timeout = op.deadline.saturating_duration_since(op.started);
+            self.restores.push((op.args.clone(), mask, timeout));
+        }
+    }
+
+    /// Extensions wait to put keys back (see [`Rounds::restore_where_missing`]).
+    #[inline]
+    pub(crate) fn has_restores(&self) -> bool {
+        !self.restores.is_empty()
+    }
+
+    /// Put back the keys the extensions found missing: the same extend, with `put`, to
+    /// the masters that lost them (fire and forget; the answer re-arms a watch).
+    #[cold]
+    pub(crate) fn start_restores(&mut self, now: Instant) {
+        while let Some((args, mask, timeout)) = self.restores.pop() {
+            self.start(
+                Request::Extend,
+                |a| {
+                    *a = args;
+                    a.put = true;
+                },
+                timeout,
+                now,
+                |m| m < 64 && mask & (1 << m) != 0,
+                None,
+            );
+        }
     }
 
     /// Arm (or re-arm) the tracking of watch `w`'s keys on master `i` and read them (see
@@ -1494,7 +1548,7 @@ impl Rounds {
     /// there): re-arm the watch of its lock, if it has one. `value` 2: the extension put a
     /// key back that the master had lost (see `scripts::EXTEND`).
     fn after_extend(&mut self, i: usize, id: OpId, value: i64, now: Instant) {
-        if value == 2 {
+        if value == 2 && self.ops[id.slot as usize].args.put {
             self.masters[i].stats.restored += 1;
         }
         if !self.watches.any() {

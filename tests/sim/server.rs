@@ -1480,15 +1480,15 @@ impl SimRedis {
 
     /// `scripts::EXTEND`.
     fn lua_extend(&mut self, x: &Run<'_>) -> Result<Reply, Raised> {
-        // L1: local put = false
-        let mut put = false;
+        // L1: local gone = false
+        let mut gone = false;
         // L2: for i = 1, #KEYS do
         for i in 1..=x.nkeys() {
             // L3: local v = redis.call('get', KEYS[i])
             let v = self.call(x, 3, &[Some(b"get"), x.key(i as f64)])?;
-            // L4: if not v then put = true
+            // L4: if not v then gone = true
             if matches!(v, Reply::Nil) {
-                put = true;
+                gone = true;
             // L5: elseif v ~= ARGV[1] and v ~= ARGV[1] .. '+' then return 0 end
             } else if !lua_holds(x, 5, &v)? {
                 return Ok(Reply::Int(0));
@@ -1501,25 +1501,28 @@ impl SimRedis {
             let key = x.key(i as f64);
             // L9: local left = redis.call('pttl', KEYS[i])
             let left = lua_number(&self.call(x, 9, &[Some(b"pttl"), key])?);
-            // L10: if left == -2 then redis.call('set', KEYS[i], ARGV[1], 'PX', ttl)
+            // L10: if left == -2 then
             if left == Some(-2.0) {
-                let ms = ttl.map(lua_num_arg);
-                self.call(
-                    x,
-                    10,
-                    &[Some(b"set"), key, x.arg(1), Some(b"PX"), ms.as_deref()],
-                )?;
-            // L11: elseif left < ttl then redis.call('pexpire', KEYS[i], ttl) end
-            } else if lua_lt(x, 11, left, ttl)? {
+                // L11: if ARGV[3] == 'put' then redis.call('set', KEYS[i], ARGV[1], 'PX', ttl) end
+                if x.arg(3) == Some(&b"put"[..]) {
+                    let ms = ttl.map(lua_num_arg);
+                    self.call(
+                        x,
+                        11,
+                        &[Some(b"set"), key, x.arg(1), Some(b"PX"), ms.as_deref()],
+                    )?;
+                }
+            // L12: elseif left < ttl then redis.call('pexpire', KEYS[i], ttl) end
+            } else if lua_lt(x, 12, left, ttl)? {
                 let ms = lua_num_arg(ttl.unwrap_or_default());
-                self.call(x, 11, &[Some(b"pexpire"), key, Some(&ms)])?;
+                self.call(x, 12, &[Some(b"pexpire"), key, Some(&ms)])?;
             }
         }
-        // L13: if put then return 2 end
-        if put {
+        // L14: if gone then return 2 end
+        if gone {
             return Ok(Reply::Int(2));
         }
-        // L14: return 1
+        // L15: return 1
         Ok(Reply::Int(1))
     }
 
