@@ -129,6 +129,12 @@ pub(crate) struct Counters {
     pub last_sub_fault: Option<Fault>,
     /// The master listed before this one that is the same server (same `run_id`).
     pub same_as: Option<usize>,
+}
+
+/// The counters of the watch of held locks (see `core::watch`), by master: apart from
+/// [`Counters`], which a lock cycle touches on every reply.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct WatchCounters {
     /// Invalidations the master pushed for watched locks' keys.
     pub invalidations: u64,
     /// Keys the master had lost that an extension put back.
@@ -157,11 +163,21 @@ impl Counters {
 pub struct MasterStats {
     name: Arc<str>,
     c: Counters,
+    w: WatchCounters,
 }
 
 impl MasterStats {
     pub(crate) fn new(name: Arc<str>, c: Counters) -> Self {
-        MasterStats { name, c }
+        MasterStats {
+            name,
+            c,
+            w: WatchCounters::default(),
+        }
+    }
+    /// With the watch's counters of this master.
+    pub(crate) fn with_watch(mut self, w: WatchCounters) -> Self {
+        self.w = w;
+        self
     }
     /// The driver's syscalls for this master, added to the core's counters.
     pub(crate) fn add_io(&mut self, writes: u64, reads: u64) {
@@ -199,20 +215,20 @@ impl MasterStats {
     /// Invalidations this master pushed for the keys of watched locks (each one checked
     /// with a read of the keys before it counts against the lock).
     pub fn invalidations(&self) -> u64 {
-        self.c.invalidations
+        self.w.invalidations
     }
     /// Keys of a held lock that this master had lost (restarted without persistence,
     /// deleted by hand) and that an extension put back: the lock stays held on a quorum and
     /// does not erode one master at a time.
     pub fn restored(&self) -> u64 {
-        self.c.restored
+        self.w.restored
     }
     /// Whether this master pushes invalidations for watched locks (client-side tracking:
     /// Redis 6+, Valkey): `Some(false)` when it can not (the lock is then watched on the
     /// other masters only, and this master counts as holding it); `None` before a lock was
     /// watched on this connection.
     pub fn tracking(&self) -> Option<bool> {
-        self.c.tracking
+        self.w.tracking
     }
     /// Yes votes (acquired, released, extended, fencing draw or write-back).
     pub fn ok(&self) -> u64 {

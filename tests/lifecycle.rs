@@ -162,8 +162,13 @@ fn deadline_bounds_the_retry_loop() {
         if budget > 0 {
             // The report is the last informative round's: "taken", never masters that
             // merely ran out of time in a round the deadline cut short.
+            // Unless the deadline cut the first round itself short (a loaded machine: the
+            // masters' "taken" came later than the 50 ms budget): then that round is all
+            // there is to report.
             let r = err.report().unwrap_or_else(|| panic!("no report: {err}"));
-            assert!(r.masters_with(Outcome::Taken).count() >= 2, "{err}");
+            if r.attempts() > 1 || r.masters_with(Outcome::TimedOut).count() == 0 {
+                assert!(r.masters_with(Outcome::Taken).count() >= 2, "{err}");
+            }
         }
         let late = Instant::now().saturating_duration_since(deadline);
         assert!(

@@ -96,7 +96,9 @@ pub(crate) struct Op {
     /// The largest integer among the yes answers (the fencing counter).
     pub max_value: i64,
     /// `AcquireWait` rounds: the holder's remaining TTL (ms; -1: none) each master that
-    /// said "taken" reported, by master (0: no such answer).
+    /// said "taken" reported, by master (0: no such answer). `Extend` rounds: 2 where the
+    /// master answered that it had lost a key (to be put back once the round has its
+    /// quorum), else 0.
     pub left_ms: SmallVec<[i64; 8]>,
     /// `AcquireWait` rounds with one key: who holds it, by master (the fingerprint its
     /// release will publish), where a master said "taken".
@@ -104,8 +106,6 @@ pub(crate) struct Op {
     /// Operators' rounds (`Request::is_admin`): each master's answer, by master (see
     /// `core::admin`). Empty for every other round.
     pub views: Vec<Option<crate::inspect::View>>,
-    /// Extend rounds: the masters (bit `i`) that answered that they lost a key (2).
-    pub(super) missing: u64,
     /// Replies still owed to this op.
     pub(super) outstanding: u32,
     /// Told when the op is decided; `None`: nobody collects the result (cleanup releases).

@@ -35,7 +35,7 @@ use super::ops::{Op, OpArgs, OpId, OpState};
 use super::watch::{self, Vote, WatchId, Watches};
 use crate::resp::{self, Arg, Frame};
 use crate::rules::{self, Decision, ErrorText, Fault, Outcome, Request, Tally, TlsFault};
-use crate::stats::MasterStats;
+use crate::stats::{MasterStats, WatchCounters};
 
 /// Op slots the table has room for before it allocates, at least: the hard bound on what
 /// a link may owe (`NetConfig::max_pending`: past it the connection is closed) is the real
@@ -133,6 +133,8 @@ pub(crate) struct Rounds {
     /// Extensions that reached their quorum while some masters had lost the keys (by
     /// master bit): the keys are put back there at the next step (see `scripts::EXTEND`).
     restores: Vec<(OpArgs, u64, Duration)>,
+    /// The watch's counters, by master.
+    watch_stats: Vec<WatchCounters>,
 }
 
 /// Whoever started an op and wants to hear when it is decided (a task of the layer
@@ -174,6 +176,7 @@ impl Rounds {
             watches: Watches::default(),
             lock_dirty: false,
             restores: Vec::new(),
+            watch_stats: vec![WatchCounters::default(); n],
         };
         // Pre-build a few slots so the first cycles do not allocate either.
         for _ in 0..4 {
@@ -224,7 +227,6 @@ impl Rounds {
             left_ms: smallvec::SmallVec::new(),
             holders: smallvec::SmallVec::new(),
             views: Vec::new(),
-            missing: 0,
             outstanding: 0,
             owner: None,
             collected: false,
@@ -287,8 +289,7 @@ impl Rounds {
         op.decided_at = now;
         op.outstanding = 0;
         op.max_value = 0;
-        op.missing = 0;
-        if req == Request::AcquireWait {
+        if req == Request::AcquireWait || req == Request::Extend {
             op.left_ms.clear();
             op.left_ms.resize(n, 0);
             op.holders.clear();
@@ -1142,7 +1143,7 @@ impl Rounds {
                     } else if step == TrackStep::On && link.tracking == Tracking::Asked {
                         link.tracking = Tracking::On;
                     }
-                    self.masters[i].stats.tracking = Some(link.tracking == Tracking::On);
+                    self.watch_stats[i].tracking = Some(link.tracking == Tracking::On);
                     continue;
                 }
                 Some(Tag::Caching) => {
@@ -1202,7 +1203,14 @@ impl Rounds {
                         link.input.in_end = 0;
                     }
                     match classified {
-                        Ok(outcome) => self.op_reply(i, id, req, eval, outcome, value, holder, now),
+                        Ok(outcome) => {
+                            self.op_reply(i, id, req, eval, outcome, value, holder, now);
+                            // 2: the master lost a key (never a literal answer, see
+                            // `literal_vote`).
+                            if req == Request::Extend && value == 2 {
+                                self.extend_found_missing(i, id, now);
+                            }
+                        }
                         Err(()) => {
                             // A reply that fits no request: the stream can not be trusted.
                             let f = Fault::Unexpected;
@@ -1373,9 +1381,6 @@ impl Rounds {
         if self.ops[id.slot as usize].gen != id.gen {
             return;
         }
-        if req == Request::Extend {
-            self.after_extend(i, id, value, now);
-        }
         let us = self.micros(now);
         let op = &mut self.ops[id.slot as usize];
         let latency_us = us.saturating_sub(op.started_us);
@@ -1408,29 +1413,78 @@ impl Rounds {
         } else {
             self.maybe_free(id.slot);
         }
-        if req == Request::Extend {
-            self.restore_where_missing(i, id, value);
+    }
+
+    /// Master `i` answered an extend with 2: it had lost a key. For an extension, the
+    /// keys are put back once it has its quorum ([`Rounds::restore_where_missing`]); for the
+    /// extend that put them back, the master is counted and its watch re-armed.
+    #[cold]
+    #[inline(never)]
+    fn extend_found_missing(&mut self, i: usize, id: OpId, now: Instant) {
+        let op = &self.ops[id.slot as usize];
+        if op.gen != id.gen {
+            return;
+        }
+        if !op.args.put {
+            self.restore_where_missing(i, id);
+            return;
+        }
+        self.watch_stats[i].restored += 1;
+        if let Some(w) = op.args.token.and_then(|t| self.watches.find_token(&t)) {
+            self.arm(i, w, now);
         }
     }
 
-    /// An extend's answer from master `i`: 2 says the master had lost a key. Once the
-    /// extension has its quorum (from masters that still held the lock), the keys are put
-    /// back on the masters that lost them, so that a lock held on a quorum does not erode
-    /// one master at a time; an extension that fails puts nothing back (a lock broken on
-    /// purpose, `force_release`, stays broken).
-    fn restore_where_missing(&mut self, i: usize, id: OpId, value: i64) {
-        let op = &mut self.ops[id.slot as usize];
-        if op.gen != id.gen || op.args.put {
+    /// Re-arm the watch of the lock of `token` on every master, if it is watched: our own
+    /// extension ended the tracking of its keys (`NOLOOP` does not report it). Queued behind
+    /// the extension on each connection, so each master's read sees the keys after it.
+    pub(crate) fn rearm(&mut self, token: &crate::token::Token, now: Instant) {
+        if !self.watches.any() {
             return;
         }
-        if value == 2 && i < 64 {
-            op.missing |= 1 << i;
+        if let Some(w) = self.watches.find_token(token) {
+            for i in 0..self.n() {
+                self.arm(i, w, now);
+            }
         }
-        if op.missing != 0 && op.tally.decision() == Decision::Reached {
-            let mask = std::mem::take(&mut op.missing);
-            let timeout = op.deadline.saturating_duration_since(op.started);
-            self.restores.push((op.args.clone(), mask, timeout));
+    }
+
+    /// Master `i` answered extension `id` with 2: it had lost a key (see
+    /// `scripts::EXTEND`). Remembered in the op; put back once the extension has its quorum
+    /// (from masters that still held the lock), so that a lock held on a quorum does not
+    /// erode one master at a time. An extension that fails puts nothing back (a lock broken
+    /// on purpose, `force_release`, stays broken).
+    fn restore_where_missing(&mut self, i: usize, id: OpId) {
+        let op = &mut self.ops[id.slot as usize];
+        // `left_ms` of an extend round: 2 where the master lost a key, 0 elsewhere (and
+        // once the keys are put back there).
+        if let Some(m) = op.left_ms.get_mut(i) {
+            *m = 2;
         }
+        self.restore_if_reached(id);
+    }
+
+    /// Extension `id`: once it has its quorum, put back the keys of the masters that
+    /// answered that they had lost them (at the next step).
+    pub(crate) fn restore_if_reached(&mut self, id: OpId) {
+        let op = &mut self.ops[id.slot as usize];
+        if op.gen != id.gen
+            || op.req != Request::Extend
+            || op.args.put
+            || op.tally.decision() != Decision::Reached
+            || !op.left_ms.contains(&2)
+        {
+            return;
+        }
+        let mut mask = 0u64;
+        for (m, v) in op.left_ms.iter_mut().enumerate() {
+            if *v == 2 && m < 64 {
+                mask |= 1 << m;
+                *v = 0;
+            }
+        }
+        let timeout = op.deadline.saturating_duration_since(op.started);
+        self.restores.push((op.args.clone(), mask, timeout));
     }
 
     /// Extensions wait to put keys back (see [`Rounds::restore_where_missing`]).
@@ -1531,7 +1585,7 @@ impl Rounds {
         touched: smallvec::SmallVec<[WatchId; 4]>,
         now: Instant,
     ) {
-        self.masters[i].stats.invalidations += 1;
+        self.watch_stats[i].invalidations += 1;
         for w in touched {
             let may_hold = self
                 .watches
@@ -1541,24 +1595,6 @@ impl Rounds {
             if may_hold {
                 self.arm(i, w, now);
             }
-        }
-    }
-
-    /// An extension's reply from master `i` (our own write ended the tracking of its keys
-    /// there): re-arm the watch of its lock, if it has one. `value` 2: the extension put a
-    /// key back that the master had lost (see `scripts::EXTEND`).
-    fn after_extend(&mut self, i: usize, id: OpId, value: i64, now: Instant) {
-        if value == 2 && self.ops[id.slot as usize].args.put {
-            self.masters[i].stats.restored += 1;
-        }
-        if !self.watches.any() {
-            return;
-        }
-        let Some(token) = self.ops[id.slot as usize].args.token else {
-            return;
-        };
-        if let Some(w) = self.watches.find_token(&token) {
-            self.arm(i, w, now);
         }
     }
 
@@ -1592,6 +1628,14 @@ impl Rounds {
         link.kick = true;
         let stall = link.last_progress + self.cfg.stall_timeout;
         self.due_by(stall);
+        // The extension now runs after the watch's read that was queued behind it: read
+        // again after it (its write ends the keys' tracking).
+        if req == Request::Extend && self.watches.any() {
+            let token = self.ops[id.slot as usize].args.token;
+            if let Some(w) = token.and_then(|t| self.watches.find_token(&t)) {
+                self.arm(i, w, self.clock.0);
+            }
+        }
         true
     }
 
@@ -1599,7 +1643,8 @@ impl Rounds {
     pub(crate) fn stats(&self) -> Vec<MasterStats> {
         self.masters
             .iter()
-            .map(|m| MasterStats::new(m.name.clone(), m.stats.clone()))
+            .zip(self.watch_stats.iter())
+            .map(|(m, w)| MasterStats::new(m.name.clone(), m.stats.clone()).with_watch(*w))
             .collect()
     }
 }

@@ -840,6 +840,13 @@ impl Core {
                 _ => Err(Error::NoQuorum(self.report(what, op, t1, t1, 1))),
             }
         };
+        if kind == Kind::Extend {
+            // Keys a master lost go back once the quorum is there; the watch of a watched
+            // lock reads its keys again after the extension (which ended their tracking).
+            self.rounds.restore_if_reached(op);
+            let token = self.tasks[id.slot as usize].token;
+            self.rounds.rearm(&token, now);
+        }
         self.rounds.finish(op);
         self.tasks[id.slot as usize].op = None;
         self.finish(id, result, now);

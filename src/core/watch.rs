@@ -134,6 +134,8 @@ impl Watches {
     }
 
     /// Stop watching the lock of `token` (it is being released).
+    #[cold]
+    #[inline(never)]
     pub(crate) fn remove_token(&mut self, token: &Token) {
         if let Some(id) = self.find_token(token) {
             self.remove(id);
