@@ -10,6 +10,7 @@ use crate::rules::{Fault, Outcome, Tally};
 
 /// Which operation a [`Report`] describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Operation {
     /// Taking a lock.
     Acquire,
