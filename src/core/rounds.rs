@@ -135,6 +135,9 @@ pub(crate) struct Rounds {
     restores: Vec<(OpArgs, u64, Duration)>,
     /// The watch's counters, by master.
     watch_stats: Vec<WatchCounters>,
+    /// Masters whose connection was lost while locks were watched: reconnected as soon as
+    /// the backoff allows, and every watch read there again (see `watch.rs`).
+    reread: Vec<bool>,
 }
 
 /// Whoever started an op and wants to hear when it is decided (a task of the layer
@@ -177,6 +180,7 @@ impl Rounds {
             lock_dirty: false,
             restores: Vec::new(),
             watch_stats: vec![WatchCounters::default(); n],
+            reread: vec![false; n],
         };
         // Pre-build a few slots so the first cycles do not allocate either.
         for _ in 0..4 {
@@ -621,9 +625,13 @@ impl Rounds {
         }
         // Give the (empty) queue its storage back.
         self.links[i].pending = pending;
-        // The connection that held the watched keys is gone: so are its votes.
+        // The connection that held the watched keys is gone: what the master holds is
+        // unknown until a new connection reads the keys again (a restart without
+        // persistence lost them, one with persistence or a cut connection did not).
         if self.watches.any() {
-            self.watches.link_lost(i, fault, self.quorum);
+            self.watches.link_lost(i);
+            self.reread[i] = true;
+            self.due_by(self.links[i].retry_at.unwrap_or(now));
         }
         if answered {
             let link = &mut self.links[i];
@@ -1053,6 +1061,27 @@ impl Rounds {
                 }
                 _ => {}
             }
+            // Watched locks to read again on a new connection: reconnect once the backoff
+            // allows, and queue the reads behind its handshake.
+            if self.reread[i] {
+                if !self.watches.any() {
+                    self.reread[i] = false;
+                } else if self.links[i].state == State::Down {
+                    match self.links[i].retry_at {
+                        Some(t) if now < t => due(t),
+                        _ => {
+                            if self.connect_if_down(i, now).is_ok() {
+                                self.reread_watches(i, now);
+                            }
+                            let link = &self.links[i];
+                            let retry = link.retry_at.filter(|t| *t > now);
+                            due(retry.unwrap_or(link.connect_deadline));
+                        }
+                    }
+                } else {
+                    self.reread_watches(i, now);
+                }
+            }
             // Down with releases owed (and no request to bring it back): reconnect once
             // the backoff allows; the new connection sends them.
             if self.links[i].state == State::Down && !self.masters[i].owed.is_empty() {
@@ -1435,6 +1464,23 @@ impl Rounds {
         }
     }
 
+    /// Read every watch again on master `i`'s (new) connection.
+    #[cold]
+    fn reread_watches(&mut self, i: usize, now: Instant) {
+        self.reread[i] = false;
+        let ids = self.watches.with_key(None);
+        for w in ids {
+            let may_hold = self
+                .watches
+                .get(w)
+                .and_then(|x| x.votes.get(i))
+                .is_some_and(|v| *v == Vote::Asked);
+            if may_hold {
+                self.arm(i, w, now);
+            }
+        }
+    }
+
     /// Re-arm the watch of the lock of `token` on every master, if it is watched: our own
     /// extension ended the tracking of its keys (`NOLOOP` does not report it). Queued behind
     /// the extension on each connection, so each master's read sees the keys after it.
@@ -1523,9 +1569,10 @@ impl Rounds {
         };
         let link = &self.links[i];
         if !(link.is_up() || link.is_connecting()) {
-            let fault = link.last_fault.unwrap_or(Fault::Down);
-            self.watches
-                .set_vote(w, i, Vote::No(Outcome::Failed(fault)), self.quorum);
+            // Read once a connection is back (see `tick`).
+            self.watches.set_vote(w, i, Vote::Asked, self.quorum);
+            self.reread[i] = true;
+            self.due_by(link.retry_at.unwrap_or(now));
             return;
         }
         if link.tracking == Tracking::Refused {

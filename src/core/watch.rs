@@ -11,9 +11,10 @@
 //! releases quiet.
 //!
 //! Each master has a *vote*: it holds the lock as far as we know (its read showed our
-//! token), it was asked (a read is on its way), it does not (its read showed another value
-//! or none, or its connection closed: a restart, a failover, a cut), or it cannot be
-//! watched (no tracking: Redis before 6, or an ACL without `CLIENT`). An invalidation is
+//! token), it was asked (a read is on its way, or its connection closed and a new one will
+//! read again: a restart without persistence lost the keys, one with persistence or a cut
+//! connection did not), it does not (its read showed another value or none), or it cannot
+//! be watched (no tracking: Redis before 6, or an ACL without `CLIENT`). An invalidation is
 //! never taken on trust: the master's vote goes back to "asked" and one read of the keys
 //! confirms (a tracking table that evicts keys sends invalidations for keys that did not
 //! change). When fewer than a quorum of masters may still hold the lock, it is lost, at
@@ -27,7 +28,7 @@ use smallvec::SmallVec;
 
 use super::ops::KeyList;
 use crate::resp::{self, AggregateKind, Arg, Frame};
-use crate::rules::{Fault, Outcome};
+use crate::rules::Outcome;
 use crate::scripts::WAITED;
 use crate::token::Token;
 
@@ -201,21 +202,15 @@ impl Watches {
         false
     }
 
-    /// Master `i`'s connection closed with `fault`: every watch loses its vote there.
-    pub(crate) fn link_lost(&mut self, i: usize, fault: Fault, quorum: usize) {
-        if self.live == 0 {
-            return;
-        }
-        for slot in 0..self.list.len() {
-            let w = &self.list[slot];
-            if !w.live {
-                continue;
+    /// Master `i`'s connection closed: what it holds is unknown until a new connection
+    /// reads the keys again (a vote already lost stays lost).
+    pub(crate) fn link_lost(&mut self, i: usize) {
+        for w in self.list.iter_mut().filter(|w| w.live) {
+            if let Some(v) = w.votes.get_mut(i) {
+                if v.may_hold() {
+                    *v = Vote::Asked;
+                }
             }
-            let id = WatchId {
-                slot: slot as u32,
-                gen: w.gen,
-            };
-            self.set_vote(id, i, Vote::No(Outcome::Failed(fault)), quorum);
         }
     }
 
@@ -320,18 +315,26 @@ mod tests {
     }
 
     #[test]
-    fn a_closed_connection_takes_every_watch_vote_there() {
+    fn a_closed_connection_makes_the_votes_there_unknown_not_lost() {
         let mut ws = Watches::default();
         let mut keys = KeyList::default();
         keys.push(b"a");
         let a = ws.add(&keys, token(1), 3);
         let b = ws.add(&keys, token(2), 3);
-        ws.link_lost(0, Fault::Unexpected, 2);
-        assert!(ws.take_lost().is_none());
-        ws.link_lost(1, Fault::Unexpected, 2);
-        let mut lost = [ws.take_lost(), ws.take_lost()];
-        lost.sort_by_key(|w| w.map(|w| w.slot));
-        assert_eq!(lost, [Some(a), Some(b)]);
+        for i in 0..3 {
+            ws.set_vote(a, i, Vote::Yes, 2);
+            ws.set_vote(b, i, Vote::Yes, 2);
+        }
+        ws.set_vote(b, 2, Vote::No(Outcome::NotHeld), 2);
+        ws.link_lost(0);
+        ws.link_lost(1);
+        assert!(ws.take_lost().is_none(), "a lost connection is no loss");
+        assert_eq!(ws.get(a).unwrap().votes[0], Vote::Asked);
+        assert_eq!(ws.get(b).unwrap().votes[2], Vote::No(Outcome::NotHeld));
+        // The new connections' reads decide.
+        ws.set_vote(a, 0, Vote::No(Outcome::NotHeld), 2);
+        assert!(ws.set_vote(a, 1, Vote::No(Outcome::NotHeld), 2));
+        assert_eq!(ws.take_lost(), Some(a));
         ws.remove(a);
         assert!(ws.get(a).is_none());
         assert_eq!(ws.find_token(&token(2)), Some(b));
