@@ -478,8 +478,8 @@ fn lost_lock_kills_a_command_that_ignores_sigterm_when_masters_die() {
 
 /// Issue 21: with `--ttl 30s` the next extension comes 20 s after the grant; a quorum of
 /// keys deleted by hand is heard from the masters at once, and the command gets SIGTERM
-/// within the supervisor's 50 ms poll plus a round trip (printed; the assertion's bound,
-/// 3 s, leaves room for a loaded machine and is still far below the extension).
+/// then (the time is printed; the assertion's bound, 3 s, leaves room for a loaded machine
+/// and is still far below the extension).
 #[test]
 fn run_terminates_the_command_at_once_when_a_quorum_of_keys_is_deleted() {
     let m = masters(5);

@@ -21,7 +21,8 @@
 use std::ffi::OsString;
 use std::io;
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -400,6 +401,8 @@ pub fn main(args: RunArgs) -> u8 {
         ..Job::default()
     }));
     let (tx, rx) = mpsc::channel::<i32>();
+    // Also wakes the supervisor the moment the lock is found lost (see `hold_and_run`).
+    let lost_tx = tx.clone();
     {
         let job_ref = job.clone();
         let job = job.clone();
@@ -426,12 +429,18 @@ pub fn main(args: RunArgs) -> u8 {
         });
     }
 
-    let code = hold_and_run(&args, &mut client, &job, rx);
+    let code = hold_and_run(&args, &mut client, &job, rx, lost_tx);
     signals_handle.close();
     code
 }
 
-fn hold_and_run(args: &RunArgs, client: &mut Redlock, job: &Mutex<Job>, rx: Receiver<i32>) -> u8 {
+fn hold_and_run(
+    args: &RunArgs,
+    client: &mut Redlock,
+    job: &Mutex<Job>,
+    rx: Receiver<i32>,
+    lost_tx: Sender<i32>,
+) -> u8 {
     let resource = args.resource.as_str();
     let ttl = args.ttl;
     let started = Instant::now();
@@ -559,15 +568,37 @@ fn hold_and_run(args: &RunArgs, client: &mut Redlock, job: &Mutex<Job>, rx: Rece
             lost_at: None,
             killed: false,
         };
-        match panic::catch_unwind(AssertUnwindSafe(|| sup.run(&rx))) {
-            Ok(done) => done,
-            Err(p) => {
-                // The lock is released after the work returns, even by a panic: not while
-                // the group lives.
-                sup.kill_and_drain();
-                panic::resume_unwind(p)
+        // The masters' watch can find the lock lost at any moment (issue 21): wake the
+        // supervisor then (a 0 on its channel), not at its next look, POLL later.
+        let finished = AtomicBool::new(false);
+        let finished = &finished;
+        let lost_tx = &lost_tx;
+        thread::scope(|s| {
+            s.spawn(move || {
+                while !finished.load(Ordering::Acquire) {
+                    if signal.wait_lost(POLL) {
+                        let _ = lost_tx.send(0);
+                        break;
+                    }
+                }
+            });
+            struct Finished<'a>(&'a AtomicBool);
+            impl Drop for Finished<'_> {
+                fn drop(&mut self) {
+                    self.0.store(true, Ordering::Release);
+                }
             }
-        }
+            let _finished = Finished(finished);
+            match panic::catch_unwind(AssertUnwindSafe(|| sup.run(&rx))) {
+                Ok(done) => done,
+                Err(p) => {
+                    // The lock is released after the work returns, even by a panic: not
+                    // while the group lives.
+                    sup.kill_and_drain();
+                    panic::resume_unwind(p)
+                }
+            }
+        })
     });
     let done = match held.value {
         Ok(done) => done,
