@@ -1,17 +1,22 @@
 //! One turn of the shared client's loop: take the queued commands, run the tasks (the same
 //! [`Core`] the single owner drives), hand each result to its [`Slot`], keep
 //! auto-extended locks alive and wake `lost()` futures, all from one `mio::Poll`. Who
-//! drives it, and when, is `driver.rs`'s business.
+//! drives it, and when, is `hub.rs`'s business.
+//!
+//! The loop is written against [`LoopIo`], what it needs of its I/O: the sockets'
+//! [`Driver`] (the default), or masters scripted in memory ([`InMemory`]), which lets an
+//! example count what this code costs a cycle exactly (`examples/shared_loop_cycles.rs`).
 
 use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::hub::{fail, Drive};
 use super::pending::{Out, Slot};
 use super::state::LockState;
 use super::Command;
 use crate::core::{Core, Done, TaskId};
-use crate::driver::Driver;
+use crate::driver::{Driver, InMemory, LoopIo, Script};
 use crate::error::Error;
 use crate::keep::{AfterExtend, KeepAlive};
 
@@ -37,9 +42,9 @@ struct Keeper {
     extending: bool,
 }
 
-pub(crate) struct Loop {
+pub(crate) struct Loop<D = Driver> {
     m: Core,
-    driver: Driver,
+    driver: D,
     /// By task slot.
     waiters: Vec<Option<(TaskId, Waiter)>>,
     live: usize,
@@ -56,8 +61,13 @@ pub(crate) struct Loop {
 /// Spare lock states kept at most.
 const MAX_SPARE_STATES: usize = 1024;
 
-impl Loop {
-    pub(crate) fn new(mut m: Core, driver: Driver) -> Loop {
+impl<D: LoopIo> Loop<D> {
+    pub(crate) fn new(m: Core, driver: D) -> Self {
+        Loop::with_base(m, driver, Instant::now())
+    }
+
+    /// `base`: the origin of the guards' clocks.
+    pub(crate) fn with_base(mut m: Core, driver: D, base: Instant) -> Self {
         m.track_finished = true;
         Loop {
             m,
@@ -68,7 +78,7 @@ impl Loop {
             watched: Vec::new(),
             inbox: Vec::with_capacity(64),
             finished: Vec::with_capacity(64),
-            base: Instant::now(),
+            base,
             spare_states: Vec::new(),
         }
     }
@@ -411,5 +421,44 @@ impl Loop {
             k.state.mark_lost(Some(&err()));
         }
         self.driver.flush(&mut self.m, Instant::now());
+    }
+}
+
+/// The loop over masters scripted in memory, as the hand-over drives it (the socket
+/// loop's twin is in `hub.rs`; one generic impl for every `LoopIo` would overlap it):
+/// the same methods, so [`super::InMemoryShared`] runs the
+/// hand-over's code and this loop's code as a `SharedRedlock` runs them.
+impl<S: Script> Drive for Loop<InMemory<S>> {
+    type Command = Command;
+    type Waker = <InMemory<S> as LoopIo>::Waker;
+    fn wake(waker: &Self::Waker) {
+        InMemory::<S>::wake(waker);
+    }
+    fn fail(cmd: Command) {
+        fail(cmd);
+    }
+    fn enter(&mut self) -> io::Result<Instant> {
+        Loop::enter(self)
+    }
+    fn iterate(&mut self, take: impl FnOnce(&mut Vec<Command>), now: Instant) -> Option<Instant> {
+        Loop::iterate(self, take, now)
+    }
+    fn wait(&mut self, now: Instant, wake: Option<Instant>) -> io::Result<Instant> {
+        Loop::wait(self, now, wake)
+    }
+    fn has_work(&self) -> bool {
+        Loop::has_work(self)
+    }
+    fn wants_loop(&self) -> bool {
+        Loop::wants_loop(self)
+    }
+    fn rounds_idle(&self) -> bool {
+        Loop::rounds_idle(self)
+    }
+    fn owes_releases(&self) -> bool {
+        Loop::owes_releases(self)
+    }
+    fn shut(&mut self, why: io::Error, kill: impl FnOnce(&mut Vec<Command>)) {
+        Loop::shut(self, why, kill);
     }
 }
