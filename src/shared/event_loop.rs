@@ -121,18 +121,26 @@ impl<D: LoopIo> Loop<D> {
         now: Instant,
     ) -> Option<Instant> {
         take(&mut self.inbox);
-        self.drain(now);
+        // Half the turns of a caller's operation take no command (the one after a wait)
+        // and most hold no auto-extended or watched lock: tests, not calls.
+        if !self.inbox.is_empty() {
+            self.drain(now);
+        }
         self.m.step(now);
         self.deliver(now);
-        self.keep_alive(now);
-        self.watch(now);
+        let timers = !self.keepers.is_empty() || !self.watched.is_empty();
+        if timers {
+            self.keep_alive(now);
+            self.watch(now);
+        }
         // What the tasks, results and keepers started (releases, extensions) goes out now.
         self.driver.apply_actions(&mut self.m, now);
         self.driver.flush(&mut self.m, now);
-        [self.driver.next_wake(&self.m, None), self.next_wake(now)]
-            .into_iter()
-            .flatten()
-            .min()
+        let wake = self.driver.next_wake(&self.m, None);
+        if !timers {
+            return wake;
+        }
+        [wake, self.next_wake(now)].into_iter().flatten().min()
     }
 
     /// Wait for the masters until `wake` at the latest.
@@ -195,8 +203,12 @@ impl<D: LoopIo> Loop<D> {
                 self.wait_for(id, Waiter::Lock(slot));
             }
             Command::Release { state, slot } => {
-                self.keepers.retain(|k| !Arc::ptr_eq(&k.state, &state));
-                self.watched.retain(|s| !Arc::ptr_eq(s, &state));
+                if !self.keepers.is_empty() {
+                    self.keepers.retain(|k| !Arc::ptr_eq(&k.state, &state));
+                }
+                if !self.watched.is_empty() {
+                    self.watched.retain(|s| !Arc::ptr_eq(s, &state));
+                }
                 match slot {
                     Some(slot) => {
                         let id = self.m.submit_release(&state.to_lock(), now);
@@ -265,7 +277,11 @@ impl<D: LoopIo> Loop<D> {
 
     /// Hand every finished task's result to whoever waits for it.
     fn deliver(&mut self, now: Instant) {
-        self.finished.extend(self.m.take_finished());
+        let done = self.m.take_finished();
+        if done.len() == 0 {
+            return;
+        }
+        self.finished.extend(done);
         let mut finished = std::mem::take(&mut self.finished);
         for id in finished.drain(..) {
             let Some((_, waiter)) = self.waiters.get_mut(id.slot()).and_then(Option::take) else {
