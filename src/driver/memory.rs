@@ -28,6 +28,9 @@ pub(crate) struct InMemory<S> {
     round_trip: Duration,
     /// What each link's master answered and the core has not read yet.
     input: Vec<Vec<u8>>,
+    /// The links whose master answered since they were read last, one bit each (the
+    /// readiness events of a poll).
+    ready: Vec<u64>,
 }
 
 impl<S: Script> InMemory<S> {
@@ -37,17 +40,31 @@ impl<S: Script> InMemory<S> {
             now,
             round_trip,
             input: (0..links).map(|_| Vec::with_capacity(256)).collect(),
+            ready: vec![0; links.div_ceil(64)],
         }
     }
 
     /// Write what link `l` may write (all of it: memory never blocks).
     fn write_link(&mut self, core: &mut Core, l: LinkId, now: Instant) {
-        let (script, input) = (&mut self.script, &mut self.input);
+        let (script, input, ready) = (&mut self.script, &mut self.input, &mut self.ready);
         core.write_with(l, now, |l, bytes| {
-            script(l.0, bytes, &mut input[l.0]);
+            answer(script, input, ready, l, bytes);
             Ok(bytes.len())
         });
     }
+}
+
+/// Hand `bytes` written to link `l` to the script; the link is read at the next wait.
+#[inline(always)]
+fn answer<S: Script>(
+    script: &mut S,
+    input: &mut [Vec<u8>],
+    ready: &mut [u64],
+    l: LinkId,
+    bytes: &[u8],
+) {
+    script(l.0, bytes, &mut input[l.0]);
+    ready[l.0 / 64] |= 1 << (l.0 % 64);
 }
 
 /// The waker of a loop that never blocks in [`LoopIo::wait`]: it does nothing.
@@ -71,10 +88,10 @@ impl<S: Script> LoopIo for InMemory<S> {
         while let Some(a) = core.take_action() {
             match a {
                 Action::Connect(l) => {
-                    self.input[l.0].clear();
                     core.handle_connected(l);
                     self.write_link(core, l, now);
                 }
+                // What the master answered on the closed connection is not read.
                 Action::Close { link, .. } => self.input[link.0].clear(),
             }
         }
@@ -84,9 +101,9 @@ impl<S: Script> LoopIo for InMemory<S> {
     fn flush(&mut self, core: &mut Core, now: Instant) {
         let (lock, sub) = core.flush_wanted();
         if lock || sub {
-            let (script, input) = (&mut self.script, &mut self.input);
+            let (script, input, ready) = (&mut self.script, &mut self.input, &mut self.ready);
             core.flush_with(now, |l, bytes| {
-                script(l.0, bytes, &mut input[l.0]);
+                answer(script, input, ready, l, bytes);
                 Ok(bytes.len())
             });
             self.apply_actions(core, now);
@@ -109,7 +126,7 @@ impl<S: Script> LoopIo for InMemory<S> {
         now: Instant,
         wake: Option<Instant>,
     ) -> io::Result<Instant> {
-        let answered = self.input.iter().any(|i| !i.is_empty());
+        let answered = self.ready.iter().any(|&w| w != 0);
         self.now = match (answered, wake) {
             (true, _) => now + self.round_trip,
             (false, Some(w)) => w.max(now),
@@ -120,25 +137,27 @@ impl<S: Script> LoopIo for InMemory<S> {
             }
         };
         let now = self.now;
-        for l in 0..self.input.len() {
-            if self.input[l].is_empty() {
-                continue;
+        for w in 0..self.ready.len() {
+            // Links that get answers meanwhile (to what the reads let out) are read next
+            // time.
+            let mut bits = std::mem::take(&mut self.ready[w]);
+            while bits != 0 {
+                let l = w * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                let input = &self.input[l];
+                let mut from = 0;
+                let kick = core.read_with(LinkId(l), now, |buf| {
+                    let k = buf.len().min(input.len() - from);
+                    buf[..k].copy_from_slice(&input[from..from + k]);
+                    from += k;
+                    Ok((k, from < input.len()))
+                });
+                self.input[l].clear();
+                if kick {
+                    self.write_link(core, LinkId(l), now);
+                }
+                self.apply_actions(core, now);
             }
-            let l = LinkId(l);
-            let mut input = std::mem::take(&mut self.input[l.0]);
-            let mut from = 0;
-            let kick = core.read_with(l, now, |buf| {
-                let k = buf.len().min(input.len() - from);
-                buf[..k].copy_from_slice(&input[from..from + k]);
-                from += k;
-                Ok((k, from < input.len()))
-            });
-            input.clear();
-            self.input[l.0] = input;
-            if kick {
-                self.write_link(core, l, now);
-            }
-            self.apply_actions(core, now);
         }
         Ok(now)
     }
