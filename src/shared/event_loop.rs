@@ -277,22 +277,38 @@ impl<D: LoopIo> Loop<D> {
 
     /// Hand every finished task's result to whoever waits for it.
     fn deliver(&mut self, now: Instant) {
-        let done = self.m.take_finished();
-        if done.len() == 0 {
+        let mut done = self.m.take_finished();
+        match done.len() {
+            0 => {}
+            // The common case (one caller): no copy of the list.
+            1 => {
+                let id = done.next();
+                drop(done);
+                if let Some(id) = id {
+                    self.deliver_one(id, now);
+                }
+            }
+            _ => {
+                self.finished.extend(done);
+                let mut finished = std::mem::take(&mut self.finished);
+                for id in finished.drain(..) {
+                    self.deliver_one(id, now);
+                }
+                self.finished = finished;
+            }
+        }
+    }
+
+    /// Hand finished task `id`'s result to whoever waits for it.
+    #[inline]
+    fn deliver_one(&mut self, id: TaskId, now: Instant) {
+        let Some((_, waiter)) = self.waiters.get_mut(id.slot()).and_then(Option::take) else {
+            let _ = self.m.take(id);
             return;
-        }
-        self.finished.extend(done);
-        let mut finished = std::mem::take(&mut self.finished);
-        for id in finished.drain(..) {
-            let Some((_, waiter)) = self.waiters.get_mut(id.slot()).and_then(Option::take) else {
-                let _ = self.m.take(id);
-                continue;
-            };
-            self.live -= 1;
-            let result = self.m.take(id);
-            self.settle(waiter, result, now);
-        }
-        self.finished = finished;
+        };
+        self.live -= 1;
+        let result = self.m.take(id);
+        self.settle(waiter, result, now);
     }
 
     fn settle(&mut self, waiter: Waiter, result: Result<Done, Error>, now: Instant) {
