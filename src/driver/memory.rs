@@ -166,3 +166,81 @@ impl<S: Script> LoopIo for InMemory<S> {
         core.stats()
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    use crate::resp::{self, Frame, Limits, Status};
+    use crate::{scripts, Builder};
+
+    /// What a master answers: the handshake, `+OK` to a `SET`, `:1` to a release.
+    fn answer(mut written: &[u8], master: usize, out: &mut Vec<u8>) -> Vec<String> {
+        let mut asked = Vec::new();
+        while let Ok(Status::Complete((Frame::Aggregate(a), used))) =
+            resp::parse(written, &Limits::default())
+        {
+            let args: Vec<&[u8]> = a
+                .iter()
+                .map(|f| match f {
+                    Frame::Bulk(b) => b,
+                    _ => &[][..],
+                })
+                .collect();
+            written = &written[used..];
+            let name = String::from_utf8_lossy(args[0]).to_ascii_uppercase();
+            match name.as_str() {
+                "SCRIPT" => {
+                    let s = scripts::ALL.iter().find(|s| s.src.as_bytes() == args[2]);
+                    out.extend_from_slice(format!("$40\r\n{}\r\n", s.unwrap().sha).as_bytes());
+                }
+                "INFO" => {
+                    let text = format!("# Server\r\nrun_id:{master:040x}\r\n");
+                    out.extend_from_slice(format!("${}\r\n{text}\r\n", text.len()).as_bytes());
+                }
+                "SET" => out.extend_from_slice(b"+OK\r\n"),
+                "EVALSHA" if args[1] == scripts::RELEASE.sha.as_bytes() => {
+                    out.extend_from_slice(b":1\r\n");
+                }
+                other => panic!("master {master} was asked {other}"),
+            }
+            asked.push(name);
+        }
+        assert!(written.is_empty());
+        asked
+    }
+
+    /// The shared client's loop over scripted masters: after the handshakes (which go
+    /// with the first `SET`), every cycle is one `SET` and one release per master, one
+    /// write each.
+    #[test]
+    fn the_shared_loop_runs_over_masters_in_memory() {
+        let urls: Vec<String> = (0..3)
+            .map(|i| format!("redis://127.0.0.1:{}", 7000 + i))
+            .collect();
+        // What each write asked, by link.
+        let asked = Arc::new(Mutex::new(Vec::<(usize, Vec<String>)>::new()));
+        let log = asked.clone();
+        let now = Instant::now();
+        let rt = Duration::from_micros(50);
+        let client = Builder::default()
+            .masters(&urls)
+            .build_shared_in_memory(now, 0, 7, rt, move |link, written, out| {
+                let names = answer(written, link % 3, out);
+                log.lock().unwrap().push((link, names));
+            })
+            .unwrap();
+        for _ in 0..3 {
+            let lock = client.try_lock(b"k", Duration::from_secs(10)).unwrap();
+            client.release(lock).unwrap();
+        }
+        let asked = asked.lock().unwrap();
+        // The handshakes went with the first SET; then one write per master per round.
+        let rounds: Vec<_> = asked.iter().filter(|(l, _)| *l < 3).collect();
+        assert_eq!(rounds.len(), 3 * 6, "{asked:?}");
+        for (l, names) in &rounds[3..] {
+            assert!(names == &["EVALSHA"] || names == &["SET"], "{l}: {names:?}");
+        }
+    }
+}
