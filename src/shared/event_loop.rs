@@ -181,6 +181,7 @@ impl<D: LoopIo> Loop<D> {
         self.inbox = inbox;
     }
 
+    #[inline]
     fn wait_for(&mut self, id: TaskId, w: Waiter) {
         let k = id.slot();
         if self.waiters.len() <= k {
