@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Instruction budgets (issue 23): what a lock cycle costs the client, counted by callgrind
 # on programs whose count is exact (the core driven in memory with scripted replies, the
-# parser on fixed replies: no socket, no clock, no thread), checked against the budgets
+# shared client's hand-over and loop over masters scripted in memory, the parser on fixed
+# replies: no socket, no clock read, nothing else running), checked against the budgets
 # committed in .ci/budgets.txt. Fails when a count is more than 3% over its budget.
 #
 #   bash .ci/budget.sh           measure and check (CI)
@@ -17,7 +18,8 @@
 # Not budgeted here, because not deterministic: anything against real sockets (the
 # single-owner and shared clients' cycles in examples/cycles.rs and
 # examples/shared_cycles.rs: how many loop turns and partial reads a cycle takes depends
-# on when the replies arrive). See benches/README.md, "Instruction budgets".
+# on when the replies arrive), and the shared client's hand-offs between threads. See
+# benches/README.md, "Instruction budgets".
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -37,7 +39,8 @@ if ! command -v valgrind >/dev/null; then
     exit 1
 fi
 
-cargo build --release --example core_cycles --example core_handoff --example parse_replies
+cargo build --release --example core_cycles --example core_handoff --example parse_replies \
+    --example shared_loop_cycles
 examples=${CARGO_TARGET_DIR:-target}/release/examples
 
 # The examples' environment: a fixed one (`env -i`, the same PATH everywhere). The
@@ -111,6 +114,11 @@ mode=batch64 measure batch64_cycle cycle 1 100 300 core_cycles 'core_cycles::run
 # One contended hand-off: a waiter refused, woken by the holder's release announcement,
 # granted, released (the scripted masters' own work left out).
 measure handoff cycle 1 1000 3000 core_handoff 'core_handoff::run_cycles' 'core_handoff::script_*'
+# The shared client with one caller: try_lock + release on 5 masters, each waited for on
+# the caller's thread, which drives the shared loop itself (hand-over, loop, core; the
+# loop's own thread parks), over masters scripted in memory (their work left out).
+measure shared_cycle cycle 1 1000 3000 shared_loop_cycles 'shared_loop_cycles::run_cycles' \
+    'shared_loop_cycles::script_*'
 # The parser, per reply (a fixed mix of the replies a lock client reads).
 per_pass=$("$examples/parse_replies" 1 | sed -n 's/^replies_per_pass=//p')
 measure parse_reply reply "$per_pass" 1000 3000 parse_replies 'parse_replies::run_passes'

@@ -10,6 +10,7 @@
 //! steps; the clock is re-read after every poll. Lock links and sub links share one read
 //! path and one write path.
 
+mod memory;
 mod transport;
 
 #[cfg(feature = "tls")]
@@ -26,6 +27,7 @@ use crate::core::{Action, ConnectPhase, Core, LinkId, IDLE_SHIFT_MIN};
 use crate::rules::{ErrorText, Fault};
 use crate::stats::MasterStats;
 
+pub(crate) use memory::{InMemory, Script};
 #[cfg(feature = "tls")]
 pub(crate) use tls::{client_config, TlsTarget};
 pub(crate) use transport::Target;
@@ -33,6 +35,70 @@ use transport::{connect_tcp, connect_unix, read_some, write_some, Conn, IoCounts
 
 /// The mio token reserved for the cross-thread waker.
 pub(crate) const WAKER: MioToken = MioToken(usize::MAX);
+
+/// What the shared client's loop (`shared::event_loop::Loop`) needs of its I/O: the
+/// [`Driver`] (sockets, one `mio::Poll`), or [`InMemory`] (masters scripted in memory,
+/// for exact instruction counts: `examples/shared_loop_cycles.rs`). The loop is generic
+/// over it, so the real loop calls the driver's methods directly (no `dyn`).
+pub(crate) trait LoopIo: Send + 'static {
+    /// Wakes the loop from [`LoopIo::wait`], from any thread.
+    type Waker: Send + Sync + 'static;
+    fn waker(&self) -> Self::Waker;
+    fn wake(waker: &Self::Waker);
+    /// See [`Driver::catch_up`].
+    fn catch_up(&mut self, core: &mut Core) -> io::Result<Instant>;
+    /// See [`Driver::apply_actions`].
+    fn apply_actions(&mut self, core: &mut Core, now: Instant);
+    /// See [`Driver::flush`].
+    fn flush(&mut self, core: &mut Core, now: Instant);
+    /// See [`Driver::next_wake`].
+    fn next_wake(&self, core: &Core, until: Option<Instant>) -> Option<Instant>;
+    /// See [`Driver::wait`].
+    fn wait(&mut self, core: &mut Core, now: Instant, wake: Option<Instant>)
+        -> io::Result<Instant>;
+    /// See [`Driver::stats`].
+    fn stats(&self, core: &Core) -> Vec<MasterStats>;
+}
+
+impl LoopIo for Driver {
+    type Waker = Arc<Waker>;
+    #[inline]
+    fn waker(&self) -> Arc<Waker> {
+        Driver::waker(self)
+    }
+    #[inline]
+    fn wake(waker: &Arc<Waker>) {
+        let _ = waker.wake();
+    }
+    #[inline]
+    fn catch_up(&mut self, core: &mut Core) -> io::Result<Instant> {
+        Driver::catch_up(self, core)
+    }
+    #[inline]
+    fn apply_actions(&mut self, core: &mut Core, now: Instant) {
+        Driver::apply_actions(self, core, now);
+    }
+    #[inline]
+    fn flush(&mut self, core: &mut Core, now: Instant) {
+        Driver::flush(self, core, now);
+    }
+    #[inline]
+    fn next_wake(&self, core: &Core, until: Option<Instant>) -> Option<Instant> {
+        Driver::next_wake(self, core, until)
+    }
+    #[inline]
+    fn wait(
+        &mut self,
+        core: &mut Core,
+        now: Instant,
+        wake: Option<Instant>,
+    ) -> io::Result<Instant> {
+        Driver::wait(self, core, now, wake)
+    }
+    fn stats(&self, core: &Core) -> Vec<MasterStats> {
+        Driver::stats(self, core)
+    }
+}
 
 /// Where a master is, and what its connections need to get there.
 pub(crate) struct Peer {

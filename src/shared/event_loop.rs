@@ -1,17 +1,22 @@
 //! One turn of the shared client's loop: take the queued commands, run the tasks (the same
 //! [`Core`] the single owner drives), hand each result to its [`Slot`], keep
 //! auto-extended locks alive and wake `lost()` futures, all from one `mio::Poll`. Who
-//! drives it, and when, is `driver.rs`'s business.
+//! drives it, and when, is `hub.rs`'s business.
+//!
+//! The loop is written against [`LoopIo`], what it needs of its I/O: the sockets'
+//! [`Driver`] (the default), or masters scripted in memory ([`InMemory`]), which lets an
+//! example count what this code costs a cycle exactly (`examples/shared_loop_cycles.rs`).
 
 use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::hub::{fail, Drive};
 use super::pending::{Out, Slot};
 use super::state::LockState;
 use super::Command;
 use crate::core::{Core, Done, TaskId, WatchId};
-use crate::driver::Driver;
+use crate::driver::{Driver, InMemory, LoopIo, Script};
 use crate::error::Error;
 use crate::keep::{AfterExtend, KeepAlive};
 
@@ -37,9 +42,9 @@ struct Keeper {
     extending: bool,
 }
 
-pub(crate) struct Loop {
+pub(crate) struct Loop<D = Driver> {
     m: Core,
-    driver: Driver,
+    driver: D,
     /// By task slot.
     waiters: Vec<Option<(TaskId, Waiter)>>,
     live: usize,
@@ -58,8 +63,13 @@ pub(crate) struct Loop {
 /// Spare lock states kept at most.
 const MAX_SPARE_STATES: usize = 1024;
 
-impl Loop {
-    pub(crate) fn new(mut m: Core, driver: Driver) -> Loop {
+impl<D: LoopIo> Loop<D> {
+    pub(crate) fn new(m: Core, driver: D) -> Self {
+        Loop::with_base(m, driver, Instant::now())
+    }
+
+    /// `base`: the origin of the guards' clocks.
+    pub(crate) fn with_base(mut m: Core, driver: D, base: Instant) -> Self {
         m.track_finished = true;
         Loop {
             m,
@@ -71,7 +81,7 @@ impl Loop {
             watches: Vec::new(),
             inbox: Vec::with_capacity(64),
             finished: Vec::with_capacity(64),
-            base: Instant::now(),
+            base,
             spare_states: Vec::new(),
         }
     }
@@ -114,18 +124,27 @@ impl Loop {
         now: Instant,
     ) -> Option<Instant> {
         take(&mut self.inbox);
-        self.drain(now);
+        // Half the turns of a caller's operation take no command (the one after a wait)
+        // and most hold no auto-extended or watched lock: tests, not calls.
+        if !self.inbox.is_empty() {
+            self.drain(now);
+        }
         self.m.step(now);
         self.deliver(now);
-        self.keep_alive(now);
-        self.watch(now);
+        let timers =
+            !self.keepers.is_empty() || !self.watched.is_empty() || !self.watches.is_empty();
+        if timers {
+            self.keep_alive(now);
+            self.watch(now);
+        }
         // What the tasks, results and keepers started (releases, extensions) goes out now.
         self.driver.apply_actions(&mut self.m, now);
         self.driver.flush(&mut self.m, now);
-        [self.driver.next_wake(&self.m, None), self.next_wake(now)]
-            .into_iter()
-            .flatten()
-            .min()
+        let wake = self.driver.next_wake(&self.m, None);
+        if !timers {
+            return wake;
+        }
+        [wake, self.next_wake(now)].into_iter().flatten().min()
     }
 
     /// Wait for the masters until `wake` at the latest.
@@ -166,6 +185,7 @@ impl Loop {
         self.inbox = inbox;
     }
 
+    #[inline]
     fn wait_for(&mut self, id: TaskId, w: Waiter) {
         let k = id.slot();
         if self.waiters.len() <= k {
@@ -188,10 +208,16 @@ impl Loop {
                 self.wait_for(id, Waiter::Lock(slot));
             }
             Command::Release { state, slot } => {
-                self.keepers.retain(|k| !Arc::ptr_eq(&k.state, &state));
-                self.watched.retain(|s| !Arc::ptr_eq(s, &state));
+                if !self.keepers.is_empty() {
+                    self.keepers.retain(|k| !Arc::ptr_eq(&k.state, &state));
+                }
+                if !self.watched.is_empty() {
+                    self.watched.retain(|s| !Arc::ptr_eq(s, &state));
+                }
                 // The release ends the masters' watch too.
-                self.watches.retain(|(_, s)| !Arc::ptr_eq(s, &state));
+                if !self.watches.is_empty() {
+                    self.watches.retain(|(_, s)| !Arc::ptr_eq(s, &state));
+                }
                 match slot {
                     Some(slot) => {
                         let id = self.m.submit_release(&state.to_lock(), now);
@@ -262,18 +288,38 @@ impl Loop {
 
     /// Hand every finished task's result to whoever waits for it.
     fn deliver(&mut self, now: Instant) {
-        self.finished.extend(self.m.take_finished());
-        let mut finished = std::mem::take(&mut self.finished);
-        for id in finished.drain(..) {
-            let Some((_, waiter)) = self.waiters.get_mut(id.slot()).and_then(Option::take) else {
-                let _ = self.m.take(id);
-                continue;
-            };
-            self.live -= 1;
-            let result = self.m.take(id);
-            self.settle(waiter, result, now);
+        let mut done = self.m.take_finished();
+        match done.len() {
+            0 => {}
+            // The common case (one caller): no copy of the list.
+            1 => {
+                let id = done.next();
+                drop(done);
+                if let Some(id) = id {
+                    self.deliver_one(id, now);
+                }
+            }
+            _ => {
+                self.finished.extend(done);
+                let mut finished = std::mem::take(&mut self.finished);
+                for id in finished.drain(..) {
+                    self.deliver_one(id, now);
+                }
+                self.finished = finished;
+            }
         }
-        self.finished = finished;
+    }
+
+    /// Hand finished task `id`'s result to whoever waits for it.
+    #[inline]
+    fn deliver_one(&mut self, id: TaskId, now: Instant) {
+        let Some((_, waiter)) = self.waiters.get_mut(id.slot()).and_then(Option::take) else {
+            let _ = self.m.take(id);
+            return;
+        };
+        self.live -= 1;
+        let result = self.m.take(id);
+        self.settle(waiter, result, now);
     }
 
     fn settle(&mut self, waiter: Waiter, result: Result<Done, Error>, now: Instant) {
@@ -448,5 +494,44 @@ impl Loop {
             k.state.mark_lost(Some(&err()));
         }
         self.driver.flush(&mut self.m, Instant::now());
+    }
+}
+
+/// The loop over masters scripted in memory, as the hand-over drives it (the socket
+/// loop's twin is in `hub.rs`; one generic impl for every `LoopIo` would overlap it):
+/// the same methods, so [`super::InMemoryShared`] runs the
+/// hand-over's code and this loop's code as a `SharedRedlock` runs them.
+impl<S: Script> Drive for Loop<InMemory<S>> {
+    type Command = Command;
+    type Waker = <InMemory<S> as LoopIo>::Waker;
+    fn wake(waker: &Self::Waker) {
+        InMemory::<S>::wake(waker);
+    }
+    fn fail(cmd: Command) {
+        fail(cmd);
+    }
+    fn enter(&mut self) -> io::Result<Instant> {
+        Loop::enter(self)
+    }
+    fn iterate(&mut self, take: impl FnOnce(&mut Vec<Command>), now: Instant) -> Option<Instant> {
+        Loop::iterate(self, take, now)
+    }
+    fn wait(&mut self, now: Instant, wake: Option<Instant>) -> io::Result<Instant> {
+        Loop::wait(self, now, wake)
+    }
+    fn has_work(&self) -> bool {
+        Loop::has_work(self)
+    }
+    fn wants_loop(&self) -> bool {
+        Loop::wants_loop(self)
+    }
+    fn rounds_idle(&self) -> bool {
+        Loop::rounds_idle(self)
+    }
+    fn owes_releases(&self) -> bool {
+        Loop::owes_releases(self)
+    }
+    fn shut(&mut self, why: io::Error, kill: impl FnOnce(&mut Vec<Command>)) {
+        Loop::shut(self, why, kill);
     }
 }

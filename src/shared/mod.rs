@@ -23,11 +23,12 @@ use std::time::{Duration, Instant};
 
 use crate::builder::Builder;
 use crate::core::{Core, KeyList, Settings};
-use crate::driver::Driver;
+use crate::driver::{Driver, InMemory, LoopIo};
 use crate::error::Error;
 use crate::inspect::{ForcedRelease, Inspection};
 use crate::keep::HoldOptions;
 use crate::single::{check_distinct, check_resources};
+use event_loop::Loop;
 use hub::Hub;
 use pending::{Out, Slot, SlotPool};
 use state::LockState;
@@ -415,6 +416,113 @@ impl Builder {
     pub fn build_shared(self) -> Result<SharedRedlock, Error> {
         let lock_retries = self.shared_lock_retries();
         SharedRedlock::start(self.parts_with_driver()?, lock_retries)
+    }
+}
+
+impl Builder {
+    /// The shared client over masters scripted in memory, for exact instruction counts
+    /// (`examples/shared_loop_cycles.rs`, the `shared_cycle` budget): the core as
+    /// [`Builder::build_core`] makes it (its clock starts at `now`, seeded tokens: never
+    /// for real locks), driven by the shared client's own hand-over and loop, over
+    /// `script` instead of sockets (see [`InMemoryShared`]).
+    #[doc(hidden)]
+    pub fn build_shared_in_memory<S>(
+        self,
+        now: Instant,
+        wall_us: u64,
+        seed: u64,
+        round_trip: Duration,
+        script: S,
+    ) -> Result<InMemoryShared<S>, Error>
+    where
+        S: FnMut(usize, &[u8], &mut Vec<u8>) + Send + 'static,
+    {
+        let core = self.build_core(now, wall_us, seed)?;
+        let settings = core.cfg.clone();
+        let io = InMemory::new(2 * core.masters(), script, now, round_trip);
+        let waker = io.waker();
+        let (hub, _thread) = Hub::launch(Loop::with_base(core, io, now), waker, false)?;
+        Ok(InMemoryShared {
+            hub,
+            slots: SlotPool::new(),
+            settings,
+        })
+    }
+}
+
+/// A shared client whose masters are scripted in memory: `script(link, written, answers)`
+/// appends to `answers` what the master of `link` (`0..n` lock links, `n..2n` sub links)
+/// answers to the bytes `written` to it; they are read one `round_trip` later, on the
+/// loop's clock, which nothing else moves (no clock read, no socket, no poll).
+///
+/// Its operations make the calls a [`SharedRedlock`] handle's do for a caller that waits
+/// on a thread: queue the command, drive the loop on the caller's thread (the hand-over's
+/// `drive_for`, the loop's `enter`, `iterate` and `wait`: the code users run), take the
+/// result from the completion slot. What it leaves out of a handle's path: the `Pending`
+/// and `LockGuard` wrappers (reference counts of the client). The loop's own thread
+/// starts too, and parks: one caller that waits drives the loop itself.
+#[doc(hidden)]
+pub struct InMemoryShared<S: FnMut(usize, &[u8], &mut Vec<u8>) + Send + 'static> {
+    hub: Arc<Hub<Loop<InMemory<S>>>>,
+    slots: SlotPool,
+    settings: Settings,
+}
+
+/// A lock held through an [`InMemoryShared`]; give it to [`InMemoryShared::release`]
+/// (dropping it releases nothing).
+#[doc(hidden)]
+pub struct InMemoryLock(Arc<LockState>);
+
+impl<S: FnMut(usize, &[u8], &mut Vec<u8>) + Send + 'static> InMemoryShared<S> {
+    /// `SharedRedlock::try_lock(resource, ttl).wait()`.
+    pub fn try_lock(&self, resource: &[u8], ttl: Duration) -> Result<InMemoryLock, Error> {
+        let keys = one(resource);
+        check_resources(keys.iter())?;
+        let ttl = self.settings.check_ttl(ttl)?;
+        let slot = self.slots.take();
+        self.hub.submit(
+            Command::Lock {
+                keys,
+                ttl,
+                deadline: None,
+                retries: 0,
+                slot: slot.clone(),
+            },
+            false,
+        );
+        match self.wait(&slot)? {
+            Out::Lock(state) => Ok(InMemoryLock(state)),
+            _ => unreachable!("a lock operation completes with a lock"),
+        }
+    }
+
+    /// `LockGuard::release(guard).wait()`.
+    pub fn release(&self, lock: InMemoryLock) -> Result<(), Error> {
+        let slot = self.slots.take();
+        self.hub.submit(
+            Command::Release {
+                state: lock.0,
+                slot: Some(slot.clone()),
+            },
+            false,
+        );
+        self.wait(&slot).map(|_| ())
+    }
+
+    /// `Pending::wait`: drive the loop until the result is in, take it, let the slot go.
+    fn wait(&self, slot: &Arc<Slot>) -> Result<Out, Error> {
+        if !slot.is_ready() {
+            self.hub.drive_for(slot);
+        }
+        let r = slot.wait();
+        self.slots.let_go(slot);
+        r
+    }
+}
+
+impl<S: FnMut(usize, &[u8], &mut Vec<u8>) + Send + 'static> Drop for InMemoryShared<S> {
+    fn drop(&mut self) {
+        self.hub.close();
     }
 }
 
