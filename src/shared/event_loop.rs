@@ -7,7 +7,7 @@ use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::pending::{Out, Slot};
+use super::pending::{Out, Owed, Slot};
 use super::state::LockState;
 use super::Command;
 use crate::core::{Core, Done, TaskId};
@@ -51,6 +51,9 @@ pub(crate) struct Loop {
     base: Instant,
     /// Lock states nobody else holds any more, reused for the next grants.
     spare_states: Vec<Arc<LockState>>,
+    /// The wake-ups of the parked callers whose results this turn handed over, paid once
+    /// the turn's requests are written (see `pending::Handover`).
+    owed: Owed,
 }
 
 /// Spare lock states kept at most.
@@ -70,6 +73,7 @@ impl Loop {
             finished: Vec::with_capacity(64),
             base: Instant::now(),
             spare_states: Vec::new(),
+            owed: Owed::default(),
         }
     }
 
@@ -119,6 +123,9 @@ impl Loop {
         // What the tasks, results and keepers started (releases, extensions) goes out now.
         self.driver.apply_actions(&mut self.m, now);
         self.driver.flush(&mut self.m, now);
+        // Then the callers whose results came: the loop wakes the first few, they wake the
+        // rest (see `pending::Handover`).
+        self.owed.pay();
         [self.driver.next_wake(&self.m, None), self.next_wake(now)]
             .into_iter()
             .flatten()
@@ -226,7 +233,7 @@ impl Loop {
             }
             Command::Stats(slot) => {
                 let stats = Ok(Out::Stats(self.driver.stats(&self.m)));
-                slot.complete(stats);
+                slot.complete_later(stats, &mut self.owed);
             }
             Command::Admin {
                 resource,
@@ -278,13 +285,13 @@ impl Loop {
                 });
                 // Nobody wants it any more (the `Pending` was dropped): released as a
                 // dropped lock is.
-                if let Some(Ok(Out::Lock(state))) = slot.complete(out) {
+                if let Some(Ok(Out::Lock(state))) = slot.complete_later(out, &mut self.owed) {
                     self.m.release_detached(&state.to_lock(), now);
                     self.recycle(state);
                 }
             }
             Waiter::Release(slot) => {
-                slot.complete(result.map(|_| Out::Unit));
+                slot.complete_later(result.map(|_| Out::Unit), &mut self.owed);
             }
             Waiter::Admin(slot) => {
                 let out = result.map(|d| match d {
@@ -292,7 +299,7 @@ impl Loop {
                     Done::ForceReleased(f) => Out::Forced(Box::new(f)),
                     other => unreachable!("an operator's task ended with {other:?}"),
                 });
-                slot.complete(out);
+                slot.complete_later(out, &mut self.owed);
             }
             Waiter::Extend { state, slot } => {
                 let k = self
@@ -313,7 +320,7 @@ impl Loop {
                         if let Err(e @ (Error::NotHeld(_) | Error::Expired)) = &r {
                             state.mark_lost(Some(e));
                         }
-                        slot.complete(r.map(|()| Out::Unit));
+                        slot.complete_later(r.map(|()| Out::Unit), &mut self.owed);
                     }
                     None => {
                         let Some(k) = k else { return };
@@ -384,12 +391,12 @@ impl Loop {
                 | Command::Extend { slot, .. }
                 | Command::Admin { slot, .. }
                 | Command::Stats(slot) => {
-                    slot.complete(Err(err()));
+                    slot.complete_later(Err(err()), &mut self.owed);
                 }
                 Command::Release {
                     slot: Some(slot), ..
                 } => {
-                    slot.complete(Err(err()));
+                    slot.complete_later(Err(err()), &mut self.owed);
                 }
                 _ => {}
             }
@@ -402,7 +409,7 @@ impl Loop {
                 | Waiter::Extend {
                     slot: Some(slot), ..
                 } => {
-                    slot.complete(Err(err()));
+                    slot.complete_later(Err(err()), &mut self.owed);
                 }
                 _ => {}
             }
@@ -411,5 +418,6 @@ impl Loop {
             k.state.mark_lost(Some(&err()));
         }
         self.driver.flush(&mut self.m, Instant::now());
+        self.owed.pay();
     }
 }
