@@ -506,6 +506,7 @@ fn throughput_pass(n_masters: usize) {
     let slice = Duration::from_secs_f64(secs / slices as f64);
     let mut cpus = Vec::new();
     let mut shared_rows = Vec::new();
+    let mut left = 0;
     for k in [1usize, 8, SHARED_K] {
         let mut floor = Floor::new(&m.addrs(), false);
         let mut c = ours(&m, false);
@@ -562,6 +563,9 @@ fn throughput_pass(n_masters: usize) {
             rows.push((v.name, cycles, failed, time, cpu));
         }
         drop(tvs);
+        if k == SHARED_K {
+            left = keys_left(&m, &shared_keys(k));
+        }
         let rate = |r: &(&str, u64, u64, Duration, Cpu)| r.1 as f64 / r.3.as_secs_f64();
         let per = |cpu: Duration, cycles: u64| cpu.as_nanos() as f64 / 1000.0 / cycles as f64;
         let (f, o) = (&rows[0], &rows[1]);
@@ -617,6 +621,7 @@ fn throughput_pass(n_masters: usize) {
     for r in &shared_rows {
         println!("{r}");
     }
+    println!("keys of the shared callers left on the masters after the run: {left}");
     println!(
         "(targets: tokio tasks >= 0.90x batch, threads >= 0.60x batch; \"helpers\": the share of \
          CPU on the loop thread and the caller threads; tasks run on a current-thread runtime \
@@ -627,6 +632,26 @@ fn throughput_pass(n_masters: usize) {
 
 /// Callers of the shared variants of the throughput pass.
 const SHARED_K: usize = 64;
+
+/// The resources of the shared variants' `k` tasks and `k` threads.
+fn shared_keys(k: usize) -> Vec<String> {
+    let tasks = (0..k).map(|j| format!("tput:shared:task:{j}"));
+    tasks
+        .chain((0..k).map(|j| format!("tput:shared:thread:{j}")))
+        .collect()
+}
+
+/// How many of `keys` some master still holds (each was released: should be 0).
+fn keys_left(m: &LocalMasters, keys: &[String]) -> usize {
+    keys.iter()
+        .filter(|key| {
+            (0..m.len()).any(|i| {
+                let r = m[i].cmd(&[b"EXISTS", key.as_bytes()]);
+                !matches!(r, Ok(redlock_mux::local::AdminReply::Int(0)))
+            })
+        })
+        .count()
+}
 
 /// What a throughput slice did.
 struct Tput {
@@ -696,7 +721,7 @@ fn shared_tput_variants(m: &LocalMasters, k: usize) -> Vec<TputVariant> {
 
     let tasks = shared::WithLoop::start(|| ours_shared(m, false), "tput:shared:warm", TTL, 1);
     let tasks_tid = tasks.loop_tid;
-    let task_keys: Vec<String> = (0..k).map(|j| format!("tput:shared:task:{j}")).collect();
+    let task_keys: Vec<String> = shared_keys(k)[..k].to_vec();
     // A current-thread runtime driven by the measuring thread: the tasks' side of the work
     // is on that thread, as rslock's is in the peers bench.
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -707,7 +732,7 @@ fn shared_tput_variants(m: &LocalMasters, k: usize) -> Vec<TputVariant> {
         move |deadline| shared::tasks_slice(&rt, &tasks.client, &task_keys, TTL, deadline);
 
     let threads = shared::WithLoop::start(|| ours_shared(m, false), "tput:shared:warm2", TTL, 1);
-    let thread_keys: Vec<String> = (0..k).map(|j| format!("tput:shared:thread:{j}")).collect();
+    let thread_keys: Vec<String> = shared_keys(k)[k..].to_vec();
     let pool = shared::CallerPool::new(&threads.client, &thread_keys, TTL);
     let mut threads_tids = pool.tids.clone();
     threads_tids.push(threads.loop_tid);

@@ -13,6 +13,9 @@
 //! strace -f -c target/release/examples/shared_cycles 10000     # syscalls, all threads
 //! ```
 //!
+//! The local masters' CPU is reported too (`masters`, all five summed): on a machine whose
+//! cores they share, what the client saves is theirs to use.
+//!
 //! `BUSY=1`: busy-poll. `N` is the total of cycles over all callers; with threads and
 //! tasks a cycle that fails is not counted (the first failure is printed). Tasks run on a
 //! current-thread runtime driven by the main thread (as in the benches). Local masters
@@ -28,19 +31,28 @@ use redlock_mux::{Redlock, SharedRedlock};
 
 const TTL: Duration = Duration::from_secs(10);
 
-/// Per thread: name, CPU ns (schedstat), voluntary and involuntary context switches.
+/// The local masters' process ids (their CPU is reported too: on a machine whose cores
+/// the masters share, what the client saves they can use).
+static MASTER_PIDS: std::sync::OnceLock<Vec<u32>> = std::sync::OnceLock::new();
+
+/// Per thread (by thread id): name, CPU ns (schedstat), voluntary and involuntary
+/// context switches; the masters' threads under the name `masters`.
 fn threads() -> BTreeMap<u32, (String, u64, u64, u64)> {
     let mut out = BTreeMap::new();
-    for t in std::fs::read_dir("/proc/self/task")
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
+    threads_in("/proc/self/task", None, &mut out);
+    for p in MASTER_PIDS.get().into_iter().flatten() {
+        threads_in(&format!("/proc/{p}/task"), Some("masters"), &mut out);
+    }
+    out
+}
+
+fn threads_in(dir: &str, name: Option<&str>, out: &mut BTreeMap<u32, (String, u64, u64, u64)>) {
+    for t in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let Some(tid) = t.file_name().to_str().and_then(|s| s.parse().ok()) else {
             continue;
         };
         let read = |f: &str| std::fs::read_to_string(t.path().join(f)).unwrap_or_default();
-        let name = read("comm").trim_end().to_string();
+        let name = name.map_or_else(|| read("comm").trim_end().to_string(), str::to_string);
         let cpu = read("schedstat")
             .split_whitespace()
             .next()
@@ -64,7 +76,6 @@ fn threads() -> BTreeMap<u32, (String, u64, u64, u64)> {
             ),
         );
     }
-    out
 }
 
 fn report(before: &BTreeMap<u32, (String, u64, u64, u64)>, cycles: u64, took: Duration) {
@@ -117,6 +128,18 @@ fn failed(n: u64) {
     }
 }
 
+/// How many of `keys` some master still holds (each was released: should be 0).
+fn keys_left(m: &LocalMasters, keys: &[String]) -> usize {
+    keys.iter()
+        .filter(|key| {
+            (0..m.len()).any(|i| {
+                let r = m[i].cmd(&[b"EXISTS", key.as_bytes()]);
+                !matches!(r, Ok(redlock_mux::local::AdminReply::Int(0)))
+            })
+        })
+        .count()
+}
+
 fn main() {
     let n: u64 = std::env::args()
         .nth(1)
@@ -128,7 +151,7 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(64);
-    let (_local, urls) = match std::env::var("REDLOCK_MASTERS") {
+    let (local, urls) = match std::env::var("REDLOCK_MASTERS") {
         Ok(list) => (
             None,
             list.split(',').map(str::to_string).collect::<Vec<_>>(),
@@ -136,6 +159,7 @@ fn main() {
         Err(_) => {
             let m = LocalMasters::start(5).expect("local masters (is redis-server installed?)");
             let urls = m.urls();
+            let _ = MASTER_PIDS.set((0..m.len()).filter_map(|i| m[i].pid()).collect());
             (Some(m), urls)
         }
     };
@@ -246,6 +270,12 @@ fn main() {
             line.wait();
             for h in handles {
                 h.join().unwrap();
+            }
+            let keys: Vec<String> = (0..k)
+                .map(|j| format!("sc:{}:thread:{j}", std::process::id()))
+                .collect();
+            if let Some(m) = &local {
+                println!("keys left on the masters: {}", keys_left(m, &keys));
             }
         }
         "tasks" => {

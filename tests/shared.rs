@@ -63,6 +63,37 @@ fn threads_share_one_client_and_never_overlap() {
     assert!(gone(&m, "hot"));
 }
 
+/// 64 threads, each locking and releasing a resource of its own through one handle: the
+/// loop wakes the first parked callers of a turn and they wake the rest (each woken caller
+/// passes wake-ups on before it returns). Every cycle succeeds, nobody is left parked
+/// (the test would hang), and no key is left on any master.
+#[test]
+fn sixty_four_threads_pass_their_wake_ups_on() {
+    let m = masters(3);
+    let c = shared(&m);
+    let cycles = Arc::new(AtomicU64::new(0));
+    let threads: Vec<_> = (0..64)
+        .map(|t| {
+            let (c, cycles) = (c.clone(), cycles.clone());
+            thread::spawn(move || {
+                let key = format!("many-{t}");
+                for _ in 0..50 {
+                    let g = c.try_lock(&key, Duration::from_secs(5)).wait().unwrap();
+                    g.release().wait().unwrap();
+                    cycles.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(cycles.load(Ordering::Relaxed), 64 * 50);
+    for t in 0..64 {
+        assert!(gone(&m, &format!("many-{t}")), "many-{t} left behind");
+    }
+}
+
 /// 64 tokio tasks on a current-thread runtime lock and release resources of their own
 /// through one handle: nothing blocks the runtime, and all finish.
 #[test]

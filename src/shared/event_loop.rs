@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::hub::{fail, Drive};
-use super::pending::{Out, Slot};
+use super::pending::{Out, Owed, Slot};
 use super::state::LockState;
 use super::Command;
 use crate::core::{Core, Done, TaskId, WatchId};
@@ -58,6 +58,9 @@ pub(crate) struct Loop<D = Driver> {
     base: Instant,
     /// Lock states nobody else holds any more, reused for the next grants.
     spare_states: Vec<Arc<LockState>>,
+    /// The wake-ups of the parked callers whose results this turn handed over, paid once
+    /// the turn's requests are written (see `pending::Handover`).
+    owed: Owed,
 }
 
 /// Spare lock states kept at most.
@@ -83,6 +86,7 @@ impl<D: LoopIo> Loop<D> {
             finished: Vec::with_capacity(64),
             base,
             spare_states: Vec::new(),
+            owed: Owed::default(),
         }
     }
 
@@ -140,6 +144,9 @@ impl<D: LoopIo> Loop<D> {
         // What the tasks, results and keepers started (releases, extensions) goes out now.
         self.driver.apply_actions(&mut self.m, now);
         self.driver.flush(&mut self.m, now);
+        // Then the callers whose results came: the loop wakes the first few, they wake the
+        // rest (see `pending::Handover`).
+        self.owed.pay();
         let wake = self.driver.next_wake(&self.m, None);
         if !timers {
             return wake;
@@ -259,7 +266,7 @@ impl<D: LoopIo> Loop<D> {
             }
             Command::Stats(slot) => {
                 let stats = Ok(Out::Stats(self.driver.stats(&self.m)));
-                slot.complete(stats);
+                slot.complete_later(stats, &mut self.owed);
             }
             Command::Admin {
                 resource,
@@ -331,13 +338,13 @@ impl<D: LoopIo> Loop<D> {
                 });
                 // Nobody wants it any more (the `Pending` was dropped): released as a
                 // dropped lock is.
-                if let Some(Ok(Out::Lock(state))) = slot.complete(out) {
+                if let Some(Ok(Out::Lock(state))) = slot.complete_later(out, &mut self.owed) {
                     self.m.release_detached(&state.to_lock(), now);
                     self.recycle(state);
                 }
             }
             Waiter::Release(slot) => {
-                slot.complete(result.map(|_| Out::Unit));
+                slot.complete_later(result.map(|_| Out::Unit), &mut self.owed);
             }
             Waiter::Admin(slot) => {
                 let out = result.map(|d| match d {
@@ -345,7 +352,7 @@ impl<D: LoopIo> Loop<D> {
                     Done::ForceReleased(f) => Out::Forced(Box::new(f)),
                     other => unreachable!("an operator's task ended with {other:?}"),
                 });
-                slot.complete(out);
+                slot.complete_later(out, &mut self.owed);
             }
             Waiter::Extend { state, slot } => {
                 let k = self
@@ -366,7 +373,7 @@ impl<D: LoopIo> Loop<D> {
                         if let Err(e @ (Error::NotHeld(_) | Error::Expired)) = &r {
                             state.mark_lost(Some(e));
                         }
-                        slot.complete(r.map(|()| Out::Unit));
+                        slot.complete_later(r.map(|()| Out::Unit), &mut self.owed);
                     }
                     None => {
                         let Some(k) = k else { return };
@@ -467,12 +474,12 @@ impl<D: LoopIo> Loop<D> {
                 | Command::Extend { slot, .. }
                 | Command::Admin { slot, .. }
                 | Command::Stats(slot) => {
-                    slot.complete(Err(err()));
+                    slot.complete_later(Err(err()), &mut self.owed);
                 }
                 Command::Release {
                     slot: Some(slot), ..
                 } => {
-                    slot.complete(Err(err()));
+                    slot.complete_later(Err(err()), &mut self.owed);
                 }
                 _ => {}
             }
@@ -485,7 +492,7 @@ impl<D: LoopIo> Loop<D> {
                 | Waiter::Extend {
                     slot: Some(slot), ..
                 } => {
-                    slot.complete(Err(err()));
+                    slot.complete_later(Err(err()), &mut self.owed);
                 }
                 _ => {}
             }
@@ -494,6 +501,7 @@ impl<D: LoopIo> Loop<D> {
             k.state.mark_lost(Some(&err()));
         }
         self.driver.flush(&mut self.m, Instant::now());
+        self.owed.pay();
     }
 }
 

@@ -18,6 +18,10 @@
 //! before. A lost wake-up shows as a deadlock (every thread blocked), which `loom`
 //! reports as a failure.
 //!
+//! The completer wakes at most `FAN_OUT` parked waiters and each waiter it woke wakes as
+//! many more (`pending::Handover`); `FAN_OUT` is 1 here, so two waiters already need a
+//! wake-up passed on.
+//!
 //! The hub drives [`FakeLoop`]: the same hand-over code as the shared client's, over a
 //! loop with no sockets whose `wait` blocks, like `mio::Poll`, until its waker is woken
 //! when nothing it sent is answered yet.
@@ -31,7 +35,7 @@ use std::time::Instant;
 use loom::sync::mpsc;
 
 use super::hub::{Drive, Hub};
-use super::pending::{Out, Slot, SlotPool};
+use super::pending::{Out, Owed, Slot, SlotPool, FAN_OUT};
 use super::sync::{lock, thread, Condvar, Mutex};
 use crate::error::Error;
 
@@ -191,6 +195,69 @@ fn loom_slot_reuse_waits_for_every_holder() {
     });
 }
 
+// Passing wake-ups on (`pending::Handover`).
+
+/// The loop completes two parked waiters in one turn and pays its wake-ups after the turn:
+/// it wakes one (`FAN_OUT`), which wakes the other before it returns. Both get their
+/// results whether each was parked, about to park, or not registered yet when its slot
+/// was completed (no lost wake-up).
+#[test]
+fn loom_handover_passes_wake_ups_on() {
+    assert_eq!(FAN_OUT, 1, "the models pass every wake-up on");
+    model(|| {
+        let pool = SlotPool::new();
+        let (a, b) = (pool.take(), pool.take());
+        let (a2, b2) = (a.clone(), b.clone());
+        let lp = thread::spawn(move || {
+            let mut owed = Owed::default();
+            assert!(a2.complete_later(tagged(1), &mut owed).is_none());
+            assert!(b2.complete_later(tagged(2), &mut owed).is_none());
+            owed.pay();
+        });
+        let waiter = thread::spawn(move || tag(&b.wait()));
+        assert_eq!(tag(&a.wait()), Some(1));
+        assert_eq!(waiter.join().unwrap(), Some(2));
+        lp.join().unwrap();
+    });
+}
+
+/// A waiter's slot goes back to the pool and serves its next operation while another
+/// waiter's wake-up is still to be passed on, and the loop completes the operations one
+/// turn each in the order sent: each waiter gets its own results, and nobody is left
+/// parked (an entry of a reused slot whose new operation is not complete is skipped, not
+/// taken for a wake-up).
+#[test]
+fn loom_handover_with_a_reused_slot() {
+    model(|| {
+        let pool = Arc::new(SlotPool::new());
+        let (tx, rx) = mpsc::channel::<(Arc<Slot>, u32)>();
+        let lp = thread::spawn(move || {
+            let mut owed = Owed::default();
+            for _ in 0..3 {
+                let (slot, t) = rx.recv().unwrap();
+                assert!(slot.complete_later(tagged(t), &mut owed).is_none());
+                owed.pay();
+            }
+        });
+        let (p, tx2) = (pool.clone(), tx.clone());
+        let other = thread::spawn(move || {
+            let slot = p.take();
+            tx2.send((slot.clone(), 3)).unwrap();
+            let r = tag(&slot.wait());
+            p.let_go(&slot);
+            r
+        });
+        for t in 1..=2 {
+            let slot = pool.take();
+            tx.send((slot.clone(), t)).unwrap();
+            assert_eq!(tag(&slot.wait()), Some(t));
+            pool.let_go(&slot);
+        }
+        assert_eq!(other.join().unwrap(), Some(3));
+        lp.join().unwrap();
+    });
+}
+
 // The hand-over of who drives.
 
 /// What a model's handles queue; each completes its slot with its tag.
@@ -205,9 +272,17 @@ enum Cmd {
 }
 
 impl Cmd {
+    /// Complete at once (a command that fails outside the loop).
     fn done(self, r: impl FnOnce(u32) -> Result<Out, Error>) {
         let (Cmd::Op(slot, t) | Cmd::Waits(slot, t) | Cmd::Free(slot, t)) = self;
         let back = slot.complete(r(t));
+        assert!(back.is_none(), "no model drops a Pending");
+    }
+
+    /// Complete from the loop, its wake-ups paid after the turn (as `Loop` does).
+    fn done_later(self, r: impl FnOnce(u32) -> Result<Out, Error>, owed: &mut Owed) {
+        let (Cmd::Op(slot, t) | Cmd::Waits(slot, t) | Cmd::Free(slot, t)) = self;
+        let back = slot.complete_later(r(t), owed);
         assert!(back.is_none(), "no model drops a Pending");
     }
 }
@@ -237,6 +312,8 @@ struct FakeLoop {
     /// `Waits` answered, not freed yet.
     waiting: Vec<Cmd>,
     freed: bool,
+    /// Wake-ups of parked waiters, paid at the end of each turn.
+    owed: Owed,
 }
 
 impl FakeLoop {
@@ -249,6 +326,7 @@ impl FakeLoop {
             answered: Vec::new(),
             waiting: Vec::new(),
             freed: false,
+            owed: Owed::default(),
         }
     }
 }
@@ -277,17 +355,18 @@ impl Drive for FakeLoop {
                 Cmd::Waits(..) => self.waiting.push(cmd),
                 Cmd::Free(..) => {
                     self.freed = true;
-                    cmd.done(tagged);
+                    cmd.done_later(tagged, &mut self.owed);
                 }
-                Cmd::Op(..) => cmd.done(tagged),
+                Cmd::Op(..) => cmd.done_later(tagged, &mut self.owed),
             }
         }
         if self.freed {
             for cmd in self.waiting.drain(..) {
-                cmd.done(tagged);
+                cmd.done_later(tagged, &mut self.owed);
             }
         }
         self.sent.append(&mut self.inbox);
+        self.owed.pay();
         None
     }
 
@@ -334,9 +413,10 @@ impl Drive for FakeLoop {
         ];
         for cmds in all {
             for cmd in cmds.drain(..) {
-                cmd.done(stopped);
+                cmd.done_later(stopped, &mut self.owed);
             }
         }
+        self.owed.pay();
     }
 }
 

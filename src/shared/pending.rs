@@ -1,6 +1,7 @@
 //! [`Pending`]: an operation submitted to the shared client's loop, awaited as a future or
 //! waited for on a thread; and the completion slot the loop fills.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
@@ -39,12 +40,16 @@ pub(crate) struct Slot {
     /// Holders that have not let go yet (see [`SlotPool::let_go`]).
     holders: AtomicU32,
     state: Mutex<SlotState>,
+    /// Where a completed slot whose thread is parked waits for its wake-up.
+    hand: Arc<Handover>,
 }
 
 #[derive(Default)]
 struct SlotState {
     result: Option<Result<Out, Error>>,
     waker: Option<Waker>,
+    /// The thread parked in [`Slot::wait`]; taken only by [`Handover::forward`] (once the
+    /// result is in), which wakes it and so hands it the next wake-ups.
     thread: Option<thread::Thread>,
     /// Nobody will take the result: the `Pending` was dropped first.
     dropped: bool,
@@ -56,11 +61,12 @@ impl Slot {
         self.ready.load(Ordering::Acquire)
     }
 
-    fn new(holders: u32) -> Arc<Slot> {
+    fn new(holders: u32, hand: Arc<Handover>) -> Arc<Slot> {
         Arc::new(Slot {
             ready: AtomicBool::new(false),
             holders: AtomicU32::new(holders),
             state: Mutex::new(SlotState::default()),
+            hand,
         })
     }
 
@@ -80,7 +86,26 @@ impl Slot {
     /// and puts the slot back itself (its next operation finds it in the pool). A slot
     /// whose `Pending` was dropped first is never let go (a queued cancel may still name
     /// it).
-    pub(crate) fn complete(&self, result: Result<Out, Error>) -> Option<Result<Out, Error>> {
+    pub(crate) fn complete(
+        self: &Arc<Self>,
+        result: Result<Out, Error>,
+    ) -> Option<Result<Out, Error>> {
+        let mut owed = Owed::default();
+        let back = self.complete_later(result, &mut owed);
+        owed.pay();
+        back
+    }
+
+    /// [`Slot::complete`], except that a parked thread is not woken here: the slot joins
+    /// its [`Handover`], and the wake-up that starts it, when one is needed, is left in
+    /// `owed` for the caller to [`Owed::pay`] (the loop pays once per turn, after its
+    /// writes: its requests go out before any waiter runs, and it wakes at most
+    /// [`FAN_OUT`] threads per turn however many results it hands over).
+    pub(crate) fn complete_later(
+        self: &Arc<Self>,
+        result: Result<Out, Error>,
+        owed: &mut Owed,
+    ) -> Option<Result<Out, Error>> {
         let mut st = lock(&self.state);
         if st.dropped {
             return Some(result);
@@ -89,13 +114,14 @@ impl Slot {
         st.result = Some(result);
         self.ready.store(true, Ordering::Release);
         let waker = st.waker.take();
-        let thread = st.thread.take();
+        let parked = st.thread.is_some();
         drop(st);
         if let Some(w) = waker {
             super::wake(w);
         }
-        if let Some(t) = thread {
-            t.unpark();
+        if parked {
+            self.hand.queue(self.clone());
+            owed.add(&self.hand);
         }
         None
     }
@@ -103,14 +129,28 @@ impl Slot {
     /// Block the calling thread until the result is in, and take it.
     ///
     /// The thread is registered under the lock that [`Slot::complete`] stores the result
-    /// under: either the result is seen here, or `complete` finds the thread to unpark.
+    /// under: either the result is seen here, or the completer finds the thread and
+    /// queues the slot in its [`Handover`]. A thread woken from there (its registration
+    /// taken) wakes the next ones before it returns.
     pub(crate) fn wait(&self) -> Result<Out, Error> {
         let mut st = lock(&self.state);
+        let mut registered = false;
         loop {
             if let Some(r) = st.result.take() {
+                // Registered and no longer: a `forward` took it (and woke us, or will):
+                // the wake-ups queued after ours are ours to pass on.
+                let woken = registered && st.thread.is_none();
+                st.thread = None;
+                drop(st);
+                if woken {
+                    self.hand.forward();
+                }
                 return r;
             }
-            st.thread = Some(thread::current());
+            if st.thread.is_none() {
+                st.thread = Some(thread::current());
+                registered = true;
+            }
             drop(st);
             thread::park();
             st = lock(&self.state);
@@ -132,6 +172,99 @@ impl Slot {
     }
 }
 
+/// How many parked waiters a wake-up passes on: each thread woken from a [`Handover`]
+/// wakes this many more before it returns, so the waiters of one loop turn are woken as a
+/// tree (64 in 2 steps), on the callers' CPUs, and the loop wakes at most this many.
+/// Measured with 64 threads (`examples/shared_cycles.rs`, 2026-11-27): 2, 4, 8 and 16
+/// all took the loop's thread from ~8 to ~3.5 µs of CPU per cycle; 8 gave the least
+/// client and masters' CPU in two runs (the noise is as large as the differences), and
+/// a shallow tree keeps a caller that runs late from delaying many others.
+#[cfg(not(all(test, loom)))]
+pub(crate) const FAN_OUT: usize = 8;
+/// One in the model tests: two waiters already need a wake-up passed on.
+#[cfg(all(test, loom))]
+pub(crate) const FAN_OUT: usize = 1;
+
+/// The completed slots of one client whose threads are parked, in completion order,
+/// waiting to be woken: the completer wakes the first [`FAN_OUT`] ([`Owed::pay`]), and
+/// every waiter woken from here wakes as many more ([`Slot::wait`] passes wake-ups on).
+///
+/// Why: a futex wake costs the waker a system call and often an inter-processor
+/// interrupt, and a woken caller preempts the loop's thread; 64 threads woken one by one
+/// by the loop made it spend most of its time waking (`benches/README.md`).
+///
+/// INVARIANT (no lost wake-up): whenever the list holds a slot, someone owes a
+/// [`Handover::forward`]: a completer that queued and has not paid yet, or a thread whose
+/// registration a `forward` took (it was parked in [`Slot::wait`] with its result in, so
+/// it returns, forwarding first). A `forward` pops until it has woken [`FAN_OUT`]
+/// threads or the list is empty, so the debt passes on or ends with the list.
+/// Stale entries (the waiter saw its result on its own, or the slot was reused for an
+/// operation not complete yet) are skipped: a registration is taken only with the result
+/// in. An entry holds its slot, which holds the handover: by the invariant the list is
+/// empty once nobody waits, so that cycle of references does not outlive the client.
+pub(crate) struct Handover {
+    parked: Mutex<VecDeque<Arc<Slot>>>,
+}
+
+impl Handover {
+    fn new() -> Handover {
+        Handover {
+            parked: Mutex::new(VecDeque::with_capacity(64)),
+        }
+    }
+
+    /// Queue `slot` (its result in, its thread parked); the caller owes a
+    /// [`Handover::forward`].
+    fn queue(&self, slot: Arc<Slot>) {
+        lock(&self.parked).push_back(slot);
+    }
+
+    /// Wake up to [`FAN_OUT`] queued threads whose result is in.
+    pub(crate) fn forward(&self) {
+        let mut woken = 0;
+        while woken < FAN_OUT {
+            let Some(slot) = lock(&self.parked).pop_front() else {
+                return;
+            };
+            let mut st = lock(&slot.state);
+            let thread = if st.result.is_some() {
+                st.thread.take()
+            } else {
+                None
+            };
+            drop(st);
+            if let Some(t) = thread {
+                t.unpark();
+                woken += 1;
+            }
+        }
+    }
+}
+
+/// Wake-ups a completer owes ([`Slot::complete_later`]); paid with [`Owed::pay`]. Once it
+/// has seen a [`Handover`] it keeps it, and every `pay` also passes on what is queued
+/// there: a waiter that was woken but runs late (preempted, a low priority) delays the
+/// ones after it by at most one turn of a running loop.
+#[derive(Default)]
+pub(crate) struct Owed {
+    hand: Option<Arc<Handover>>,
+}
+
+impl Owed {
+    fn add(&mut self, hand: &Arc<Handover>) {
+        if self.hand.is_none() {
+            self.hand = Some(hand.clone());
+        }
+    }
+
+    /// Wake the first [`FAN_OUT`] of what is queued (they pass the rest on).
+    pub(crate) fn pay(&self) {
+        if let Some(h) = &self.hand {
+            h.forward();
+        }
+    }
+}
+
 /// Spare completion slots, shared by the handles and the loop.
 ///
 /// A slot has two holders while its operation is queued or in flight: the [`Pending`] and
@@ -141,6 +274,8 @@ impl Slot {
 /// still names) only costs the slot its reuse: it is freed like any `Arc`.
 pub(crate) struct SlotPool {
     spare: Mutex<Vec<Arc<Slot>>>,
+    /// The client's parked waiters (every slot of the pool queues there).
+    hand: Arc<Handover>,
 }
 
 /// Spare slots kept at most (more are freed).
@@ -150,6 +285,7 @@ impl SlotPool {
     pub(crate) fn new() -> SlotPool {
         SlotPool {
             spare: Mutex::new(Vec::with_capacity(64)),
+            hand: Arc::new(Handover::new()),
         }
     }
 
@@ -162,7 +298,7 @@ impl SlotPool {
                 slot.reset(holders);
                 slot
             }
-            None => Slot::new(holders),
+            None => Slot::new(holders, self.hand.clone()),
         }
     }
 
