@@ -372,6 +372,9 @@ impl Core {
         if self.rounds.watches.any() {
             self.rounds.watches.remove_token(&lock.token);
         }
+        if self.rounds.has_restores() {
+            self.rounds.forget_restores(&lock.token);
+        }
         self.submit_on_lock(task::Kind::Release, lock, lock.ttl, now)
     }
 
@@ -380,6 +383,9 @@ impl Core {
         lock.record_hold(now);
         if self.rounds.watches.any() {
             self.rounds.watches.remove_token(&lock.token);
+        }
+        if self.rounds.has_restores() {
+            self.rounds.forget_restores(&lock.token);
         }
         let timeout = self.round_timeout(lock.ttl);
         let (token, ttl_ms) = (lock.token, lock.ttl.as_millis() as u64);

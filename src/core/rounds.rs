@@ -1496,22 +1496,39 @@ impl Rounds {
     }
 
     /// Master `i` answered extension `id` with 2: it had lost a key (see
-    /// `scripts::EXTEND`). Remembered in the op; put back once the extension has its quorum
-    /// (from masters that still held the lock), so that a lock held on a quorum does not
-    /// erode one master at a time. An extension that fails puts nothing back (a lock broken
-    /// on purpose, `force_release`, stays broken).
+    /// `scripts::EXTEND`). Remembered in the op while it is undecided; put back when the
+    /// extension is decided with its quorum (from masters that still held the lock), so
+    /// that a lock held on a quorum does not erode one master at a time. An extension that
+    /// fails puts nothing back (a lock broken on purpose, `force_release`, stays broken),
+    /// and an answer after the decision is left to the next extension: by then the lock may
+    /// be released, and a put behind its release would leave the key for a whole TTL
+    /// (the simulation's issue19_3, seed 60: an orphan key).
     fn restore_where_missing(&mut self, i: usize, id: OpId) {
         let op = &mut self.ops[id.slot as usize];
+        if op.state != OpState::Active {
+            // Decided: a watched lock is still held (its release ends the watch, and drops
+            // the puts not started yet: `forget_restores`), so its key goes back at once.
+            let token = op.args.token;
+            if op.tally.decision() == Decision::Reached
+                && token.is_some_and(|t| self.watches.find_token(&t).is_some())
+            {
+                if let Some(m) = op.left_ms.get_mut(i) {
+                    *m = 2;
+                }
+                self.restore_if_reached(id);
+            }
+            return;
+        }
         // `left_ms` of an extend round: 2 where the master lost a key, 0 elsewhere (and
         // once the keys are put back there).
         if let Some(m) = op.left_ms.get_mut(i) {
             *m = 2;
         }
-        self.restore_if_reached(id);
     }
 
-    /// Extension `id`: once it has its quorum, put back the keys of the masters that
-    /// answered that they had lost them (at the next step).
+    /// Extension `id` is decided: with its quorum, put back the keys of the masters that
+    /// answered that they had lost them (at the end of this step, before the lock can be
+    /// released).
     pub(crate) fn restore_if_reached(&mut self, id: OpId) {
         let op = &mut self.ops[id.slot as usize];
         if op.gen != id.gen
@@ -1531,6 +1548,14 @@ impl Rounds {
         }
         let timeout = op.deadline.saturating_duration_since(op.started);
         self.restores.push((op.args.clone(), mask, timeout));
+    }
+
+    /// The lock of `token` is being released: no key of it goes back any more.
+    pub(crate) fn forget_restores(&mut self, token: &crate::token::Token) {
+        if !self.restores.is_empty() {
+            self.restores
+                .retain(|(a, _, _)| a.token.as_ref() != Some(token));
+        }
     }
 
     /// Extensions wait to put keys back (see [`Rounds::restore_where_missing`]).
