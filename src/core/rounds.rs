@@ -1368,6 +1368,8 @@ impl Rounds {
         }
         if req == Request::Extend {
             self.after_extend(i, id, value, now);
+        } else if req == Request::AcquireWait && self.watches.any() {
+            self.after_mark(i, id, now);
         }
         let us = self.micros(now);
         let op = &mut self.ops[id.slot as usize];
@@ -1477,6 +1479,11 @@ impl Rounds {
         now: Instant,
     ) {
         self.masters[i].stats.invalidations += 1;
+        self.rearm(i, touched, now);
+    }
+
+    /// Read the watches of `touched` again on master `i`, those it may hold for.
+    fn rearm(&mut self, i: usize, touched: smallvec::SmallVec<[WatchId; 4]>, now: Instant) {
         for w in touched {
             let may_hold = self
                 .watches
@@ -1486,6 +1493,25 @@ impl Rounds {
             if may_hold {
                 self.arm(i, w, now);
             }
+        }
+    }
+
+    /// A waiting acquire's reply from master `i`: its script marks a held key (`WAITED`),
+    /// and with NOLOOP a write by this very connection ends the tracking of the key
+    /// without a word. A shared client's caller that waits for a lock a sibling holds (or
+    /// any waiter of ours on a watched key) would leave that watch deaf on this master
+    /// until its next extension: every watch of the op's keys is read (and armed) again.
+    fn after_mark(&mut self, i: usize, id: OpId, now: Instant) {
+        let mut touched: smallvec::SmallVec<[WatchId; 4]> = smallvec::SmallVec::new();
+        for k in self.ops[id.slot as usize].args.keys.iter() {
+            for w in self.watches.with_key(Some(k)) {
+                if !touched.contains(&w) {
+                    touched.push(w);
+                }
+            }
+        }
+        if !touched.is_empty() {
+            self.rearm(i, touched, now);
         }
     }
 
