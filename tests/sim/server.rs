@@ -2284,7 +2284,6 @@ impl SimRedis {
         };
         if let Some(c) = self.conns.get_mut(&id) {
             c.tracking = on.then_some((optin, noloop));
-            c.caching = false;
         }
         ok()
     }
