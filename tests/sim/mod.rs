@@ -24,6 +24,14 @@
 //! uptime, no keys) behind an address; a script flush; client pauses (GC) that freeze a
 //! client's loop while time runs on. A client's close (RST) drops its bytes in flight.
 //!
+//! Issue 21 (`watch.rs`): clients may watch the locks they hold (RESP3 client-side
+//! tracking on their lock links, as `hold` and `auto_extend` do); the network may lose an
+//! `invalidate` push or the master write it late (behind replies written meanwhile), the
+//! masters evict tracked keys (spurious invalidations) and expire keys actively, and an
+//! operator may take a watched lock's keys away (`DEL`, an overwrite, `FLUSHALL`). The
+//! world keeps the ground truth (which masters hold each watched token, over time) that
+//! (xii) and (xiii) of `check.rs` are checked against.
+//!
 //! After `horizon` the faults heal (every master up, every partition over), the callers
 //! stop (lock calls cancelled, locks released), each client shuts down as its front-end
 //! does, the network runs until it is quiet, and the properties of `check.rs` are checked.
