@@ -5,7 +5,9 @@
 //!
 //! The cases cover every branch of every script in `src/scripts.rs` (and their error
 //! paths), the handshake the client sends (AUTH, SELECT, SCRIPT LOAD, INFO, CONFIG GET),
-//! `-NOSCRIPT` and `EVAL`, pub/sub, protocol errors and restarts. When a script changes,
+//! `-NOSCRIPT` and `EVAL`, pub/sub, protocol errors and restarts, and the client-side
+//! tracking a watched lock uses (`HELLO 3`, `CLIENT TRACKING`/`CACHING`, `MGET` and the
+//! `invalidate` pushes, compared frame by frame with their RESP3 types). When a script changes,
 //! the case that runs the changed line fails until `server.rs` mirrors it.
 //!
 //! How the replies are read: the simulated server is fed first; for each connection, the
@@ -56,7 +58,12 @@ enum Val {
     Int(i64),
     Bulk(Vec<u8>),
     Null,
+    /// RESP3's `_` (`Null` is `$-1` or `*-1`).
+    Null3,
     Array(Vec<Val>),
+    /// RESP3 `%` (keys and values in order) and `>`.
+    Map(Vec<Val>),
+    Push(Vec<Val>),
     /// A RESP3 type the client never sees from a RESP2 server.
     Other(String),
 }
@@ -73,7 +80,10 @@ impl fmt::Debug for Val {
             Val::Int(n) => write!(f, ":{n}"),
             Val::Bulk(b) => write!(f, "\"{}\"", esc(b)),
             Val::Null => write!(f, "nil"),
+            Val::Null3 => write!(f, "_"),
             Val::Array(a) => f.debug_list().entries(a).finish(),
+            Val::Map(a) => write!(f, "%{a:?}"),
+            Val::Push(a) => write!(f, ">{a:?}"),
             Val::Other(s) => write!(f, "<{s}>"),
         }
     }
@@ -85,8 +95,16 @@ fn val(f: &Frame<'_>) -> Val {
         Frame::Error(s) => Val::Error(s.to_vec()),
         Frame::Integer(n) => Val::Int(*n),
         Frame::Bulk(b) => Val::Bulk(b.to_vec()),
-        Frame::NullBulk | Frame::NullArray | Frame::Null => Val::Null,
-        Frame::Aggregate(a) => Val::Array(a.iter().map(|f| val(&f)).collect()),
+        Frame::NullBulk | Frame::NullArray => Val::Null,
+        Frame::Null => Val::Null3,
+        Frame::Aggregate(a) => {
+            let items = a.iter().map(|f| val(&f)).collect();
+            match a.kind() {
+                resp::AggregateKind::Map => Val::Map(items),
+                resp::AggregateKind::Push => Val::Push(items),
+                _ => Val::Array(items),
+            }
+        }
         other => Val::Other(format!("{other:?}")),
     }
 }
@@ -126,6 +144,8 @@ enum Cmp {
     Info,
     Config,
     Sorted,
+    /// `HELLO`: equal but the connection `id` (any integer on both).
+    Hello,
 }
 
 enum Step {
@@ -211,6 +231,26 @@ impl Steps {
             cmp: Cmp::Exact,
             whole,
             what: format!("raw {}", esc(bytes)),
+        });
+        self
+    }
+    /// Commands of text arguments sent as one step (no sentinel between them: a
+    /// `CLIENT CACHING YES` lasts for the next command only), compared exactly.
+    fn pipe(&mut self, conn: usize, cmds: &[&[&str]]) -> &mut Steps {
+        let mut bytes = Vec::new();
+        let mut what = String::new();
+        for args in cmds {
+            let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+            bytes.extend(encode(&args));
+            what.push_str(&describe(&args));
+            what.push_str("; ");
+        }
+        self.0.push(Step::Send {
+            conn,
+            bytes,
+            cmp: Cmp::Exact,
+            whole: true,
+            what,
         });
         self
     }
@@ -767,6 +807,106 @@ fn cases() -> Vec<Case> {
         )
         .c(0, &["GET", "gone6"]);
     v.push(case("extend_puts_back_a_lost_key", Kind::Plain, 1, s));
+
+    // ---- client-side tracking (issue 21) -----------------------------------------------------
+    // Connection 0 tracks as the client's lock links do (RESP3, OPTIN, NOLOOP), connection
+    // 1 is someone else (RESP2), connection 2 tracks every read and without NOLOOP.
+    s.cmp(0, &["HELLO", "3"], Cmp::Hello)
+        .c(0, &["CLIENT", "TRACKING", "ON", "OPTIN", "NOLOOP"])
+        .pipe(0, &[&["CLIENT", "CACHING", "YES"], &["MGET", "k"]])
+        // Someone else writes a key read under CACHING: one push, and the key is forgotten.
+        .c(1, &["SET", "k", TA, "PX", "60000"])
+        .c(1, &["SET", "k", TA, "PX", "60000"])
+        // A read without CACHING does not track.
+        .c(0, &["MGET", "k"])
+        .c(1, &["SET", "k", TB, "PX", "60000"])
+        .pipe(
+            0,
+            &[&["CLIENT", "CACHING", "YES"], &["MGET", "k", "a", "k"]],
+        )
+        .c(0, &["GET", "nokey"])
+        // Our own write (NOLOOP): no push, and the key is forgotten: someone's DEL is
+        // not heard (why a waiting acquire's reply re-arms the watch).
+        .c(0, &["APPEND", "k", "+"])
+        .c(1, &["DEL", "k"])
+        // A missing key read under CACHING is tracked too.
+        .c(1, &["SET", "a", "v"])
+        .pipe(0, &[&["CLIENT", "CACHING", "YES"], &["GET", "a"]])
+        .c(1, &["PEXPIRE", "a", "60000"])
+        .c(1, &["PEXPIRE", "a", "60000"])
+        .pipe(0, &[&["CLIENT", "CACHING", "YES"], &["GET", "a"]])
+        .c(1, &["DEL", "nokey", "a"])
+        // A refused SET NX writes nothing; SET XX does.
+        .c(1, &["SET", "b", "v"])
+        .pipe(0, &[&["CLIENT", "CACHING", "YES"], &["MGET", "b"]])
+        .c(1, &["SET", "b", "v2", "NX"])
+        .c(1, &["SET", "b", "v3", "XX"])
+        // CACHING lasts one command, but a CLIENT command does not use it up.
+        .pipe(
+            0,
+            &[
+                &["CLIENT", "CACHING", "YES"],
+                &["CLIENT", "TRACKING", "ON", "OPTIN", "NOLOOP"],
+                &["GET", "c"],
+                &["GET", "d"],
+            ],
+        )
+        .c(1, &["SET", "c", "v"])
+        .c(1, &["SET", "d", "v"])
+        // A script's reads count for its caller (EXTEND of someone else's key reads it,
+        // answers 0 and writes nothing).
+        .c(1, &["SET", "s", TB, "PX", "60000"])
+        .load_all(0)
+        .pipe(
+            0,
+            &[
+                &["CLIENT", "CACHING", "YES"],
+                &["EVALSHA", scripts::EXTEND.sha, "1", "s", TA, "1000"],
+            ],
+        )
+        .c(1, &["SET", "s", TA, "PX", "60000"])
+        // EXTEND of our own key reads it and writes it (PEXPIRE): forgotten, no push.
+        .pipe(
+            0,
+            &[
+                &["CLIENT", "CACHING", "YES"],
+                &["EVALSHA", scripts::EXTEND.sha, "1", "s", TA, "90000"],
+            ],
+        )
+        .c(1, &["DEL", "s"])
+        // Expiry: the key goes (lazily on someone's read, or by the active expiry) and the
+        // push follows.
+        .c(1, &["SET", "e", "v", "PX", "100"])
+        .pipe(0, &[&["CLIENT", "CACHING", "YES"], &["GET", "e"]])
+        .sleep(400)
+        .c(1, &["GET", "e"])
+        // Without OPTIN every read tracks; without NOLOOP our own write is pushed to us
+        // too, after its reply.
+        .cmp(2, &["HELLO", "3"], Cmp::Hello)
+        .c(2, &["CLIENT", "CACHING", "YES"])
+        .c(2, &["CLIENT", "TRACKING", "ON"])
+        .c(2, &["CLIENT", "CACHING", "YES"])
+        .c(2, &["CLIENT", "CACHING", "NO"])
+        .c(2, &["CLIENT", "CACHING", "maybe"])
+        .c(2, &["GET", "x"])
+        .c(2, &["SET", "x", "1"])
+        .c(2, &["GET", "x"])
+        .c(1, &["SET", "x", "2"])
+        // FLUSHALL: a null invalidation to every tracking connection, ours after the reply.
+        .c(1, &["FLUSHALL"])
+        .c(0, &["FLUSHALL"])
+        // Errors.
+        .c(1, &["CLIENT", "CACHING", "YES"])
+        .c(1, &["CLIENT", "TRACKING"])
+        .c(1, &["CLIENT", "TRACKING", "maybe"])
+        .c(1, &["CLIENT", "FOO"])
+        .c(1, &["HELLO", "4"])
+        .c(1, &["HELLO", "abc"])
+        .cmp(1, &["HELLO", "2"], Cmp::Hello)
+        .cmp(0, &["HELLO", "2"], Cmp::Hello)
+        .c(0, &["GET", "nokey"])
+        .cmp(0, &["HELLO"], Cmp::Hello);
+    v.push(case("client_side_tracking", Kind::Plain, 3, s));
 
     // ---- ACQUIRE_MANY ----------------------------------------------------------------------
     s.load_all(0)
@@ -1467,6 +1607,25 @@ fn compare(cmp: Cmp, real: &Val, sim: &Val, cx: &mut Ctx) -> Result<(), String> 
                 return fail("differ (as a set of pairs)");
             }
         }
+        Cmp::Hello => {
+            let (Val::Map(r) | Val::Array(r), Val::Map(s) | Val::Array(s)) = (real, sim) else {
+                return fail("not maps");
+            };
+            let same_kind = matches!(
+                (real, sim),
+                (Val::Map(_), Val::Map(_)) | (Val::Array(_), Val::Array(_))
+            );
+            let id = Val::Bulk(b"id".to_vec());
+            let ok = same_kind
+                && r.len() == s.len()
+                && r.chunks(2).zip(s.chunks(2)).all(|(r, s)| match (r, s) {
+                    ([k, Val::Int(_)], [l, Val::Int(_)]) if *k == id && *l == id => true,
+                    _ => r == s,
+                });
+            if !ok {
+                return fail("differ (but the connection id)");
+            }
+        }
         Cmp::Info => {
             let (Val::Bulk(r), Val::Bulk(s)) = (real, sim) else {
                 return fail("not bulk strings");
@@ -1946,4 +2105,47 @@ fn a_protocol_error_closes_the_connection() {
         b"+PONG\r\n-ERR Protocol error: invalid multibulk length\r\n"
     );
     assert!(!s.feed(c, b"*1\r\n$4\r\nPING\r\n", T0));
+}
+
+#[test]
+fn evictions_and_active_expiry_push_invalidations() {
+    // A full tracking table and the active expiry cycle act on their own time: a real
+    // server cannot be made to show them at a chosen step.
+    let mut s = sim(T0);
+    let (a, b) = (s.open(), s.open());
+    let track = [
+        encode(&[b"HELLO", b"3"]),
+        encode(&[b"CLIENT", b"TRACKING", b"ON", b"OPTIN", b"NOLOOP"]),
+        encode(&[b"CLIENT", b"CACHING", b"YES"]),
+        encode(&[b"MGET", b"k", b"e"]),
+    ]
+    .concat();
+    assert!(s.feed(b, &encode(&[b"SET", b"k", b"v"]), T0));
+    assert!(s.feed(b, &encode(&[b"SET", b"e", b"v", b"PX", b"10"]), T0));
+    s.take_output(b);
+    assert!(s.feed(a, &track, T0));
+    s.take_output(a);
+    assert!(s.tracks(a, b"k") && s.tracks(a, b"e"));
+    assert_eq!(s.tracked_keys(), [b"e".to_vec(), b"k".to_vec()]);
+    // An eviction: the key did not change, the tracker hears it did and forgets it.
+    assert!(s.evict_tracked(b"k"));
+    assert!(!s.tracks(a, b"k"));
+    let push = Val::Push(vec![
+        Val::Bulk(b"invalidate".to_vec()),
+        Val::Array(vec![Val::Bulk(b"k".to_vec())]),
+    ]);
+    assert_eq!(frames(&s.take_output(a)), [push]);
+    assert!(!s.evict_tracked(b"k"));
+    assert!(s.take_output(a).is_empty());
+    // The active expiry: nothing before the key's last millisecond, a push after it.
+    s.active_expire(T0 + 10);
+    assert!(s.take_output(a).is_empty());
+    s.active_expire(T0 + 11);
+    let push = Val::Push(vec![
+        Val::Bulk(b"invalidate".to_vec()),
+        Val::Array(vec![Val::Bulk(b"e".to_vec())]),
+    ]);
+    assert_eq!(frames(&s.take_output(a)), [push]);
+    assert!(s.tracked_keys().is_empty());
+    assert_eq!(s.get(0, b"k", T0 + 11).as_deref(), Some(&b"v"[..]));
 }

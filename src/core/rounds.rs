@@ -1239,6 +1239,11 @@ impl Rounds {
                             if req == Request::Extend && value == 2 {
                                 self.extend_found_missing(i, id, now);
                             }
+                            // A refused waiting acquire marked the held key: read the
+                            // watches of its keys again (never a literal answer either).
+                            if req == Request::AcquireWait && self.watches.any() {
+                                self.after_mark(i, id, now);
+                            }
                         }
                         Err(()) => {
                             // A reply that fits no request: the stream can not be trusted.
@@ -1658,6 +1663,16 @@ impl Rounds {
         now: Instant,
     ) {
         self.watch_stats[i].invalidations += 1;
+        self.reread_touched(i, touched, now);
+    }
+
+    /// Read the watches of `touched` again on master `i`, those it may hold for.
+    fn reread_touched(
+        &mut self,
+        i: usize,
+        touched: smallvec::SmallVec<[WatchId; 4]>,
+        now: Instant,
+    ) {
         for w in touched {
             let may_hold = self
                 .watches
@@ -1667,6 +1682,30 @@ impl Rounds {
             if may_hold {
                 self.arm(i, w, now);
             }
+        }
+    }
+
+    /// A waiting acquire's reply from master `i`: its script marks a held key (`WAITED`),
+    /// and with NOLOOP a write by this very connection ends the tracking of the key
+    /// without a word. A shared client's caller that waits for a lock a sibling holds (or
+    /// any waiter of ours on a watched key) would leave that watch deaf on this master
+    /// until its next extension: every watch of the op's keys is read (and armed) again.
+    #[cold]
+    #[inline(never)]
+    fn after_mark(&mut self, i: usize, id: OpId, now: Instant) {
+        if self.ops[id.slot as usize].gen != id.gen {
+            return;
+        }
+        let mut touched: smallvec::SmallVec<[WatchId; 4]> = smallvec::SmallVec::new();
+        for k in self.ops[id.slot as usize].args.keys.iter() {
+            for w in self.watches.with_key(Some(k)) {
+                if !touched.contains(&w) {
+                    touched.push(w);
+                }
+            }
+        }
+        if !touched.is_empty() {
+            self.reread_touched(i, touched, now);
         }
     }
 

@@ -22,7 +22,10 @@
 //!
 //! Our own extension modifies the keys and so ends their tracking: each reply to an
 //! extension re-arms that master (whatever the reply said: a master that lost the key and
-//! got it back from the extension script votes yes again after the read).
+//! got it back from the extension script votes yes again after the read). A waiting acquire
+//! of ours marks a held key (`WAITED`): with NOLOOP that write too ends the tracking without
+//! a push (a shared client's caller waiting for a lock its sibling holds), so each reply to
+//! one re-arms the watches of its keys there.
 
 use smallvec::SmallVec;
 

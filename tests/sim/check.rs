@@ -25,6 +25,21 @@
 //!     never granted (only locks whose holder vanished without releasing keep theirs until
 //!     their TTL; a single-owner client that still owed releases when it was dropped may
 //!     leave keys until their TTL, which its documentation says).
+//! (xii) no spurious loss (issue 21): a watched lock is never reported lost (`take_lost`)
+//!     while a quorum of masters holds its token, in the world's ground truth, throughout
+//!     the last `2 x` the longest one-way delay before the report (a read's answer, or an
+//!     extension that put a key back, may be that old). The masters whose connection
+//!     closed (their vote in the report is `Failed`: "a closed connection takes the
+//!     master's vote") do not count as holding: that rule is the design's. An invalidation
+//!     the master sends for a key that did not change (a tracking-table eviction) must be
+//!     confirmed away by a read.
+//! (xiii) a loss is reported within a bound (issue 21): once fewer than a quorum of masters
+//!     hold a watched lock's token (ground truth; a master that is down holds nothing)
+//!     and it stays so, the client reports it lost within `watch_bound` (a few one-way
+//!     delays, a late push's delay, the client's turn) -- unless a push of the lock's keys
+//!     to that client was lost (then only the next extension finds the loss), a cut held
+//!     the client's bytes or its loop was frozen meanwhile, or the lock's validity ends
+//!     first (an honest holder stops there anyway).
 
 use std::fmt;
 
@@ -89,6 +104,38 @@ pub enum Property {
     Uncontended,
     /// The run itself went wrong: the core never settled, a call never ended.
     Stuck,
+    /// (xii).
+    NoSpuriousLoss,
+    /// (xiii).
+    LossReported,
+}
+
+/// A watched lock (issue 21), and what the masters held of it.
+#[derive(Clone, Debug)]
+pub struct WatchRec {
+    pub client: usize,
+    pub caller: usize,
+    pub id: redlock_mux::core::WatchId,
+    /// The lock's token (whole) and keys.
+    pub token: Vec<u8>,
+    pub keys: Vec<Vec<u8>>,
+    /// Its first hold record (`World::held`).
+    pub hold: Option<usize>,
+    pub start: Us,
+    /// Unwatched (the hold ended), reported lost.
+    pub end: Option<Us>,
+    pub reported: Option<Us>,
+    /// Ground truth: from each instant, the listed masters that hold its token (bits).
+    pub hist: Vec<(Us, u64)>,
+    /// (xiii): fewer than a quorum hold it since then.
+    pub owe_since: Option<Us>,
+    /// A push of its keys to its client was lost.
+    pub push_lost: bool,
+    /// An operator took its token from some master: Redlock's guarantee assumes nobody
+    /// touches the keys, so from then on the hold ends for (i) as soon as fewer than a
+    /// quorum hold its token, whatever takes the last one (an expiry of a key an
+    /// extension did not reach: seed 183 of issue21_watch).
+    pub tampered: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -210,7 +257,7 @@ use super::World;
 use redlock_mux::Lock;
 
 impl World {
-    fn quorum(&self) -> usize {
+    pub(crate) fn quorum(&self) -> usize {
         self.listed.len() / 2 + 1
     }
 
@@ -550,12 +597,50 @@ impl World {
         }
     }
 
+    /// (xii): watch `r` was reported lost now; `failed`: the listed masters whose vote
+    /// the report gives as a closed connection.
+    pub(crate) fn check_report(&mut self, r: usize, failed: u64) {
+        let t = self.t;
+        let q = self.quorum();
+        let window = 2 * self.max_delay() + 2 * super::MS;
+        let rec = &self.watches[r];
+        let from = t.saturating_sub(window);
+        // The truth in force at `from`, and every later one.
+        let first = rec
+            .hist
+            .iter()
+            .rposition(|&(at, _)| at <= from)
+            .unwrap_or(0);
+        let held = |m: u64| (m & !failed).count_ones() as usize >= q;
+        if rec.hist[first..].iter().all(|&(_, m)| held(m)) {
+            let what = format!(
+                "client {} caller {}: lock {} reported lost at {:.3} ms while a quorum of \
+                 masters held it since {:.3} ms at least (holding, by instant: {:?}; votes \
+                 taken by a closed connection: {failed:b})",
+                rec.client,
+                rec.caller,
+                String::from_utf8_lossy(&rec.token[..16]),
+                super::ms(t),
+                super::ms(from),
+                rec.hist
+                    .iter()
+                    .map(|&(t, m)| (super::ms(t), format!("{m:b}")))
+                    .collect::<Vec<_>>(),
+            );
+            self.violation(Property::NoSpuriousLoss, t, what);
+        }
+    }
+
     /// After the run: (i), (ii), (xi), and every call ended.
     pub(crate) fn final_checks(&mut self) {
         let t = self.t;
         for h in &mut self.held {
             if h.end == u64::MAX {
                 h.end = h.valid_until.min(t);
+            }
+            // An operator took the lock's keys from a quorum: not the client's doing.
+            if let Some(&at) = self.stolen.get(h.token.as_bytes()) {
+                h.end = h.end.min(at.max(h.start));
             }
         }
         for v in check_intervals(&self.held) {

@@ -43,6 +43,10 @@ pub struct Caller {
     pub call: Option<usize>,
     /// Its hold record (`World::held`) while it holds.
     pub hold: Option<usize>,
+    /// Its lock's watch record (`World::watches`) while it holds a watched lock.
+    pub watch: Option<usize>,
+    /// When its watched lock was reported lost (the hold ends there).
+    pub lost_at: Option<Us>,
 }
 
 pub enum State {
@@ -122,6 +126,8 @@ impl Client {
                     state: State::Idle,
                     call: None,
                     hold: None,
+                    watch: None,
+                    lost_at: None,
                 })
                 .collect(),
             dropped: Vec::new(),
@@ -182,10 +188,13 @@ impl Client {
 
     fn busy(&self) -> bool {
         self.callers.iter().any(|k| {
-            matches!(
-                k.state,
-                State::Calling { .. } | State::Extending { .. } | State::Releasing { .. }
-            )
+            // A watched hold is the single owner's `hold`: its keeper reads the masters'
+            // connections all along.
+            k.watch.is_some()
+                || matches!(
+                    k.state,
+                    State::Calling { .. } | State::Extending { .. } | State::Releasing { .. }
+                )
         })
     }
 
@@ -319,6 +328,7 @@ impl World {
             return;
         }
         self.collect_done(c);
+        self.collect_lost(c);
         if self.stopping {
             self.maybe_shut(c);
         }
@@ -656,9 +666,11 @@ impl World {
                             self.log(|| format!("client {c} caller {k}: extend failed: {e}"));
                         }
                     }
+                    let lost_at = self.clients[c].callers[k].lost_at;
+                    let work_end = if self.stopping { self.t } else { work_end };
                     self.clients[c].callers[k].state = State::Holding {
                         lock,
-                        work_end: if self.stopping { self.t } else { work_end },
+                        work_end: lost_at.map_or(work_end, |l| l.min(work_end)),
                         extends_left,
                     };
                 }
@@ -671,6 +683,44 @@ impl World {
             }
         }
         self.maybe_leave(c);
+    }
+
+    /// The watched locks the core found lost: (xii) checked; the holder stops at once
+    /// (the shared client marks the guard lost, `hold` tells the work), then releases.
+    fn collect_lost(&mut self, c: usize) {
+        while let Some(w) = self.clients[c].core.take_lost() {
+            let t = self.t;
+            let report = self.clients[c].core.watch_lost(w);
+            let Some(r) = self
+                .watches
+                .iter()
+                .rposition(|x| x.client == c && x.id == w && x.end.is_none())
+            else {
+                continue;
+            };
+            let mut failed = 0u64;
+            if let Some(rep) = report.as_ref().and_then(|e| e.report()) {
+                for (i, (_, o)) in rep.outcomes().enumerate() {
+                    if matches!(o, redlock_mux::rules::Outcome::Failed(_)) {
+                        failed |= 1 << i;
+                    }
+                }
+            }
+            self.stats.lost_reports += 1;
+            self.watches[r].reported = Some(t);
+            let k = self.watches[r].caller;
+            let token = String::from_utf8_lossy(&self.watches[r].token[..16]).into_owned();
+            self.log(|| format!("client {c} caller {k}: LOST {token} (failed votes {failed:b})"));
+            self.check_report(r, failed);
+            let caller = &mut self.clients[c].callers[k];
+            if caller.watch != Some(r) {
+                continue;
+            }
+            caller.lost_at = Some(t);
+            if let State::Holding { work_end, .. } = &mut caller.state {
+                *work_end = (*work_end).min(t);
+            }
+        }
     }
 
     fn after_call(&mut self, c: usize, k: usize) {
@@ -738,13 +788,38 @@ impl World {
                     t + self.rng.u64(a..=b.max(a))
                 };
                 let extends_left = self.rng.u32(0..=self.cfg.max_extends);
+                let watch = self.clients[c].cfg.watch.then(|| {
+                    let now = self.instant(t);
+                    let id = self.clients[c].core.watch_lock(&lock, now);
+                    self.add_watch(super::check::WatchRec {
+                        client: c,
+                        caller: k,
+                        id,
+                        token: lock.token().as_bytes().to_vec(),
+                        keys: lock.resources().map(<[u8]>::to_vec).collect(),
+                        hold: Some(hold),
+                        start: t,
+                        end: None,
+                        reported: None,
+                        hist: Vec::new(),
+                        owe_since: None,
+                        push_lost: false,
+                        tampered: false,
+                    })
+                });
                 let caller = &mut self.clients[c].callers[k];
                 caller.hold = Some(hold);
+                caller.watch = watch;
+                caller.lost_at = None;
                 caller.state = State::Holding {
                     lock,
                     work_end,
                     extends_left,
                 };
+                if watch.is_some() {
+                    // The reads that arm the watch go out at once (the keeper's loop).
+                    self.flush(c);
+                }
             }
             Ok(other) => panic!("a lock call ended with {other:?}"),
             Err(e) => {
@@ -765,9 +840,17 @@ impl World {
     fn end_hold(&mut self, c: usize, k: usize, lock: Lock) {
         let t = self.t;
         let valid = self.us(lock.valid_until());
+        if let Some(r) = self.clients[c].callers[k].watch.take() {
+            // `hold` unwatches when the work is over; the shared loop on the release.
+            let id = self.watches[r].id;
+            self.clients[c].core.unwatch_lock(id);
+            self.watches[r].end = Some(t);
+        }
+        let lost_at = self.clients[c].callers[k].lost_at.take();
         if let Some(h) = self.clients[c].callers[k].hold.take() {
             let n = lock.resources().count();
             let end = if self.cfg.honest { t.min(valid) } else { t };
+            let end = lost_at.map_or(end, |l| l.min(end));
             for x in &mut self.held[h..h + n] {
                 x.end = end;
                 x.valid_until = valid;

@@ -24,6 +24,14 @@
 //! uptime, no keys) behind an address; a script flush; client pauses (GC) that freeze a
 //! client's loop while time runs on. A client's close (RST) drops its bytes in flight.
 //!
+//! Issue 21 (`watch.rs`): clients may watch the locks they hold (RESP3 client-side
+//! tracking on their lock links, as `hold` and `auto_extend` do); the network may lose an
+//! `invalidate` push or the master write it late (behind replies written meanwhile), the
+//! masters evict tracked keys (spurious invalidations) and expire keys actively, and an
+//! operator may take a watched lock's keys away (`DEL`, an overwrite, `FLUSHALL`). The
+//! world keeps the ground truth (which masters hold each watched token, over time) that
+//! (xii) and (xiii) of `check.rs` are checked against.
+//!
 //! After `horizon` the faults heal (every master up, every partition over), the callers
 //! stop (lock calls cancelled, locks released), each client shuts down as its front-end
 //! does, the network runs until it is quiet, and the properties of `check.rs` are checked.
@@ -32,6 +40,7 @@
 pub mod check;
 mod client;
 pub mod server;
+mod watch;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
@@ -79,6 +88,11 @@ pub struct ClientCfg {
     pub cut_off: u64,
     /// Resources this client's callers use (`None`: any).
     pub resources: Option<Vec<usize>>,
+    /// Every lock it is granted is watched by the masters while held (`Core::watch_lock`,
+    /// as the single owner's `hold` and the shared client's `auto_extend` do): the single
+    /// owner's loop then runs for the whole hold, and a lock reported lost (`take_lost`)
+    /// ends its hold at once and is released.
+    pub watch: bool,
 }
 
 impl ClientCfg {
@@ -96,6 +110,7 @@ impl ClientCfg {
             calls: [1, 3, 2, 1],
             cut_off: 0,
             resources: None,
+            watch: false,
         }
     }
 }
@@ -120,6 +135,13 @@ pub struct FaultMix {
     pub link_reset: u32,
     /// A master's clock jumps (hazard).
     pub clock_jump: u32,
+    /// Issue 21: another client (an operator) takes a watched lock's keys away on some
+    /// masters: `DEL`, or an overwrite with its own value.
+    pub steal: u32,
+    /// Issue 21: a master's tracking table evicts a tracked key: a spurious invalidation.
+    pub evict: u32,
+    /// Issue 21: `FLUSHALL` on a master (an invalidation with a null).
+    pub flush: u32,
 }
 
 /// A run's settings.
@@ -186,6 +208,17 @@ pub struct Config {
     /// Check that every `try_lock` is granted (a family with one caller and no fault: the
     /// resource is always free when it asks).
     pub check_uncontended: bool,
+    /// Issue 21: the share of invalidation pushes (on lock links) the network loses, and
+    /// of those it delivers late (the master writes them up to `late_max` later, behind
+    /// replies written meanwhile).
+    pub push_lost: f64,
+    pub push_late: f64,
+    pub late_max: Us,
+    /// The masters' active expiry runs this often (Redis: `hz 10`); 0: keys expire lazily
+    /// only.
+    pub cron_every: Us,
+    /// Check (xii) no spurious loss and (xiii) a loss reported within this bound.
+    pub watch_bound: Option<Us>,
 }
 
 impl Config {
@@ -219,6 +252,12 @@ enum Ev {
     Resume { client: usize },
     /// Look at the world for the progress property.
     Monitor,
+    /// A push the master writes late on a connection.
+    LatePush { conn: usize, bytes: Vec<u8> },
+    /// A master's active expiry.
+    Cron { server: usize },
+    /// (xiii): watch `rec` has owed a report since `since`.
+    WatchDue { rec: usize, since: Us },
 }
 
 #[derive(Debug, Clone)]
@@ -265,6 +304,15 @@ enum FaultEv {
     ClockJump {
         server: usize,
         ms: i64,
+    },
+    Steal {
+        overwrite: bool,
+    },
+    Evict {
+        server: usize,
+    },
+    Flush {
+        server: usize,
     },
 }
 
@@ -343,6 +391,19 @@ pub struct Stats {
     pub keys_left_ttl: u64,
     pub fenced: u64,
     pub max_attempts: u32,
+    /// Issue 21: locks watched, reported lost, invalidation pushes (lost, late), evictions
+    /// that hit a tracked key, operator steals and flushes, losses owed a report (and
+    /// reported in time, or excused by a fault of the push path).
+    pub watched: u64,
+    pub lost_reports: u64,
+    pub pushes: u64,
+    pub pushes_lost: u64,
+    pub pushes_late: u64,
+    pub evictions: u64,
+    pub steals: u64,
+    pub owed: u64,
+    pub owed_met: u64,
+    pub owed_excused: u64,
 }
 
 impl Stats {
@@ -360,6 +421,16 @@ impl Stats {
         self.keys_left_ttl += o.keys_left_ttl;
         self.fenced += o.fenced;
         self.max_attempts = self.max_attempts.max(o.max_attempts);
+        self.watched += o.watched;
+        self.lost_reports += o.lost_reports;
+        self.pushes += o.pushes;
+        self.pushes_lost += o.pushes_lost;
+        self.pushes_late += o.pushes_late;
+        self.evictions += o.evictions;
+        self.steals += o.steals;
+        self.owed += o.owed;
+        self.owed_met += o.owed_met;
+        self.owed_excused += o.owed_excused;
     }
 }
 
@@ -441,6 +512,15 @@ pub struct World {
     stuck_since: Vec<Option<Us>>,
     /// (x): a release of the resource awaits a waiter's attempt by this time.
     wake_due: Vec<Option<(Us, Us)>>,
+    /// Issue 21: the watched locks, what the masters held of them, and the client pauses
+    /// (for (xiii)).
+    watches: Vec<check::WatchRec>,
+    pauses: Vec<(usize, Us, Us)>,
+    /// Masters down (a restart): from, to.
+    downs: Vec<(Us, Us)>,
+    /// Tokens whose keys an operator took from a quorum: the hold counts as ended then
+    /// ((i) is about the client's rules, not an operator's `DEL`).
+    stolen: BTreeMap<Vec<u8>, Us>,
 }
 
 /// What the clients write: arrays of bulk strings (the scripts are a few KiB).
@@ -532,6 +612,10 @@ impl World {
             seen: Default::default(),
             stuck_since: vec![None; cfg.resources],
             wake_due: vec![None; cfg.resources],
+            watches: Vec::new(),
+            pauses: Vec::new(),
+            downs: Vec::new(),
+            stolen: BTreeMap::new(),
             cfg,
         };
         for c in 0..w.cfg.clients.len() {
@@ -542,6 +626,12 @@ impl World {
         if w.cfg.progress_bound.is_some() {
             let at = w.monitor_every();
             w.schedule(at, Ev::Monitor);
+        }
+        if w.cfg.cron_every > 0 {
+            for server in 0..w.masters.len() {
+                let at = w.rng.u64(1..=w.cfg.cron_every);
+                w.schedule(at, Ev::Cron { server });
+            }
         }
         w
     }
@@ -765,6 +855,25 @@ impl World {
                     self.schedule(at, Ev::Monitor);
                 }
             }
+            Ev::LatePush { conn, bytes } => {
+                let c = &self.conns[conn];
+                if c.server_open && c.client_open {
+                    self.reply(conn, Item::Bytes(bytes));
+                }
+            }
+            Ev::Cron { server } => {
+                if self.masters[server].down_until.is_none() {
+                    let now_ms = self.masters[server].clock_ms(self.t);
+                    self.masters[server].server.active_expire(now_ms);
+                    self.flush_server(server);
+                    self.update_truth(false);
+                }
+                if !self.stopping {
+                    let at = self.t + self.cfg.cron_every;
+                    self.schedule(at, Ev::Cron { server });
+                }
+            }
+            Ev::WatchDue { rec, since } => self.watch_due(rec, since),
         }
     }
 
@@ -901,6 +1010,7 @@ impl World {
         let now_ms = self.masters[server].clock_ms(self.t);
         let open = self.masters[server].server.feed(s, &bytes, now_ms);
         self.flush_server(server);
+        self.update_truth(false);
         if !open {
             let c = &mut self.conns[conn];
             c.server_open = false;
@@ -925,6 +1035,10 @@ impl World {
             else {
                 continue;
             };
+            let out = self.push_faults(conn, out);
+            if out.is_empty() {
+                continue;
+            }
             self.reply(conn, Item::Bytes(out));
         }
     }
@@ -1009,7 +1123,10 @@ impl World {
                 return;
             };
             let ev = self.pending.remove(&seq).expect("an event");
-            if matches!(ev, Ev::Monitor | Ev::Fault(_)) {
+            if matches!(
+                ev,
+                Ev::Monitor | Ev::Fault(_) | Ev::Cron { .. } | Ev::WatchDue { .. }
+            ) {
                 continue;
             }
             self.t = self.t.max(at);
@@ -1031,6 +1148,9 @@ impl World {
             m.script_flush,
             m.link_reset,
             m.clock_jump,
+            m.steal,
+            m.evict,
+            m.flush,
         ];
         let total: u32 = weights.iter().sum();
         if total == 0 {
@@ -1074,6 +1194,11 @@ impl World {
                 5 => FaultEv::Swap { server },
                 6 => FaultEv::ScriptFlush { server },
                 7 => FaultEv::LinkReset { client, server },
+                9 => FaultEv::Steal {
+                    overwrite: rng.bool(),
+                },
+                10 => FaultEv::Evict { server },
+                11 => FaultEv::Flush { server },
                 _ => {
                     let (a, b) = self.cfg.clock_jump;
                     FaultEv::ClockJump {
@@ -1090,6 +1215,12 @@ impl World {
         if self.healed {
             return;
         }
+        self.fault_inner(f);
+        // A crash, a swap: what the masters hold of the watched locks changed.
+        self.update_truth(false);
+    }
+
+    fn fault_inner(&mut self, f: FaultEv) {
         self.stats.faults += 1;
         let t = self.t;
         self.log(|| format!("FAULT {f:?}"));
@@ -1121,6 +1252,7 @@ impl World {
                 let c = &mut self.clients[client];
                 c.paused_until = Some(c.paused_until.map_or(until, |u| u.max(until)));
                 let at = c.paused_until.unwrap();
+                self.pauses.push((client, t, at));
                 self.schedule(at, Ev::Resume { client });
             }
             FaultEv::Restart { server, down } => {
@@ -1129,6 +1261,7 @@ impl World {
                 }
                 self.crash(server);
                 self.masters[server].down_until = Some(t + down);
+                self.downs.push((t, t + down));
                 self.schedule(t + down, Ev::Up { server });
             }
             FaultEv::Swap { server } => {
@@ -1168,6 +1301,14 @@ impl World {
             FaultEv::ClockJump { server, ms } => {
                 self.masters[server].offset_ms += ms as f64;
             }
+            FaultEv::Steal { overwrite } => self.steal(overwrite),
+            FaultEv::Evict { server } => self.evict(server),
+            FaultEv::Flush { server } => {
+                if self.masters[server].down_until.is_none() {
+                    self.operator(server, &[b"FLUSHALL"]);
+                    self.update_truth(true);
+                }
+            }
         }
     }
 
@@ -1189,6 +1330,7 @@ impl World {
         let persistent = self.cfg.persistent;
         self.masters[server].server.restart(persistent, now_ms);
         self.log(|| format!("master {server} is up (keys kept: {persistent})"));
+        self.update_truth(false);
     }
 
     /// The faults end: every master up, every cut over, every client running; the callers

@@ -25,7 +25,12 @@
 //! Known differences from a real server, none reachable by the crate's client (which
 //! sends well-formed RESP2 arrays of the commands above) but the last:
 //! * Only the commands listed in `COMMANDS` exist; any other gets Redis' "unknown command"
-//!   error (`HELLO`, `PSUBSCRIBE`, `CLIENT`, ... included).
+//!   error (`PSUBSCRIBE`, `MULTI`, ... included). `HELLO` takes no options; `CLIENT` has
+//!   `TRACKING ON|OFF [OPTIN] [NOLOOP]` and `CACHING YES|NO` only (no `REDIRECT`, `BCAST`,
+//!   `PREFIX`, `OPTOUT`); under RESP3 (`HELLO 3`) replies differ from RESP2 by their nulls
+//!   only (`CONFIG GET`'s map and `INFO`'s verbatim string are not modelled: the client
+//!   sends neither after `HELLO 3`). The tracking table is never full (evictions are the
+//!   simulation's fault, `evict_tracked`); `ZADD`/`ZREM` do not invalidate.
 //! * `INFO` answers the `server` section only (with a subset of its fields, in Redis'
 //!   order); `CONFIG GET` knows `appendonly`, `appendfsync`, `appendfilename`,
 //!   `appenddirname` and `databases` only.
@@ -168,6 +173,12 @@ struct Conn {
     authed: bool,
     /// Subscribed channels, in subscription order.
     channels: Vec<Vec<u8>>,
+    /// `HELLO 3`: RESP3 replies (nulls as `_`, maps, pushes).
+    resp3: bool,
+    /// `CLIENT TRACKING ON`: (OPTIN, NOLOOP).
+    tracking: Option<(bool, bool)>,
+    /// `CLIENT CACHING YES`: the next command's reads are tracked (OPTIN).
+    caching: bool,
 }
 
 /// A simulated `redis-server`. See the module documentation.
@@ -187,6 +198,15 @@ pub struct SimRedis {
     process_id: u32,
     published: Vec<Published>,
     commands: u64,
+    /// Client-side caching: key -> the connections tracking it (Redis' tracking table is
+    /// one for every database, keyed by name).
+    tracked: BTreeMap<Vec<u8>, Vec<u32>>,
+    /// The connection whose command runs (Redis' `server.current_client`; scripts run
+    /// under their caller).
+    current: Option<u32>,
+    /// Invalidations for the running connection itself, sent after its reply (`None`: a
+    /// flush).
+    pending_self: Vec<Option<Vec<u8>>>,
 }
 
 /// The commands the server knows: name, Redis arity (n: exactly n arguments with the
@@ -240,6 +260,14 @@ const COMMANDS: &[Cmd] = &[
     cmd("evalsha", -3),
     cmd("publish", 3),
     cmd("get", 2),
+    cmd("mget", -2),
+    cmd("client", -2),
+    Cmd {
+        name: "hello",
+        arity: -1,
+        no_auth: true,
+        pubsub: false,
+    },
     cmd("append", 3),
     cmd("set", -3),
     cmd("del", -2),
@@ -262,6 +290,8 @@ const SUBCOMMANDS: &[(&str, &str, i32)] = &[
     ("script", "load", 3),
     ("script", "flush", -2),
     ("script", "exists", -3),
+    ("client", "tracking", -3),
+    ("client", "caching", 3),
 ];
 
 /// `CONFIG GET`'s table, in the order Redis 7.0 lists `append*`.
@@ -344,6 +374,9 @@ impl SimRedis {
             process_id,
             published: Vec::new(),
             commands: 0,
+            tracked: BTreeMap::new(),
+            current: None,
+            pending_self: Vec::new(),
         }
     }
 
@@ -406,7 +439,11 @@ impl SimRedis {
                 Next::Command(args, n) => {
                     used += n;
                     self.commands += 1;
-                    if !self.execute(conn.0, args, now_ms as i64) {
+                    let client_cmd = args[0].eq_ignore_ascii_case(b"client");
+                    self.current = Some(conn.0);
+                    let still = self.execute(conn.0, args, now_ms as i64);
+                    self.after_command(conn.0, client_cmd);
+                    if !still {
                         open = false;
                         break;
                     }
@@ -607,8 +644,8 @@ impl SimRedis {
     }
 
     fn reply(&mut self, id: u32, reply: &Reply) {
-        let resp3 = self.cfg.resp3_nulls;
         if let Some(c) = self.conns.get_mut(&id) {
+            let resp3 = self.cfg.resp3_nulls || c.resp3;
             encode(&mut c.output, reply, resp3);
         }
     }
@@ -631,7 +668,7 @@ impl SimRedis {
         // Container commands: the subcommand decides the arity and the name in errors.
         let mut fullname = name.clone();
         let mut arity = command.arity;
-        if (name == "config" || name == "script") && args.len() >= 2 {
+        if (name == "config" || name == "script" || name == "client") && args.len() >= 2 {
             {
                 let sub = String::from_utf8_lossy(&args[1]).to_ascii_lowercase();
                 match SUBCOMMANDS.iter().find(|(c, s, _)| *c == name && *s == sub) {
@@ -726,6 +763,9 @@ impl SimRedis {
                 }
                 None => err(NOT_INT),
             },
+            "hello" => return self.cmd_hello(id, &args),
+            "client|tracking" => self.cmd_client_tracking(id, &args),
+            "client|caching" => self.cmd_client_caching(id, &args),
             "info" => self.cmd_info(&args, now),
             "config|get" => self.cmd_config_get(&args),
             "script|load" => match script_index(&args[2]) {
@@ -759,7 +799,9 @@ impl SimRedis {
             _ => {
                 let db = self.conns[&id].db;
                 let argv: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
-                self.data(db, &argv, now)
+                let r = self.data(db, &argv, now);
+                self.remember_reads(&argv);
+                r
             }
         };
         self.reply(id, &reply);
@@ -998,6 +1040,7 @@ impl SimRedis {
     fn lookup(&mut self, db: usize, key: &[u8], now: i64) -> Option<&mut Entry> {
         if self.dbs[db].get(key).is_some_and(|e| !alive(e, now)) {
             self.dbs[db].remove(key);
+            self.signal_modified(key);
         }
         self.dbs[db].get_mut(key)
     }
@@ -1015,6 +1058,19 @@ impl SimRedis {
                 }) => Reply::Bulk(v.clone()),
                 Some(_) => err(WRONGTYPE),
             },
+            "mget" => {
+                let mut out = Vec::new();
+                for k in &args[1..] {
+                    out.push(match self.lookup(db, k, now) {
+                        Some(Entry {
+                            value: Value::Str(v),
+                            ..
+                        }) => Reply::Bulk(v.clone()),
+                        _ => Reply::Nil,
+                    });
+                }
+                Reply::Array(out)
+            }
             "append" => match self.lookup(db, args[1], now) {
                 // Appends keep the key's expiry.
                 Some(Entry {
@@ -1022,7 +1078,9 @@ impl SimRedis {
                     ..
                 }) => {
                     v.extend_from_slice(args[2]);
-                    Reply::Int(v.len() as i64)
+                    let n = v.len() as i64;
+                    self.signal_modified(args[1]);
+                    Reply::Int(n)
                 }
                 Some(_) => err(WRONGTYPE),
                 None => {
@@ -1031,6 +1089,7 @@ impl SimRedis {
                         expire_at: None,
                     };
                     self.dbs[db].insert(args[1].to_vec(), entry);
+                    self.signal_modified(args[1]);
                     Reply::Int(args[2].len() as i64)
                 }
             },
@@ -1040,6 +1099,7 @@ impl SimRedis {
                 for k in &args[1..] {
                     if self.lookup(db, k, now).is_some() {
                         self.dbs[db].remove(*k);
+                        self.signal_modified(k);
                         n += 1;
                     }
                 }
@@ -1074,6 +1134,7 @@ impl SimRedis {
                         } else {
                             e.expire_at = Some(at);
                         }
+                        self.signal_modified(args[1]);
                         Reply::Int(1)
                     }
                 }
@@ -1095,6 +1156,7 @@ impl SimRedis {
                 for d in &mut self.dbs {
                     d.clear();
                 }
+                self.signal_flush();
                 ok()
             }
             "publish" => Reply::Int(self.publish(args[1], args[2])),
@@ -1268,6 +1330,7 @@ impl SimRedis {
                 expire_at,
             },
         );
+        self.signal_modified(args[1]);
         reply
     }
 
@@ -1371,7 +1434,9 @@ impl SimRedis {
         if (command.arity > 0 && n != command.arity) || n < -command.arity {
             return err("ERR Wrong number of args calling Redis command from script");
         }
-        self.data(run.db, &args, run.now)
+        let r = self.data(run.db, &args, run.now);
+        self.remember_reads(&args);
+        r
     }
 
     /// `redis.call(...)` on Lua line `line`: an error ends the script with Redis 7.0's
@@ -2006,6 +2071,289 @@ impl SimRedis {
             left,
             Reply::Bulk(turn),
         ]))
+    }
+}
+
+// ----- client-side caching (RESP3 tracking) -------------------------------------------------
+//
+// Redis 7.0's `tracking.c`, for the default (non-broadcast) mode: `CLIENT TRACKING ON
+// [OPTIN] [NOLOOP]` on a RESP3 connection; a read-only command with keys remembers them for
+// the connection (under OPTIN only when `CLIENT CACHING YES` came just before; reads inside
+// a script count for the script's caller); any change of a remembered key (a write by
+// anyone, an expiry, a deletion, an eviction from the tracking table) pushes
+// `>2 invalidate [key]` to every connection tracking it, except the one whose command made
+// the change when it asked NOLOOP, and forgets the key (it must be read again to be
+// tracked again). The running connection's own invalidations follow its reply. `FLUSHALL`
+// pushes `invalidate` with a null to every tracking connection.
+
+/// The read-only commands with keys, and where their keys are: (name, all the arguments
+/// from the first are keys).
+const READS: &[(&str, bool)] = &[
+    ("get", false),
+    ("mget", true),
+    ("exists", true),
+    ("pttl", false),
+    ("zrange", false),
+    ("zscore", false),
+    ("zcard", false),
+];
+
+/// `>2 invalidate [key]`, or `>2 invalidate _` for a flush.
+fn invalidate_push(out: &mut Vec<u8>, key: Option<&[u8]>) {
+    out.extend_from_slice(b">2\r\n$10\r\ninvalidate\r\n");
+    match key {
+        Some(k) => {
+            let _ = write!(Buf(out), "*1\r\n${}\r\n", k.len());
+            out.extend_from_slice(k);
+            out.extend_from_slice(b"\r\n");
+        }
+        None => out.extend_from_slice(b"_\r\n"),
+    }
+}
+
+impl SimRedis {
+    /// After each command of `id`: its own invalidations follow its reply; `CLIENT CACHING
+    /// YES` lasts for one command (a `CLIENT` command does not use it up: Redis'
+    /// `resetClient`).
+    fn after_command(&mut self, id: u32, client_cmd: bool) {
+        self.current = None;
+        let pending = std::mem::take(&mut self.pending_self);
+        if let Some(c) = self.conns.get_mut(&id) {
+            for key in pending {
+                if c.resp3 {
+                    invalidate_push(&mut c.output, key.as_deref());
+                }
+            }
+            if !client_cmd {
+                c.caching = false;
+            }
+        }
+    }
+
+    /// Key `key` changed (written, deleted, expired, evicted from the tracking table):
+    /// every connection tracking it hears so, but a NOLOOP one whose command changed it;
+    /// the key is forgotten.
+    fn signal_modified(&mut self, key: &[u8]) {
+        let Some(ids) = self.tracked.remove(key) else {
+            return;
+        };
+        for id in ids {
+            let Some(c) = self.conns.get_mut(&id) else {
+                continue;
+            };
+            let Some((_, noloop)) = c.tracking else {
+                continue;
+            };
+            if !c.open {
+                continue;
+            }
+            if self.current == Some(id) {
+                if !noloop {
+                    self.pending_self.push(Some(key.to_vec()));
+                }
+            } else if c.resp3 {
+                // RESP2 without a redirection: Redis has no way to tell it.
+                invalidate_push(&mut c.output, Some(key));
+            }
+        }
+    }
+
+    /// `FLUSHALL`: every tracking connection hears a null invalidation (NOLOOP or not).
+    fn signal_flush(&mut self) {
+        let ids: Vec<u32> = self.conns.keys().copied().collect();
+        for id in ids {
+            let current = self.current == Some(id);
+            let Some(c) = self.conns.get_mut(&id) else {
+                continue;
+            };
+            if c.tracking.is_none() || !c.open {
+                continue;
+            }
+            if current {
+                self.pending_self.push(None);
+            } else if c.resp3 {
+                invalidate_push(&mut c.output, None);
+            }
+        }
+        self.tracked.clear();
+    }
+
+    /// A read-only command with keys ran for the current connection: its keys are
+    /// remembered where it tracks (under OPTIN, only with `CLIENT CACHING YES`).
+    fn remember_reads(&mut self, args: &[&[u8]]) {
+        let Some(id) = self.current else {
+            return;
+        };
+        let Some(c) = self.conns.get(&id) else {
+            return;
+        };
+        let Some((optin, _)) = c.tracking else {
+            return;
+        };
+        if optin && !c.caching {
+            return;
+        }
+        let name = String::from_utf8_lossy(args[0]).to_ascii_lowercase();
+        let Some(&(_, all)) = READS.iter().find(|(n, _)| *n == name) else {
+            return;
+        };
+        let keys = if all {
+            &args[1..]
+        } else {
+            &args[1..2.min(args.len())]
+        };
+        for k in keys {
+            let ids = self.tracked.entry(k.to_vec()).or_default();
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
+    }
+
+    /// `HELLO [protover]`: switches the connection's protocol and answers the server's
+    /// description (a map under RESP3). Options (`AUTH`, `SETNAME`) are not supported.
+    fn cmd_hello(&mut self, id: u32, args: &[Vec<u8>]) -> bool {
+        let resp3 = self.conns.get(&id).is_some_and(|c| c.resp3);
+        let ver = match args.get(1) {
+            None => Some(if resp3 { 3 } else { 2 }),
+            Some(v) => match parse_i64(v) {
+                Some(n) => Some(n),
+                None => {
+                    let r = err("ERR Protocol version is not an integer or out of range");
+                    self.reply(id, &r);
+                    return true;
+                }
+            },
+        };
+        if args.len() > 2 {
+            let r = err("ERR simredis: HELLO options are not supported");
+            self.reply(id, &r);
+            return true;
+        }
+        let ver = ver.unwrap_or(2);
+        if !(2..=3).contains(&ver) {
+            self.reply(id, &err("NOPROTO unsupported protocol version"));
+            return true;
+        }
+        let Some(c) = self.conns.get_mut(&id) else {
+            return false;
+        };
+        c.resp3 = ver == 3;
+        let fields = [
+            Reply::Bulk(b"server".to_vec()),
+            Reply::Bulk(b"redis".to_vec()),
+            Reply::Bulk(b"version".to_vec()),
+            Reply::Bulk(REDIS_VERSION.as_bytes().to_vec()),
+            Reply::Bulk(b"proto".to_vec()),
+            Reply::Int(ver),
+            Reply::Bulk(b"id".to_vec()),
+            Reply::Int(id as i64 + 1),
+            Reply::Bulk(b"mode".to_vec()),
+            Reply::Bulk(b"standalone".to_vec()),
+            Reply::Bulk(b"role".to_vec()),
+            Reply::Bulk(b"master".to_vec()),
+            Reply::Bulk(b"modules".to_vec()),
+            Reply::Array(Vec::new()),
+        ];
+        if ver == 3 {
+            let _ = write!(Buf(&mut c.output), "%{}\r\n", fields.len() / 2);
+            for f in &fields {
+                encode(&mut c.output, f, true);
+            }
+        } else {
+            encode(&mut c.output, &Reply::Array(fields.to_vec()), false);
+        }
+        true
+    }
+
+    /// `CLIENT TRACKING ON|OFF [OPTIN] [NOLOOP]` (no `REDIRECT`, `BCAST`, `PREFIX`,
+    /// `OPTOUT`).
+    fn cmd_client_tracking(&mut self, id: u32, args: &[Vec<u8>]) -> Reply {
+        let (mut optin, mut noloop) = (false, false);
+        for a in &args[3..] {
+            match a.to_ascii_lowercase().as_slice() {
+                b"optin" => optin = true,
+                b"noloop" => noloop = true,
+                b"redirect" | b"bcast" | b"prefix" | b"optout" => {
+                    return err("ERR simredis: CLIENT TRACKING supports OPTIN and NOLOOP only")
+                }
+                _ => return err(SYNTAX),
+            }
+        }
+        let on = match args[2].to_ascii_lowercase().as_slice() {
+            b"on" => true,
+            b"off" => false,
+            _ => return err(SYNTAX),
+        };
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.tracking = on.then_some((optin, noloop));
+        }
+        ok()
+    }
+
+    /// `CLIENT CACHING YES|NO`.
+    fn cmd_client_caching(&mut self, id: u32, args: &[Vec<u8>]) -> Reply {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return Reply::Nil;
+        };
+        let Some((optin, _)) = c.tracking else {
+            return err(
+                "ERR CLIENT CACHING can be called only when the client is in tracking mode \
+                 with OPTIN or OPTOUT mode enabled",
+            );
+        };
+        match args[2].to_ascii_lowercase().as_slice() {
+            b"yes" if optin => {
+                c.caching = true;
+                ok()
+            }
+            b"yes" => {
+                err("ERR CLIENT CACHING YES is only valid when tracking is enabled in OPTIN mode.")
+            }
+            b"no" => {
+                err("ERR CLIENT CACHING NO is only valid when tracking is enabled in OPTOUT mode.")
+            }
+            _ => err(SYNTAX),
+        }
+    }
+
+    /// Redis' active expiry (`activeExpireCycle`), for the keys some connection tracks:
+    /// those expired at `now_ms` are deleted and their trackers told.
+    pub fn active_expire(&mut self, now_ms: u64) {
+        let keys: Vec<Vec<u8>> = self.tracked.keys().cloned().collect();
+        let now = now_ms as i64;
+        for k in keys {
+            let mut gone = false;
+            for db in &mut self.dbs {
+                if db.get(&k).is_some_and(|e| !alive(e, now)) {
+                    db.remove(&k);
+                    gone = true;
+                }
+            }
+            if gone {
+                self.signal_modified(&k);
+            }
+        }
+    }
+
+    /// The tracking table evicts `key` (`tracking-table-max-keys`): its trackers are told
+    /// it changed, though it did not. Whether it was tracked.
+    pub fn evict_tracked(&mut self, key: &[u8]) -> bool {
+        let was = self.tracked.contains_key(key);
+        self.signal_modified(key);
+        was
+    }
+
+    /// The keys some connection tracks, sorted.
+    pub fn tracked_keys(&self) -> Vec<Vec<u8>> {
+        self.tracked.keys().cloned().collect()
+    }
+
+    /// Whether connection `conn` tracks `key`.
+    pub fn tracks(&self, conn: ConnId, key: &[u8]) -> bool {
+        self.tracked
+            .get(key)
+            .is_some_and(|ids| ids.contains(&conn.0))
     }
 }
 
