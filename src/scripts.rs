@@ -184,11 +184,13 @@ pub const ACQUIRE_MANY: Script = Script {
 /// this client waited on the key lately) reads the key first, and a refused waiter then
 /// needs no `EXISTS` of the line and no failing `SET NX` (not for a polite waiter, which
 /// looks at the line first); `l` (the waiter stands in line: one of its attempts was
-/// refused) looks for its own place with `ZSCORE` first, which also says that the line
-/// exists and spares the `ZADD NX`. Absent (a first attempt), `EXISTS` of the line and
-/// `SET NX`, as an uncontended `lock()` needs. (One difference on invalid arguments,
+/// refused) looks for its own place with `ZRANK` first, which also says that the line
+/// exists and spares the `ZADD NX`, and refreshes its liveness key with `PEXPIRE` (a
+/// `SET` only when that key is gone). Absent (a first attempt), `EXISTS` of the line and
+/// `SET NX`, as an uncontended `lock()` needs. (Differences on invalid arguments only,
 /// which the client never sends: with `h` and the key held, a `PX` that `SET` would refuse
-/// is not looked at.)
+/// is not looked at; with `l`, a liveness of 0 ms or less deletes a live waiter's key
+/// instead of being refused.)
 /// Every attempt of a waiter refreshes its liveness key and the line's expiry, the ones
 /// that take the key too: a waiter whose attempt wins here but fails the round (a split
 /// vote, a timeout elsewhere) is still asking and keeps its place. One that wins a master
@@ -229,9 +231,13 @@ pub const ACQUIRE_WAIT: Script = Script {
         "    if redis.pcall('pttl', q) < tonumber(ARGV[4]) then redis.pcall('pexpire', q, ARGV[4]) end\n",
         "  end\n",
         "  local v, inq = false, false\n",
+        "  local function alive()\n",
+        "    local w = 'redlock-mux:waiter:' .. id\n",
+        "    if not (inq and redis.pcall('pexpire', w, ARGV[4]) == 1) then redis.pcall('set', w, '1', 'PX', ARGV[4]) end\n",
+        "  end\n",
         "  if how == 'h' and ARGV[5] ~= 'p' then v = redis.pcall('get', KEYS[1]) end\n",
         "  if not v then\n",
-        "    if id and how == 'l' then inq = type(redis.pcall('zscore', q, id)) == 'string' end\n",
+        "    if id and how == 'l' then inq = type(redis.pcall('zrank', q, id)) == 'number' end\n",
         "    local lined = inq or (id and redis.pcall('exists', q) == 1)\n",
         "    local behind = false\n",
         "    if lined and ARGV[5] == 'p' then\n",
@@ -251,7 +257,7 @@ pub const ACQUIRE_WAIT: Script = Script {
         "    if not behind and redis.call('set', KEYS[1], val, 'NX', 'PX', ARGV[2]) then\n",
         "      if lined and not out then\n",
         "        if not inq then redis.pcall('zadd', q, 'NX', ARGV[6], id) end\n",
-        "        redis.pcall('set', 'redlock-mux:waiter:' .. id, '1', 'PX', ARGV[4])\n",
+        "        alive()\n",
         "        keep()\n",
         "      end\n",
         "      return 0\n",
@@ -260,7 +266,7 @@ pub const ACQUIRE_WAIT: Script = Script {
         "  if id and not out then\n",
         "    if not inq then redis.pcall('zadd', q, 'NX', ARGV[6], id) end\n",
         "    keep()\n",
-        "    redis.pcall('set', 'redlock-mux:waiter:' .. id, '1', 'PX', ARGV[4])\n",
+        "    alive()\n",
         "  end\n",
         "  local left = redis.call('pttl', KEYS[1])\n",
         "  if left == -2 then left = -1 elseif left == 0 then left = 1 end\n",
@@ -285,7 +291,7 @@ pub const ACQUIRE_WAIT: Script = Script {
         "for i = 1, #KEYS do redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2]) end\n",
         "return 0"
     ),
-    sha: "7e63cf1a03095a840491a93eb410f1effeb2d000",
+    sha: "4ef795f7f5f557aecaf4d9137c6047c309ced2f6",
 };
 
 /// Fencing draw (read-only): `KEYS` = the lock's n keys, then their n counters. When every

@@ -399,6 +399,9 @@ fn cases() -> Vec<Case> {
     .c(0, &["ZRANGE", "nokey", "0", "-1"])
     .c(0, &["ZSCORE", "z", "c"])
     .c(0, &["ZSCORE", "z", "nobody"])
+    .c(0, &["ZRANK", "z", "c"])
+    .c(0, &["ZRANK", "z", "nobody"])
+    .c(0, &["ZRANK", "nokey", "a"])
     .c(0, &["ZCARD", "z"])
     .c(0, &["ZREM", "z", "a", "nobody", "b"])
     .c(0, &["ZREM", "z", "c", "d", "e", "g"])
@@ -406,6 +409,7 @@ fn cases() -> Vec<Case> {
     .c(0, &["SET", "s", "v"])
     .c(0, &["ZADD", "s", "1", "a"])
     .c(0, &["ZRANGE", "s", "0", "0"])
+    .c(0, &["ZRANK", "s", "a"])
     .c(0, &["ZREM", "s", "a"]);
     v.push(case("sorted_sets", Kind::Plain, 1, s));
 
@@ -1002,6 +1006,16 @@ fn cases() -> Vec<Case> {
         .c(0, &["ZRANGE", Q, "0", "-1", "WITHSCORES"])
         .ttl(0, &["PTTL", Q])
         .ttl(0, &["PTTL", &alive_key(W1)])
+        // In line with its liveness key gone (it expired): PEXPIRE finds nothing, SET makes it.
+        .c(0, &["DEL", &alive_key(W2)])
+        .sha_ttl(
+            0,
+            scripts::ACQUIRE_WAIT,
+            &["k"],
+            &how(TW2, W2, "65000", false, "200", "l"),
+        )
+        .ttl(0, &["PTTL", &alive_key(W2)])
+        .c(0, &["GET", &alive_key(W2)])
         // "In line" but not (W3 never stood there): it takes its place.
         .sha_ttl(
             0,

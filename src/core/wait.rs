@@ -77,7 +77,8 @@ pub(crate) enum Expect {
     /// the line and no failing `SET NX`).
     Held,
     /// A later attempt: the waiter stands in the key's line (it was refused before), which
-    /// `ZSCORE` of its own place says at once (no `EXISTS`, no `ZADD NX`).
+    /// `ZRANK` of its own place says at once (no `EXISTS`, no `ZADD NX`), and its
+    /// liveness key, alive, only needs a `PEXPIRE`.
     InLine,
 }
 

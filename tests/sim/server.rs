@@ -30,7 +30,8 @@
 //!   order); `CONFIG GET` knows `appendonly`, `appendfsync`, `appendfilename`,
 //!   `appenddirname` and `databases` only.
 //! * `DBSIZE` counts live keys (Redis also counts expired keys not yet evicted).
-//! * `ZADD` supports `NX`/`XX`/`CH`, `ZRANGE` index ranges with `WITHSCORES`, `PEXPIRE`
+//! * `ZADD` supports `NX`/`XX`/`CH`, `ZRANGE` index ranges with `WITHSCORES`, `ZRANK`
+//!   without `WITHSCORE` (7.0 has none), `PEXPIRE`
 //!   no options; other options get `ERR simredis: unsupported ...`.
 //! * `UNSUBSCRIBE` without arguments and `KEYS` list in subscription / key order (Redis:
 //!   hash order).
@@ -253,6 +254,7 @@ const COMMANDS: &[Cmd] = &[
     cmd("zrem", -3),
     cmd("zrange", -4),
     cmd("zscore", 3),
+    cmd("zrank", 3),
     cmd("zcard", 2),
 ];
 
@@ -1166,6 +1168,17 @@ impl SimRedis {
                     .map_or(Reply::Nil, |(s, _)| Reply::Bulk(fmt_g17(*s).into_bytes())),
                 Some(_) => err(WRONGTYPE),
             },
+            "zrank" => match self.lookup(db, args[1], now) {
+                None => Reply::Nil,
+                Some(Entry {
+                    value: Value::Zset(z),
+                    ..
+                }) => z
+                    .iter()
+                    .position(|(_, m)| m.as_slice() == args[2])
+                    .map_or(Reply::Nil, |i| Reply::Int(i as i64)),
+                Some(_) => err(WRONGTYPE),
+            },
             "zcard" => match self.lookup(db, args[1], now) {
                 None => Reply::Int(0),
                 Some(Entry {
@@ -1496,6 +1509,21 @@ impl SimRedis {
         Ok(Reply::Int(1))
     }
 
+    /// ACQUIRE_WAIT's `alive()` (L21-L24): the waiter's liveness key lives `ARGV[4]` ms
+    /// from now; a waiter known in line (`inq`) first tries `PEXPIRE` of the key it has.
+    fn lua_alive(&mut self, x: &Run<'_>, id: &[u8], inq: bool) {
+        // L22: local w = 'redlock-mux:waiter:' .. id
+        let w = cat(b"redlock-mux:waiter:", id);
+        // L23: if not (inq and redis.pcall('pexpire', w, ARGV[4]) == 1) then
+        //   redis.pcall('set', w, '1', 'PX', ARGV[4]) end
+        if !(inq && self.pcall(x, &[Some(b"pexpire"), Some(&w), x.arg(4)]) == Reply::Int(1)) {
+            self.pcall(
+                x,
+                &[Some(b"set"), Some(&w), Some(b"1"), Some(b"PX"), x.arg(4)],
+            );
+        }
+    }
+
     /// ACQUIRE_WAIT's `keep()` (L17-L19): lengthen the line's expiry to this waiter's
     /// liveness, never shorten it.
     fn lua_keep(&mut self, x: &Run<'_>, q: &[u8]) -> Result<(), Raised> {
@@ -1569,46 +1597,47 @@ impl SimRedis {
                 self.pcall(x, &[Some(b"del"), Some(&live)]);
             }
             // L17-L19: local function keep() ... end   (see `lua_keep`)
+            // L21-L24: local function alive() ... end   (see `lua_alive`)
             // L20: local v, inq = false, false
             // (`v`: `None` is Lua's `false`, the key not read; else what GET answered.)
             let mut v: Option<Reply> = None;
             let mut inq = false;
-            // L21: if how == 'h' and ARGV[5] ~= 'p' then v = redis.pcall('get', KEYS[1]) end
+            // L25: if how == 'h' and ARGV[5] ~= 'p' then v = redis.pcall('get', KEYS[1]) end
             if how == Some(b"h") && x.arg(5) != Some(b"p") {
                 // A nil reply is Lua's `false`: as if not read.
                 v = Some(self.pcall(x, &[Some(b"get"), key])).filter(|r| *r != Reply::Nil);
             }
-            // L22: if not v then
+            // L26: if not v then
             if v.is_none() {
-                // L23: if id and how == 'l' then inq = type(redis.pcall('zscore', q, id)) == 'string' end
+                // L27: if id and how == 'l' then inq = type(redis.pcall('zrank', q, id)) == 'number' end
                 if let (Some(id), true) = (id, how == Some(b"l")) {
                     inq = matches!(
-                        self.pcall(x, &[Some(b"zscore"), Some(&q), Some(id)]),
-                        Reply::Bulk(_)
+                        self.pcall(x, &[Some(b"zrank"), Some(&q), Some(id)]),
+                        Reply::Int(_)
                     );
                 }
-                // L24: local lined = inq or (id and redis.pcall('exists', q) == 1)
+                // L28: local lined = inq or (id and redis.pcall('exists', q) == 1)
                 let lined = inq
                     || (id.is_some()
                         && self.pcall(x, &[Some(b"exists"), Some(&q)]) == Reply::Int(1));
-                // L25: local behind = false
+                // L29: local behind = false
                 let mut behind = false;
-                // L26: if lined and ARGV[5] == 'p' then
+                // L30: if lined and ARGV[5] == 'p' then
                 if lined && x.arg(5) == Some(b"p") {
-                    // L27: for _ = 1, 8 do
+                    // L31: for _ = 1, 8 do
                     for _ in 1..=8 {
-                        // L28: local r = redis.pcall('zrange', q, 0, 0)
+                        // L32: local r = redis.pcall('zrange', q, 0, 0)
                         let r = self.pcall(x, &[Some(b"zrange"), Some(&q), Some(b"0"), Some(b"0")]);
-                        // L29: local h = type(r) == 'table' and r[1]
-                        // L30: if not h or h == id then break end
+                        // L33: local h = type(r) == 'table' and r[1]
+                        // L34: if not h or h == id then break end
                         let h = match first_string(&r) {
                             Some(h) if Some(h.as_slice()) != id => h,
                             _ => break,
                         };
-                        // L31: if redis.pcall('exists', 'redlock-mux:waiter:' .. h) == 1 then
+                        // L35: if redis.pcall('exists', 'redlock-mux:waiter:' .. h) == 1 then
                         let live = cat(b"redlock-mux:waiter:", &h);
                         if self.pcall(x, &[Some(b"exists"), Some(&live)]) == Reply::Int(1) {
-                            // L32: behind = true if redis.pcall('exists', KEYS[1]) == 0 then
+                            // L36: behind = true if redis.pcall('exists', KEYS[1]) == 0 then
                             //   redis.pcall('publish', 'redlock-mux:next:' .. string.sub(h, 1, 8),
                             //   string.sub(ARGV[1], 1, 16) .. h) end
                             behind = true;
@@ -1618,22 +1647,22 @@ impl SimRedis {
                                 let payload = cat(note, &h);
                                 self.pcall(x, &[Some(b"publish"), Some(&channel), Some(&payload)]);
                             }
-                            // L33: break
+                            // L37: break
                             break;
                         }
-                        // L35: redis.pcall('zrem', q, h)
+                        // L39: redis.pcall('zrem', q, h)
                         self.pcall(x, &[Some(b"zrem"), Some(&q), Some(&h)]);
                     }
                 }
-                // L38: local val = ARGV[1]
-                // L39: if lined then val = val .. '+' end
+                // L42: local val = ARGV[1]
+                // L43: if lined then val = val .. '+' end
                 let val: Option<Vec<u8>> = if lined {
                     match x.arg(1) {
                         Some(t) => Some(cat(t, b"+")),
                         None => {
                             return Err(Raised(
                                 format!(
-                                    "ERR user_script:39: attempt to concatenate local 'val' (a nil value) script: {}, on @user_script:39.",
+                                    "ERR user_script:43: attempt to concatenate local 'val' (a nil value) script: {}, on @user_script:43.",
                                     x.sha
                                 )
                                 .into_bytes(),
@@ -1643,7 +1672,7 @@ impl SimRedis {
                 } else {
                     x.arg(1).map(<[u8]>::to_vec)
                 };
-                // L40: if not behind and redis.call('set', KEYS[1], val, 'NX', 'PX', ARGV[2]) then
+                // L44: if not behind and redis.call('set', KEYS[1], val, 'NX', 'PX', ARGV[2]) then
                 if !behind {
                     let args = [
                         Some(&b"set"[..]),
@@ -1653,115 +1682,103 @@ impl SimRedis {
                         Some(b"PX"),
                         x.arg(2),
                     ];
-                    if self.call(x, 40, &args)? != Reply::Nil {
-                        // L41: if lined and not out then
+                    if self.call(x, 44, &args)? != Reply::Nil {
+                        // L45: if lined and not out then
                         if let (Some(id), true, false) = (id, lined, out) {
-                            // L42: if not inq then redis.pcall('zadd', q, 'NX', ARGV[6], id) end
+                            // L46: if not inq then redis.pcall('zadd', q, 'NX', ARGV[6], id) end
                             if !inq {
                                 self.pcall(
                                     x,
                                     &[Some(b"zadd"), Some(&q), Some(b"NX"), x.arg(6), Some(id)],
                                 );
                             }
-                            // L43: redis.pcall('set', 'redlock-mux:waiter:' .. id, '1', 'PX', ARGV[4])
-                            let live = cat(b"redlock-mux:waiter:", id);
-                            let args = [
-                                Some(&b"set"[..]),
-                                Some(&live),
-                                Some(b"1"),
-                                Some(b"PX"),
-                                x.arg(4),
-                            ];
-                            self.pcall(x, &args);
-                            // L44: keep()
+                            // L47: alive()
+                            self.lua_alive(x, id, inq);
+                            // L48: keep()
                             self.lua_keep(x, &q)?;
                         }
-                        // L46: return 0
+                        // L50: return 0
                         return Ok(Reply::Int(0));
                     }
                 }
             }
-            // L49: if id and not out then
+            // L53: if id and not out then
             if let (Some(id), false) = (id, out) {
-                // L50: if not inq then redis.pcall('zadd', q, 'NX', ARGV[6], id) end
+                // L54: if not inq then redis.pcall('zadd', q, 'NX', ARGV[6], id) end
                 if !inq {
                     self.pcall(
                         x,
                         &[Some(b"zadd"), Some(&q), Some(b"NX"), x.arg(6), Some(id)],
                     );
                 }
-                // L51: keep()
+                // L55: keep()
                 self.lua_keep(x, &q)?;
-                // L52: redis.pcall('set', 'redlock-mux:waiter:' .. id, '1', 'PX', ARGV[4])
-                let live = cat(b"redlock-mux:waiter:", id);
-                self.pcall(
-                    x,
-                    &[Some(b"set"), Some(&live), Some(b"1"), Some(b"PX"), x.arg(4)],
-                );
+                // L56: alive()
+                self.lua_alive(x, id, inq);
             }
-            // L54: local left = redis.call('pttl', KEYS[1])
-            let mut left = match self.call(x, 54, &[Some(b"pttl"), key])? {
+            // L58: local left = redis.call('pttl', KEYS[1])
+            let mut left = match self.call(x, 58, &[Some(b"pttl"), key])? {
                 Reply::Int(n) => n,
                 _ => 0,
             };
-            // L55: if left == -2 then left = -1 elseif left == 0 then left = 1 end
+            // L59: if left == -2 then left = -1 elseif left == 0 then left = 1 end
             if left == -2 {
                 left = -1;
             } else if left == 0 {
                 left = 1;
             }
             let v = match v {
-                // L56: if not v then
-                // L57: if id then v = mark(KEYS[1]) else v = redis.pcall('get', KEYS[1]) end
+                // L60: if not v then
+                // L61: if id then v = mark(KEYS[1]) else v = redis.pcall('get', KEYS[1]) end
                 None if id.is_some() => self.lua_mark(x, key),
                 None => self.pcall(x, &[Some(b"get"), key]),
-                // L58: elseif id and type(v) == 'string' and #v == 32 and not string.find(v, '[^0-9a-f]') then
+                // L62: elseif id and type(v) == 'string' and #v == 32 and not string.find(v, '[^0-9a-f]') then
                 Some(v) => {
                     if id.is_some() && is_token(&v) {
-                        // L59: redis.pcall('append', KEYS[1], '+')
+                        // L63: redis.pcall('append', KEYS[1], '+')
                         self.pcall(x, &[Some(b"append"), key, Some(b"+")]);
                     }
                     v
                 }
             };
-            // L61: if type(v) ~= 'string' then v = '' end
+            // L65: if type(v) ~= 'string' then v = '' end
             let v = match v {
                 Reply::Bulk(v) => v,
                 _ => Vec::new(),
             };
-            // L62: return {left, string.sub(v, 1, 16)}
+            // L66: return {left, string.sub(v, 1, 16)}
             return Ok(Reply::Array(vec![
                 Reply::Int(left),
                 Reply::Bulk(lua_sub(&v, 1, 16).to_vec()),
             ]));
         }
-        // L64: local left = 0
+        // L68: local left = 0
         let mut left: i64 = 0;
-        // L65: for i = 1, #KEYS do
+        // L69: for i = 1, #KEYS do
         for i in 1..=x.nkeys() {
-            // L66: local t = redis.call('pttl', KEYS[i])
-            let t = match self.call(x, 66, &[Some(b"pttl"), x.key(i as f64)])? {
+            // L70: local t = redis.call('pttl', KEYS[i])
+            let t = match self.call(x, 70, &[Some(b"pttl"), x.key(i as f64)])? {
                 Reply::Int(n) => n,
                 _ => 0,
             };
-            // L67: if t == -1 then left = -1
-            // L68: elseif t >= 0 and left >= 0 then left = math.max(left, t, 1) end
+            // L71: if t == -1 then left = -1
+            // L72: elseif t >= 0 and left >= 0 then left = math.max(left, t, 1) end
             if t == -1 {
                 left = -1;
             } else if t >= 0 && left >= 0 {
                 left = left.max(t).max(1);
             }
         }
-        // L70: if left ~= 0 then
+        // L74: if left ~= 0 then
         if left != 0 {
-            // L71: for i = 1, #KEYS do mark(KEYS[i]) end
+            // L75: for i = 1, #KEYS do mark(KEYS[i]) end
             for i in 1..=x.nkeys() {
                 self.lua_mark(x, x.key(i as f64));
             }
-            // L72: return left
+            // L76: return left
             return Ok(Reply::Int(left));
         }
-        // L74: for i = 1, #KEYS do redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2]) end
+        // L78: for i = 1, #KEYS do redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2]) end
         for i in 1..=x.nkeys() {
             let args = [
                 Some(&b"set"[..]),
@@ -1770,9 +1787,9 @@ impl SimRedis {
                 Some(b"PX"),
                 x.arg(2),
             ];
-            self.call(x, 74, &args)?;
+            self.call(x, 78, &args)?;
         }
-        // L75: return 0
+        // L79: return 0
         Ok(Reply::Int(0))
     }
 
