@@ -1395,11 +1395,13 @@ impl Sim {
                 } else if s == scripts::ACQUIRE_WAIT {
                     let line = !self.cfg.poll && keys.len() == 1;
                     // A waiter out of line (its last attempt could not reach a quorum) adds
-                    // `o` (issue 19 item 1).
-                    let out_of_line = line && argv.len() == 7 && argv[6] == b"o";
+                    // `o` (issue 19 item 1); one in line may add what it expects, `h` (the
+                    // key held) or `l` (its place in line), which orders the script's
+                    // commands only (issue 23).
+                    let seventh =
+                        line && argv.len() == 7 && matches!(argv[6].as_slice(), b"o" | b"h" | b"l");
                     assert!(
-                        (argv.len() == if line { 6 } else { 2 } || out_of_line)
-                            && argv[1] == ttl_ms,
+                        (argv.len() == if line { 6 } else { 2 } || seventh) && argv[1] == ttl_ms,
                         "ACQUIRE_WAIT args (a line: {line}): {:?}",
                         show(args)
                     );
@@ -2180,8 +2182,9 @@ impl Sim {
         let line = |c: &[Vec<u8>]| -> Option<(Vec<u8>, Vec<u8>)> {
             let (s, _) = script_of(c)?;
             let (_, argv) = keys_args(c)?;
-            (s == scripts::ACQUIRE_WAIT && argv.len() == 6)
-                .then(|| (argv[0].clone(), argv[2].clone()))
+            let in_line =
+                argv.len() == 6 || (argv.len() == 7 && matches!(argv[6].as_slice(), b"h" | b"l"));
+            (s == scripts::ACQUIRE_WAIT && in_line).then(|| (argv[0].clone(), argv[2].clone()))
         };
         let held: HashSet<&[u8]> = self.held.iter().map(|l| l.token().as_bytes()).collect();
         let mut staying: HashSet<Vec<u8>> = HashSet::new();

@@ -76,34 +76,35 @@ pub const NEXT_PREFIX: &[u8] = b"redlock-mux:next:";
 /// wherever the key does not hold the unmarked token: a waiter in a key's line that wins
 /// the key sets it marked ([`ACQUIRE_WAIT`]), so an unmarked key held with the token was
 /// won where no line existed, and the lock never stood in one there (the lines of waiters
-/// expire as a whole, with their longest-lived waiter). An uncontended `lock()` therefore
-/// releases with the same `GET` and `DEL` as the compare-and-delete, nothing more.
+/// expire as a whole, with their longest-lived waiter). Its liveness key
+/// ([`WAITER_PREFIX`]`<id>`) is left to expire: no line names it any more, and a lock call's
+/// id is never used again, so deleting it would only cost the master a command per contended
+/// release. An uncontended `lock()` therefore releases with the same `GET` and `DEL` as the
+/// compare-and-delete, nothing more; a contended one with `GET`, `ZREM`, `DEL`, `ZRANGE`,
+/// `EXISTS` and `PUBLISH`.
 pub const RELEASE: Script = Script {
     src: concat!(
-        "local held, left = 1, false\n",
+        "local held = 1\n",
         "for i = 1, #KEYS do\n",
         "  local q = 'redlock-mux:queue:' .. KEYS[i]\n",
         "  local v = redis.call('get', KEYS[i])\n",
         "  if ARGV[2] and v ~= ARGV[1] then\n",
         "    redis.pcall('zrem', q, ARGV[2])\n",
-        "    left = true\n",
         "  end\n",
         "  if v == ARGV[1] then\n",
         "    redis.call('del', KEYS[i])\n",
         "  elseif v == ARGV[1] .. '+' then\n",
         "    redis.call('del', KEYS[i])\n",
         "    local turn\n",
-        "    if redis.pcall('exists', q) == 1 then\n",
-        "      for _ = 1, 8 do\n",
-        "        local r = redis.pcall('zrange', q, 0, 0)\n",
-        "        local h = type(r) == 'table' and r[1]\n",
-        "        if not h then break end\n",
-        "        if redis.pcall('exists', 'redlock-mux:waiter:' .. h) == 1 then\n",
-        "          turn = h\n",
-        "          break\n",
-        "        end\n",
-        "        redis.pcall('zrem', q, h)\n",
+        "    for _ = 1, 8 do\n",
+        "      local r = redis.pcall('zrange', q, 0, 0)\n",
+        "      local h = type(r) == 'table' and r[1]\n",
+        "      if not h then break end\n",
+        "      if redis.pcall('exists', 'redlock-mux:waiter:' .. h) == 1 then\n",
+        "        turn = h\n",
+        "        break\n",
         "      end\n",
+        "      redis.pcall('zrem', q, h)\n",
         "    end\n",
         "    local note = string.sub(ARGV[1], 1, 16)\n",
         "    if turn then\n",
@@ -115,10 +116,9 @@ pub const RELEASE: Script = Script {
         "    held = 0\n",
         "  end\n",
         "end\n",
-        "if left then redis.pcall('del', 'redlock-mux:waiter:' .. ARGV[2]) end\n",
         "return held"
     ),
-    sha: "16109271968973e69a54ed567550aeea5b9c5a76",
+    sha: "135d170f8c306908611ebc0d06e429c22c0e59d4",
 };
 
 /// The mark a refused waiter appends to the value of a key held with one of this crate's
@@ -192,6 +192,18 @@ pub const ACQUIRE_MANY: Script = Script {
 /// the others yield to it (the simulation's soak: live_hot_fair_without_faults seed 3810). With `ARGV[7]` = `o` the waiter
 /// stands out of line (its last attempt could not reach a quorum): it leaves the line and
 /// takes no place in it, and a polite one still yields to every live waiter in line.
+/// Otherwise `ARGV[7]` says which answer the client expects, so that the script runs the
+/// fewest commands on that path (what it does and answers never depends on it): `h` (held:
+/// this client waited on the key lately) reads the key first, and a refused waiter then
+/// needs no `EXISTS` of the line and no failing `SET NX` (not for a polite waiter, which
+/// looks at the line first); `l` (the waiter stands in line: one of its attempts was
+/// refused) looks for its own place with `ZRANK` first, which also says that the line
+/// exists and spares the `ZADD NX`, and refreshes its liveness key with `PEXPIRE` (a
+/// `SET` only when that key is gone). Absent (a first attempt), `EXISTS` of the line and
+/// `SET NX`, as an uncontended `lock()` needs. (Differences on invalid arguments only,
+/// which the client never sends: with `h` and the key held, a `PX` that `SET` would refuse
+/// is not looked at; with `l`, a liveness of 0 ms or less deletes a live waiter's key
+/// instead of being refused.)
 /// Every attempt of a waiter refreshes its liveness key and the line's expiry, the ones
 /// that take the key too: a waiter whose attempt wins here but fails the round (a split
 /// vote, a timeout elsewhere) is still asking and keeps its place. One that wins a master
@@ -222,7 +234,8 @@ pub const ACQUIRE_WAIT: Script = Script {
         "if #KEYS == 1 then\n",
         "  local id = ARGV[3]\n",
         "  local q = 'redlock-mux:queue:' .. KEYS[1]\n",
-        "  local out = ARGV[7] == 'o'\n",
+        "  local how = ARGV[7]\n",
+        "  local out = how == 'o'\n",
         "  if id and out then\n",
         "    redis.pcall('zrem', q, id)\n",
         "    redis.pcall('del', 'redlock-mux:waiter:' .. id)\n",
@@ -230,38 +243,51 @@ pub const ACQUIRE_WAIT: Script = Script {
         "  local function keep()\n",
         "    if redis.pcall('pttl', q) < tonumber(ARGV[4]) then redis.pcall('pexpire', q, ARGV[4]) end\n",
         "  end\n",
-        "  local lined = id and redis.pcall('exists', q) == 1\n",
-        "  local behind = false\n",
-        "  if lined and ARGV[5] == 'p' then\n",
-        "    for _ = 1, 8 do\n",
-        "      local r = redis.pcall('zrange', q, 0, 0)\n",
-        "      local h = type(r) == 'table' and r[1]\n",
-        "      if not h or h == id then break end\n",
-        "      if redis.pcall('exists', 'redlock-mux:waiter:' .. h) == 1 then\n",
-        "        behind = true if redis.pcall('exists', KEYS[1]) == 0 then redis.pcall('publish', 'redlock-mux:next:' .. string.sub(h, 1, 8), string.sub(ARGV[1], 1, 16) .. h) end\n",
-        "        break\n",
-        "      end\n",
-        "      redis.pcall('zrem', q, h)\n",
-        "    end\n",
+        "  local v, inq = false, false\n",
+        "  local function alive()\n",
+        "    local w = 'redlock-mux:waiter:' .. id\n",
+        "    if not (inq and redis.pcall('pexpire', w, ARGV[4]) == 1) then redis.pcall('set', w, '1', 'PX', ARGV[4]) end\n",
         "  end\n",
-        "  local val = ARGV[1]\n",
-        "  if lined then val = val .. '+' end\n",
-        "  if not behind and redis.call('set', KEYS[1], val, 'NX', 'PX', ARGV[2]) then\n",
-        "    if lined and not out then redis.pcall('zadd', q, 'NX', ARGV[6], id)\n",
-        "      redis.pcall('set', 'redlock-mux:waiter:' .. id, '1', 'PX', ARGV[4])\n",
-        "      keep()\n",
+        "  if how == 'h' and ARGV[5] ~= 'p' then v = redis.pcall('get', KEYS[1]) end\n",
+        "  if not v then\n",
+        "    if id and how == 'l' then inq = type(redis.pcall('zrank', q, id)) == 'number' end\n",
+        "    local lined = inq or (id and redis.pcall('exists', q) == 1)\n",
+        "    local behind = false\n",
+        "    if lined and ARGV[5] == 'p' then\n",
+        "      for _ = 1, 8 do\n",
+        "        local r = redis.pcall('zrange', q, 0, 0)\n",
+        "        local h = type(r) == 'table' and r[1]\n",
+        "        if not h or h == id then break end\n",
+        "        if redis.pcall('exists', 'redlock-mux:waiter:' .. h) == 1 then\n",
+        "          behind = true if redis.pcall('exists', KEYS[1]) == 0 then redis.pcall('publish', 'redlock-mux:next:' .. string.sub(h, 1, 8), string.sub(ARGV[1], 1, 16) .. h) end\n",
+        "          break\n",
+        "        end\n",
+        "        redis.pcall('zrem', q, h)\n",
+        "      end\n",
         "    end\n",
-        "    return 0\n",
+        "    local val = ARGV[1]\n",
+        "    if lined then val = val .. '+' end\n",
+        "    if not behind and redis.call('set', KEYS[1], val, 'NX', 'PX', ARGV[2]) then\n",
+        "      if lined and not out then\n",
+        "        if not inq then redis.pcall('zadd', q, 'NX', ARGV[6], id) end\n",
+        "        alive()\n",
+        "        keep()\n",
+        "      end\n",
+        "      return 0\n",
+        "    end\n",
         "  end\n",
         "  if id and not out then\n",
-        "    redis.pcall('zadd', q, 'NX', ARGV[6], id)\n",
+        "    if not inq then redis.pcall('zadd', q, 'NX', ARGV[6], id) end\n",
         "    keep()\n",
-        "    redis.pcall('set', 'redlock-mux:waiter:' .. id, '1', 'PX', ARGV[4])\n",
+        "    alive()\n",
         "  end\n",
         "  local left = redis.call('pttl', KEYS[1])\n",
         "  if left == -2 then left = -1 elseif left == 0 then left = 1 end\n",
-        "  local v\n",
-        "  if id then v = mark(KEYS[1]) else v = redis.pcall('get', KEYS[1]) end\n",
+        "  if not v then\n",
+        "    if id then v = mark(KEYS[1]) else v = redis.pcall('get', KEYS[1]) end\n",
+        "  elseif id and type(v) == 'string' and #v == 32 and not string.find(v, '[^0-9a-f]') then\n",
+        "    redis.pcall('append', KEYS[1], '+')\n",
+        "  end\n",
         "  if type(v) ~= 'string' then v = '' end\n",
         "  return {left, string.sub(v, 1, 16)}\n",
         "end\n",
@@ -278,7 +304,7 @@ pub const ACQUIRE_WAIT: Script = Script {
         "for i = 1, #KEYS do redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2]) end\n",
         "return 0"
     ),
-    sha: "79fdf4f8db4e20c772f75eaf757a723c225e10f1",
+    sha: "4ef795f7f5f557aecaf4d9137c6047c309ced2f6",
 };
 
 /// Fencing draw (read-only): `KEYS` = the lock's n keys, then their n counters. When every

@@ -439,6 +439,9 @@ fn cases() -> Vec<Case> {
     .c(0, &["ZRANGE", "nokey", "0", "-1"])
     .c(0, &["ZSCORE", "z", "c"])
     .c(0, &["ZSCORE", "z", "nobody"])
+    .c(0, &["ZRANK", "z", "c"])
+    .c(0, &["ZRANK", "z", "nobody"])
+    .c(0, &["ZRANK", "nokey", "a"])
     .c(0, &["ZCARD", "z"])
     .c(0, &["ZREM", "z", "a", "nobody", "b"])
     .c(0, &["ZREM", "z", "c", "d", "e", "g"])
@@ -446,6 +449,7 @@ fn cases() -> Vec<Case> {
     .c(0, &["SET", "s", "v"])
     .c(0, &["ZADD", "s", "1", "a"])
     .c(0, &["ZRANGE", "s", "0", "0"])
+    .c(0, &["ZRANK", "s", "a"])
     .c(0, &["ZREM", "s", "a"]);
     v.push(case("sorted_sets", Kind::Plain, 1, s));
 
@@ -1147,6 +1151,204 @@ fn cases() -> Vec<Case> {
         "acquire_wait_grant_refreshes_the_waiter",
         Kind::Plain,
         1,
+        s,
+    ));
+
+    // What the client expects (`ARGV[7]`: `h` held, `l` in line) orders the commands only:
+    // every branch answers and leaves what the plain attempt would (issue 23).
+    let how = |token, id, alive, polite, score, how| {
+        let p = if polite { "p" } else { "" };
+        [token, "30000", id, alive, p, score, how]
+    };
+    s.load_all(0)
+        .c(
+            1,
+            &["SUBSCRIBE", RELEASED_K, &next(W1), &next(W2), &next(W3)],
+        )
+        // Held, as expected: refused, marks our token once, takes its place.
+        .c(0, &["SET", "k", TH, "PX", "60000"])
+        .sha_ttl(
+            0,
+            scripts::ACQUIRE_WAIT,
+            &["k"],
+            &how(TW1, W1, "60000", false, "100", "h"),
+        )
+        .c(0, &["GET", "k"])
+        .c(0, &["ZRANGE", Q, "0", "-1", "WITHSCORES"])
+        .ttl(0, &["PTTL", Q])
+        .ttl(0, &["PTTL", &alive_key(W1)])
+        .sha_ttl(
+            0,
+            scripts::ACQUIRE_WAIT,
+            &["k"],
+            &how(TW2, W2, "50000", false, "200", "h"),
+        )
+        .c(0, &["GET", "k"])
+        // In line, as expected: refused, keeps its score, liveness refreshed.
+        .sha_ttl(
+            0,
+            scripts::ACQUIRE_WAIT,
+            &["k"],
+            &how(TW1, W1, "70000", false, "999", "l"),
+        )
+        .c(0, &["ZRANGE", Q, "0", "-1", "WITHSCORES"])
+        .ttl(0, &["PTTL", Q])
+        .ttl(0, &["PTTL", &alive_key(W1)])
+        // In line with its liveness key gone (it expired): PEXPIRE finds nothing, SET makes it.
+        .c(0, &["DEL", &alive_key(W2)])
+        .sha_ttl(
+            0,
+            scripts::ACQUIRE_WAIT,
+            &["k"],
+            &how(TW2, W2, "65000", false, "200", "l"),
+        )
+        .ttl(0, &["PTTL", &alive_key(W2)])
+        .c(0, &["GET", &alive_key(W2)])
+        // "In line" but not (W3 never stood there): it takes its place.
+        .sha_ttl(
+            0,
+            scripts::ACQUIRE_WAIT,
+            &["k"],
+            &how(TW3, W3, "60000", false, "300", "l"),
+        )
+        .c(0, &["ZRANGE", Q, "0", "-1", "WITHSCORES"])
+        // The holder's release names W1; W1, in line, takes the key marked, keeps its place.
+        .sha(0, scripts::RELEASE, &["k"], &[TH])
+        .sha(
+            0,
+            scripts::ACQUIRE_WAIT,
+            &["k"],
+            &how(TW1, W1, "80000", false, "100", "l"),
+        )
+        .c(0, &["GET", "k"])
+        .c(0, &["ZRANGE", Q, "0", "-1", "WITHSCORES"])
+        .ttl(0, &["PTTL", Q])
+        .ttl(0, &["PTTL", &alive_key(W1)])
+        // Its release leaves the line and names W2; W1's liveness key is left to expire.
+        .sha(0, scripts::RELEASE, &["k"], &[TW1, W1])
+        .c(0, &["ZRANGE", Q, "0", "-1"])
+        .ttl(0, &["PTTL", &alive_key(W1)])
+        // "Held" but free, with a line: W3 takes it marked and keeps its place (not polite).
+        .sha(
+            0,
+            scripts::ACQUIRE_WAIT,
+            &["k"],
+            &how(TW3, W3, "60000", false, "300", "h"),
+        )
+        .c(0, &["GET", "k"])
+        .c(0, &["ZRANGE", Q, "0", "-1", "WITHSCORES"])
+        .sha(0, scripts::RELEASE, &["k"], &[TW3, W3])
+        // "Held" but free and no line: granted unmarked, no line made.
+        .sha(
+            0,
+            scripts::ACQUIRE_WAIT,
+            &["n"],
+            &how(TW1, W1, "60000", false, "100", "h"),
+        )
+        .c(0, &["GET", "n"])
+        .c(0, &["EXISTS", "redlock-mux:queue:n"])
+        // "In line" but free and no line: the same.
+        .sha(
+            0,
+            scripts::ACQUIRE_WAIT,
+            &["n2"],
+            &how(TW1, W1, "60000", false, "100", "l"),
+        )
+        .c(0, &["GET", "n2"])
+        .c(0, &["EXISTS", "redlock-mux:queue:n2"])
+        // Held by another application: refused, never marked; a key of another type: the
+        // holder unnamed.
+        .c(0, &["SET", "f", "foreign-holder", "PX", "60000"])
+        .sha_ttl(
+            0,
+            scripts::ACQUIRE_WAIT,
+            &["f"],
+            &how(TW2, W2, "60000", false, "200", "h"),
+        )
+        .c(0, &["GET", "f"])
+        .c(0, &["ZADD", "z", "1", "a"])
+        .sha(
+            0,
+            scripts::ACQUIRE_WAIT,
+            &["z"],
+            &how(TW2, W2, "60000", false, "200", "h"),
+        )
+        .sha(
+            0,
+            scripts::ACQUIRE_WAIT,
+            &["z"],
+            &how(TW2, W2, "60000", false, "200", "l"),
+        )
+        .c(0, &["ZRANGE", "redlock-mux:queue:z", "0", "-1"])
+        // A polite waiter expecting a held key looks at the line first, as without: W2 is
+        // behind the live W3 on the free key, refused and W3 told.
+        .c(0, &["DEL", "k"])
+        .sha(
+            0,
+            scripts::ACQUIRE_WAIT,
+            &["k"],
+            &how(TW2, W2, "60000", true, "200", "h"),
+        )
+        .c(0, &["GET", "k"])
+        .sha(
+            0,
+            scripts::ACQUIRE_WAIT,
+            &["k"],
+            &how(TW2, W2, "60000", true, "200", "l"),
+        )
+        .c(0, &["EXISTS", "k"])
+        // The line is not a sorted set: "in line" falls back to EXISTS, the pcalls fail.
+        .c(0, &["SET", "redlock-mux:queue:k3", "junk"])
+        .sha(
+            0,
+            scripts::ACQUIRE_WAIT,
+            &["k3"],
+            &how(TW1, W1, "60000", false, "100", "l"),
+        )
+        .c(0, &["GET", "k3"])
+        .sha_ttl(
+            0,
+            scripts::ACQUIRE_WAIT,
+            &["k3"],
+            &how(TW2, W2, "60000", false, "200", "h"),
+        )
+        .c(0, &["GET", "redlock-mux:queue:k3"])
+        // Arguments the client never sends: with the key held, "held" does not look at the
+        // PX (SET would refuse it); free, SET does.
+        .sha_ttl(
+            0,
+            scripts::ACQUIRE_WAIT,
+            &["k3"],
+            &how(TW3, W3, "60000", false, "300", "h"),
+        )
+        .script(
+            0,
+            true,
+            scripts::ACQUIRE_WAIT,
+            &["k3"],
+            &[TW3, "0", W3, "60000", "", "300", "h"],
+            Cmp::Ttl,
+        )
+        .script(
+            0,
+            true,
+            scripts::ACQUIRE_WAIT,
+            &["k4"],
+            &[TW3, "0", W3, "60000", "", "300", "h"],
+            Cmp::Exact,
+        )
+        .script(
+            0,
+            true,
+            scripts::ACQUIRE_WAIT,
+            &["k4"],
+            &[TW3, "0", W3, "60000", "", "300", "l"],
+            Cmp::Exact,
+        );
+    v.push(case(
+        "acquire_wait_expects_held_or_in_line",
+        Kind::Plain,
+        2,
         s,
     ));
 

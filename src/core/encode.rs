@@ -4,6 +4,7 @@
 use smallvec::SmallVec;
 
 use super::ops::OpArgs;
+use super::wait::Expect;
 use crate::resp::{self, Arg};
 use crate::rules::Request;
 use crate::scripts::{self, Script};
@@ -178,8 +179,11 @@ fn encode_request_general(
                 v.push(Arg::Uint(line.alive_ms));
                 v.push(Arg::Bytes(if line.polite { b"p" } else { b"" }));
                 v.push(Arg::Uint(line.score));
-                if line.out {
-                    v.push(Arg::Bytes(b"o"));
+                match (line.out, line.expect) {
+                    (true, _) => v.push(Arg::Bytes(b"o")),
+                    (false, Expect::Held) => v.push(Arg::Bytes(b"h")),
+                    (false, Expect::InLine) => v.push(Arg::Bytes(b"l")),
+                    (false, Expect::Free) => {}
                 }
             }
         }

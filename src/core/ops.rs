@@ -52,6 +52,9 @@ pub(crate) struct Line {
     /// It stands out of line: the attempt leaves the line and takes no place in it (its
     /// last attempt could not reach a quorum; see `Core::start_attempt`).
     pub out: bool,
+    /// What the attempt expects to find, which orders the script's commands (never what it
+    /// does): see [`Expect`](super::wait::Expect).
+    pub expect: super::wait::Expect,
 }
 
 impl OpArgs {

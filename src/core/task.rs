@@ -309,6 +309,7 @@ impl Core {
                 score: t.score,
                 polite: self.cfg.fairness,
                 out: cut_off,
+                expect: self.expect(id),
             }
         });
         let keys = &self.tasks[id.slot as usize].keys;

@@ -64,6 +64,24 @@ pub enum WaitMode {
     Poll,
 }
 
+/// What a waiter's attempt expects to find on the masters (`scripts::ACQUIRE_WAIT`'s
+/// `ARGV[7]`): the script runs the fewest commands on the path expected, and does and
+/// answers the same whatever the guess. A wrong guess costs the master one command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Expect {
+    /// A first attempt on a key this client has not waited on lately: as likely free as
+    /// not (an uncontended `lock()`), `EXISTS` of the line and `SET NX` first.
+    Free,
+    /// A first attempt on a key this client waited on lately (its channel is still held or
+    /// lingers): a hot key, likely held, read first (a refusal then needs no `EXISTS` of
+    /// the line and no failing `SET NX`).
+    Held,
+    /// A later attempt: the waiter stands in the key's line (it was refused before), which
+    /// `ZRANK` of its own place says at once (no `EXISTS`, no `ZADD NX`), and its
+    /// liveness key, alive, only needs a `PEXPIRE`.
+    InLine,
+}
+
 /// What a refused acquire round tells its task about waiting.
 pub(super) struct Hint {
     /// When a quorum of the holder's keys expires, at the earliest (from `AcquireWait`).
@@ -80,6 +98,18 @@ pub(super) struct Hint {
 }
 
 impl Core {
+    /// What task `id`'s next attempt expects to find (see [`Expect`]).
+    pub(super) fn expect(&self, id: TaskId) -> Expect {
+        let t = &self.tasks[id.slot as usize];
+        if t.wait_id.is_some() {
+            Expect::InLine
+        } else if t.keys.iter().any(|k| self.rounds.channel(k).is_some()) {
+            Expect::Held
+        } else {
+            Expect::Free
+        }
+    }
+
     /// Whether waiting tasks listen for releases.
     #[inline]
     pub(super) fn notify(&self) -> bool {

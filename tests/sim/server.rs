@@ -35,7 +35,8 @@
 //!   order); `CONFIG GET` knows `appendonly`, `appendfsync`, `appendfilename`,
 //!   `appenddirname` and `databases` only.
 //! * `DBSIZE` counts live keys (Redis also counts expired keys not yet evicted).
-//! * `ZADD` supports `NX`/`XX`/`CH`, `ZRANGE` index ranges with `WITHSCORES`, `PEXPIRE`
+//! * `ZADD` supports `NX`/`XX`/`CH`, `ZRANGE` index ranges with `WITHSCORES`, `ZRANK`
+//!   without `WITHSCORE` (7.0 has none), `PEXPIRE`
 //!   no options; other options get `ERR simredis: unsupported ...`.
 //! * `UNSUBSCRIBE` without arguments and `KEYS` list in subscription / key order (Redis:
 //!   hash order).
@@ -281,6 +282,7 @@ const COMMANDS: &[Cmd] = &[
     cmd("zrem", -3),
     cmd("zrange", -4),
     cmd("zscore", 3),
+    cmd("zrank", 3),
     cmd("zcard", 2),
 ];
 
@@ -1228,6 +1230,17 @@ impl SimRedis {
                     .map_or(Reply::Nil, |(s, _)| Reply::Bulk(fmt_g17(*s).into_bytes())),
                 Some(_) => err(WRONGTYPE),
             },
+            "zrank" => match self.lookup(db, args[1], now) {
+                None => Reply::Nil,
+                Some(Entry {
+                    value: Value::Zset(z),
+                    ..
+                }) => z
+                    .iter()
+                    .position(|(_, m)| m.as_slice() == args[2])
+                    .map_or(Reply::Nil, |i| Reply::Int(i as i64)),
+                Some(_) => err(WRONGTYPE),
+            },
             "zcard" => match self.lookup(db, args[1], now) {
                 None => Reply::Int(0),
                 Some(Entry {
@@ -1462,8 +1475,8 @@ impl SimRedis {
 
     /// `scripts::RELEASE`.
     fn lua_release(&mut self, x: &Run<'_>) -> Result<Reply, Raised> {
-        // L1: local held, left = 1, false
-        let (mut held, mut left) = (1, false);
+        // L1: local held = 1
+        let mut held = 1;
         // L2: for i = 1, #KEYS do
         for i in 1..=x.nkeys() {
             let key = x.key(i as f64);
@@ -1476,70 +1489,61 @@ impl SimRedis {
                 if !lua_eq(&v, x.arg(1)) {
                     // L6: redis.pcall('zrem', q, ARGV[2])
                     self.pcall(x, &[Some(b"zrem"), Some(&q), Some(id)]);
-                    // L7: left = true
-                    left = true;
                 }
             }
-            // L9: if v == ARGV[1] then
+            // L8: if v == ARGV[1] then
             if lua_eq(&v, x.arg(1)) {
-                // L10: redis.call('del', KEYS[i])
-                self.call(x, 10, &[Some(b"del"), key])?;
-            // L11: elseif v == ARGV[1] .. '+' then
-            } else if lua_eq(&v, Some(&lua_concat(x, 11, x.arg(1), b"+")?)) {
-                // L12: redis.call('del', KEYS[i])
-                self.call(x, 12, &[Some(b"del"), key])?;
-                // L13: local turn
+                // L9: redis.call('del', KEYS[i])
+                self.call(x, 9, &[Some(b"del"), key])?;
+            // L10: elseif v == ARGV[1] .. '+' then
+            } else if lua_eq(&v, Some(&lua_concat(x, 10, x.arg(1), b"+")?)) {
+                // L11: redis.call('del', KEYS[i])
+                self.call(x, 11, &[Some(b"del"), key])?;
+                // L12: local turn
                 let mut turn: Option<Vec<u8>> = None;
-                // L14: if redis.pcall('exists', q) == 1 then
-                if self.pcall(x, &[Some(b"exists"), Some(&q)]) == Reply::Int(1) {
-                    // L15: for _ = 1, 8 do
-                    for _ in 1..=8 {
-                        // L16: local r = redis.pcall('zrange', q, 0, 0)
-                        let r = self.pcall(x, &[Some(b"zrange"), Some(&q), Some(b"0"), Some(b"0")]);
-                        // L17: local h = type(r) == 'table' and r[1]
-                        // L18: if not h then break end
-                        let Some(h) = first_string(&r) else {
-                            break;
-                        };
-                        // L19: if redis.pcall('exists', 'redlock-mux:waiter:' .. h) == 1 then
-                        let live = cat(b"redlock-mux:waiter:", &h);
-                        if self.pcall(x, &[Some(b"exists"), Some(&live)]) == Reply::Int(1) {
-                            // L20: turn = h
-                            // L21: break
-                            turn = Some(h);
-                            break;
-                        }
-                        // L23: redis.pcall('zrem', q, h)
-                        self.pcall(x, &[Some(b"zrem"), Some(&q), Some(&h)]);
+                // L13: for _ = 1, 8 do
+                for _ in 1..=8 {
+                    // L14: local r = redis.pcall('zrange', q, 0, 0)
+                    let r = self.pcall(x, &[Some(b"zrange"), Some(&q), Some(b"0"), Some(b"0")]);
+                    // L15: local h = type(r) == 'table' and r[1]
+                    // L16: if not h then break end
+                    let Some(h) = first_string(&r) else {
+                        break;
+                    };
+                    // L17: if redis.pcall('exists', 'redlock-mux:waiter:' .. h) == 1 then
+                    let live = cat(b"redlock-mux:waiter:", &h);
+                    if self.pcall(x, &[Some(b"exists"), Some(&live)]) == Reply::Int(1) {
+                        // L18: turn = h
+                        // L19: break
+                        turn = Some(h);
+                        break;
                     }
+                    // L21: redis.pcall('zrem', q, h)
+                    self.pcall(x, &[Some(b"zrem"), Some(&q), Some(&h)]);
                 }
-                // L26: local note = string.sub(ARGV[1], 1, 16)
+                // L23: local note = string.sub(ARGV[1], 1, 16)
                 // (ARGV[1] is a string here: it equalled a value.)
                 let note = lua_sub(x.arg(1).unwrap_or_default(), 1, 16);
                 match turn {
-                    // L27: if turn then
-                    // L28: redis.pcall('publish', 'redlock-mux:next:' .. string.sub(turn, 1, 8), note .. turn)
+                    // L24: if turn then
+                    // L25: redis.pcall('publish', 'redlock-mux:next:' .. string.sub(turn, 1, 8), note .. turn)
                     Some(turn) => {
                         let channel = cat(b"redlock-mux:next:", lua_sub(&turn, 1, 8));
                         let payload = cat(note, &turn);
                         self.pcall(x, &[Some(b"publish"), Some(&channel), Some(&payload)]);
                     }
-                    // L30: redis.pcall('publish', 'redlock-mux:released:' .. KEYS[i], note)
+                    // L27: redis.pcall('publish', 'redlock-mux:released:' .. KEYS[i], note)
                     None => {
                         let channel = cat(b"redlock-mux:released:", key.unwrap_or_default());
                         self.pcall(x, &[Some(b"publish"), Some(&channel), Some(note)]);
                     }
                 }
             } else {
-                // L33: held = 0
+                // L30: held = 0
                 held = 0;
             }
         }
-        // L36: if left then redis.pcall('del', 'redlock-mux:waiter:' .. ARGV[2]) end
-        if let (true, Some(id)) = (left, x.arg(2)) {
-            self.pcall(x, &[Some(b"del"), Some(&cat(b"redlock-mux:waiter:", id))]);
-        }
-        // L37: return held
+        // L33: return held
         Ok(Reply::Int(held))
     }
 
@@ -1591,20 +1595,35 @@ impl SimRedis {
         Ok(Reply::Int(1))
     }
 
-    /// ACQUIRE_WAIT's `keep()` (L16-L18): lengthen the line's expiry to this waiter's
+    /// ACQUIRE_WAIT's `alive()` (L21-L24): the waiter's liveness key lives `ARGV[4]` ms
+    /// from now; a waiter known in line (`inq`) first tries `PEXPIRE` of the key it has.
+    fn lua_alive(&mut self, x: &Run<'_>, id: &[u8], inq: bool) {
+        // L22: local w = 'redlock-mux:waiter:' .. id
+        let w = cat(b"redlock-mux:waiter:", id);
+        // L23: if not (inq and redis.pcall('pexpire', w, ARGV[4]) == 1) then
+        //   redis.pcall('set', w, '1', 'PX', ARGV[4]) end
+        if !(inq && self.pcall(x, &[Some(b"pexpire"), Some(&w), x.arg(4)]) == Reply::Int(1)) {
+            self.pcall(
+                x,
+                &[Some(b"set"), Some(&w), Some(b"1"), Some(b"PX"), x.arg(4)],
+            );
+        }
+    }
+
+    /// ACQUIRE_WAIT's `keep()` (L17-L19): lengthen the line's expiry to this waiter's
     /// liveness, never shorten it.
     fn lua_keep(&mut self, x: &Run<'_>, q: &[u8]) -> Result<(), Raised> {
-        // L17: if redis.pcall('pttl', q) < tonumber(ARGV[4]) then redis.pcall('pexpire', q, ARGV[4]) end
+        // L18: if redis.pcall('pttl', q) < tonumber(ARGV[4]) then redis.pcall('pexpire', q, ARGV[4]) end
         let pttl = self.pcall(x, &[Some(b"pttl"), Some(q)]);
         let limit = x.arg(4).and_then(lua_tonumber);
         let below = match pttl {
-            Reply::Int(n) => lua_lt(x, 17, Some(n as f64), limit)?,
+            Reply::Int(n) => lua_lt(x, 18, Some(n as f64), limit)?,
             // An error table compared with a number (or nil) raises.
             _ => {
                 let ty = if limit.is_some() { "number" } else { "nil" };
                 return Err(Raised(
                     format!(
-                        "ERR user_script:17: attempt to compare table with {ty} script: {}, on @user_script:17.",
+                        "ERR user_script:18: attempt to compare table with {ty} script: {}, on @user_script:18.",
                         x.sha
                     )
                     .into_bytes(),
@@ -1651,180 +1670,201 @@ impl SimRedis {
             let id = x.arg(3);
             // L10: local q = 'redlock-mux:queue:' .. KEYS[1]
             let q = cat(b"redlock-mux:queue:", key.unwrap_or_default());
-            // L11: local out = ARGV[7] == 'o'
-            let out = x.arg(7) == Some(b"o");
-            // L12: if id and out then
+            // L11: local how = ARGV[7]
+            let how = x.arg(7);
+            // L12: local out = how == 'o'
+            let out = how == Some(b"o");
+            // L13: if id and out then
             if let (Some(id), true) = (id, out) {
-                // L13: redis.pcall('zrem', q, id)
+                // L14: redis.pcall('zrem', q, id)
                 self.pcall(x, &[Some(b"zrem"), Some(&q), Some(id)]);
-                // L14: redis.pcall('del', 'redlock-mux:waiter:' .. id)
+                // L15: redis.pcall('del', 'redlock-mux:waiter:' .. id)
                 let live = cat(b"redlock-mux:waiter:", id);
                 self.pcall(x, &[Some(b"del"), Some(&live)]);
             }
-            // L16-L18: local function keep() ... end   (see `lua_keep`)
-            // L19: local lined = id and redis.pcall('exists', q) == 1
-            let lined =
-                id.is_some() && self.pcall(x, &[Some(b"exists"), Some(&q)]) == Reply::Int(1);
-            // L20: local behind = false
-            let mut behind = false;
-            // L21: if lined and ARGV[5] == 'p' then
-            if lined && x.arg(5) == Some(b"p") {
-                // L22: for _ = 1, 8 do
-                for _ in 1..=8 {
-                    // L23: local r = redis.pcall('zrange', q, 0, 0)
-                    let r = self.pcall(x, &[Some(b"zrange"), Some(&q), Some(b"0"), Some(b"0")]);
-                    // L24: local h = type(r) == 'table' and r[1]
-                    // L25: if not h or h == id then break end
-                    let h = match first_string(&r) {
-                        Some(h) if Some(h.as_slice()) != id => h,
-                        _ => break,
-                    };
-                    // L26: if redis.pcall('exists', 'redlock-mux:waiter:' .. h) == 1 then
-                    let live = cat(b"redlock-mux:waiter:", &h);
-                    if self.pcall(x, &[Some(b"exists"), Some(&live)]) == Reply::Int(1) {
-                        // L27: behind = true if redis.pcall('exists', KEYS[1]) == 0 then
-                        //   redis.pcall('publish', 'redlock-mux:next:' .. string.sub(h, 1, 8),
-                        //   string.sub(ARGV[1], 1, 16) .. h) end
-                        behind = true;
-                        if self.pcall(x, &[Some(b"exists"), key]) == Reply::Int(0) {
-                            let channel = cat(b"redlock-mux:next:", lua_sub(&h, 1, 8));
-                            let note = lua_sub(x.arg(1).unwrap_or_default(), 1, 16);
-                            let payload = cat(note, &h);
-                            self.pcall(x, &[Some(b"publish"), Some(&channel), Some(&payload)]);
-                        }
-                        // L28: break
-                        break;
-                    }
-                    // L30: redis.pcall('zrem', q, h)
-                    self.pcall(x, &[Some(b"zrem"), Some(&q), Some(&h)]);
-                }
+            // L17-L19: local function keep() ... end   (see `lua_keep`)
+            // L21-L24: local function alive() ... end   (see `lua_alive`)
+            // L20: local v, inq = false, false
+            // (`v`: `None` is Lua's `false`, the key not read; else what GET answered.)
+            let mut v: Option<Reply> = None;
+            let mut inq = false;
+            // L25: if how == 'h' and ARGV[5] ~= 'p' then v = redis.pcall('get', KEYS[1]) end
+            if how == Some(b"h") && x.arg(5) != Some(b"p") {
+                // A nil reply is Lua's `false`: as if not read.
+                v = Some(self.pcall(x, &[Some(b"get"), key])).filter(|r| *r != Reply::Nil);
             }
-            // L33: local val = ARGV[1]
-            // L34: if lined then val = val .. '+' end
-            let val: Option<Vec<u8>> = if lined {
-                match x.arg(1) {
-                    Some(t) => Some(cat(t, b"+")),
-                    None => {
-                        return Err(Raised(
-                            format!(
-                                "ERR user_script:34: attempt to concatenate local 'val' (a nil value) script: {}, on @user_script:34.",
-                                x.sha
-                            )
-                            .into_bytes(),
-                        ))
+            // L26: if not v then
+            if v.is_none() {
+                // L27: if id and how == 'l' then inq = type(redis.pcall('zrank', q, id)) == 'number' end
+                if let (Some(id), true) = (id, how == Some(b"l")) {
+                    inq = matches!(
+                        self.pcall(x, &[Some(b"zrank"), Some(&q), Some(id)]),
+                        Reply::Int(_)
+                    );
+                }
+                // L28: local lined = inq or (id and redis.pcall('exists', q) == 1)
+                let lined = inq
+                    || (id.is_some()
+                        && self.pcall(x, &[Some(b"exists"), Some(&q)]) == Reply::Int(1));
+                // L29: local behind = false
+                let mut behind = false;
+                // L30: if lined and ARGV[5] == 'p' then
+                if lined && x.arg(5) == Some(b"p") {
+                    // L31: for _ = 1, 8 do
+                    for _ in 1..=8 {
+                        // L32: local r = redis.pcall('zrange', q, 0, 0)
+                        let r = self.pcall(x, &[Some(b"zrange"), Some(&q), Some(b"0"), Some(b"0")]);
+                        // L33: local h = type(r) == 'table' and r[1]
+                        // L34: if not h or h == id then break end
+                        let h = match first_string(&r) {
+                            Some(h) if Some(h.as_slice()) != id => h,
+                            _ => break,
+                        };
+                        // L35: if redis.pcall('exists', 'redlock-mux:waiter:' .. h) == 1 then
+                        let live = cat(b"redlock-mux:waiter:", &h);
+                        if self.pcall(x, &[Some(b"exists"), Some(&live)]) == Reply::Int(1) {
+                            // L36: behind = true if redis.pcall('exists', KEYS[1]) == 0 then
+                            //   redis.pcall('publish', 'redlock-mux:next:' .. string.sub(h, 1, 8),
+                            //   string.sub(ARGV[1], 1, 16) .. h) end
+                            behind = true;
+                            if self.pcall(x, &[Some(b"exists"), key]) == Reply::Int(0) {
+                                let channel = cat(b"redlock-mux:next:", lua_sub(&h, 1, 8));
+                                let note = lua_sub(x.arg(1).unwrap_or_default(), 1, 16);
+                                let payload = cat(note, &h);
+                                self.pcall(x, &[Some(b"publish"), Some(&channel), Some(&payload)]);
+                            }
+                            // L37: break
+                            break;
+                        }
+                        // L39: redis.pcall('zrem', q, h)
+                        self.pcall(x, &[Some(b"zrem"), Some(&q), Some(&h)]);
                     }
                 }
-            } else {
-                x.arg(1).map(<[u8]>::to_vec)
-            };
-            // L35: if not behind and redis.call('set', KEYS[1], val, 'NX', 'PX', ARGV[2]) then
-            if !behind {
-                let args = [
-                    Some(&b"set"[..]),
-                    key,
-                    val.as_deref(),
-                    Some(b"NX"),
-                    Some(b"PX"),
-                    x.arg(2),
-                ];
-                if self.call(x, 35, &args)? != Reply::Nil {
-                    // L36: if lined and not out then redis.pcall('zadd', q, 'NX', ARGV[6], id)
-                    if let (Some(id), true, false) = (id, lined, out) {
-                        let live = cat(b"redlock-mux:waiter:", id);
-                        {
-                            self.pcall(
-                                x,
-                                &[Some(b"zadd"), Some(&q), Some(b"NX"), x.arg(6), Some(id)],
-                            );
-                            // L37: redis.pcall('set', 'redlock-mux:waiter:' .. id, '1', 'PX', ARGV[4])
-                            let args = [
-                                Some(&b"set"[..]),
-                                Some(&live),
-                                Some(b"1"),
-                                Some(b"PX"),
-                                x.arg(4),
-                            ];
-                            self.pcall(x, &args);
-                            // L38: keep()
+                // L42: local val = ARGV[1]
+                // L43: if lined then val = val .. '+' end
+                let val: Option<Vec<u8>> = if lined {
+                    match x.arg(1) {
+                        Some(t) => Some(cat(t, b"+")),
+                        None => {
+                            return Err(Raised(
+                                format!(
+                                    "ERR user_script:43: attempt to concatenate local 'val' (a nil value) script: {}, on @user_script:43.",
+                                    x.sha
+                                )
+                                .into_bytes(),
+                            ))
+                        }
+                    }
+                } else {
+                    x.arg(1).map(<[u8]>::to_vec)
+                };
+                // L44: if not behind and redis.call('set', KEYS[1], val, 'NX', 'PX', ARGV[2]) then
+                if !behind {
+                    let args = [
+                        Some(&b"set"[..]),
+                        key,
+                        val.as_deref(),
+                        Some(b"NX"),
+                        Some(b"PX"),
+                        x.arg(2),
+                    ];
+                    if self.call(x, 44, &args)? != Reply::Nil {
+                        // L45: if lined and not out then
+                        if let (Some(id), true, false) = (id, lined, out) {
+                            // L46: if not inq then redis.pcall('zadd', q, 'NX', ARGV[6], id) end
+                            if !inq {
+                                self.pcall(
+                                    x,
+                                    &[Some(b"zadd"), Some(&q), Some(b"NX"), x.arg(6), Some(id)],
+                                );
+                            }
+                            // L47: alive()
+                            self.lua_alive(x, id, inq);
+                            // L48: keep()
                             self.lua_keep(x, &q)?;
                         }
+                        // L50: return 0
+                        return Ok(Reply::Int(0));
                     }
-                    // L40: return 0
-                    return Ok(Reply::Int(0));
                 }
             }
-            // L42: if id and not out then
+            // L53: if id and not out then
             if let (Some(id), false) = (id, out) {
-                // L43: redis.pcall('zadd', q, 'NX', ARGV[6], id)
-                self.pcall(
-                    x,
-                    &[Some(b"zadd"), Some(&q), Some(b"NX"), x.arg(6), Some(id)],
-                );
-                // L44: keep()
+                // L54: if not inq then redis.pcall('zadd', q, 'NX', ARGV[6], id) end
+                if !inq {
+                    self.pcall(
+                        x,
+                        &[Some(b"zadd"), Some(&q), Some(b"NX"), x.arg(6), Some(id)],
+                    );
+                }
+                // L55: keep()
                 self.lua_keep(x, &q)?;
-                // L45: redis.pcall('set', 'redlock-mux:waiter:' .. id, '1', 'PX', ARGV[4])
-                let live = cat(b"redlock-mux:waiter:", id);
-                self.pcall(
-                    x,
-                    &[Some(b"set"), Some(&live), Some(b"1"), Some(b"PX"), x.arg(4)],
-                );
+                // L56: alive()
+                self.lua_alive(x, id, inq);
             }
-            // L47: local left = redis.call('pttl', KEYS[1])
-            let mut left = match self.call(x, 47, &[Some(b"pttl"), key])? {
+            // L58: local left = redis.call('pttl', KEYS[1])
+            let mut left = match self.call(x, 58, &[Some(b"pttl"), key])? {
                 Reply::Int(n) => n,
                 _ => 0,
             };
-            // L48: if left == -2 then left = -1 elseif left == 0 then left = 1 end
+            // L59: if left == -2 then left = -1 elseif left == 0 then left = 1 end
             if left == -2 {
                 left = -1;
             } else if left == 0 {
                 left = 1;
             }
-            // L49: local v
-            // L50: if id then v = mark(KEYS[1]) else v = redis.pcall('get', KEYS[1]) end
-            let v = if id.is_some() {
-                self.lua_mark(x, key)
-            } else {
-                self.pcall(x, &[Some(b"get"), key])
+            let v = match v {
+                // L60: if not v then
+                // L61: if id then v = mark(KEYS[1]) else v = redis.pcall('get', KEYS[1]) end
+                None if id.is_some() => self.lua_mark(x, key),
+                None => self.pcall(x, &[Some(b"get"), key]),
+                // L62: elseif id and type(v) == 'string' and #v == 32 and not string.find(v, '[^0-9a-f]') then
+                Some(v) => {
+                    if id.is_some() && is_token(&v) {
+                        // L63: redis.pcall('append', KEYS[1], '+')
+                        self.pcall(x, &[Some(b"append"), key, Some(b"+")]);
+                    }
+                    v
+                }
             };
-            // L51: if type(v) ~= 'string' then v = '' end
+            // L65: if type(v) ~= 'string' then v = '' end
             let v = match v {
                 Reply::Bulk(v) => v,
                 _ => Vec::new(),
             };
-            // L52: return {left, string.sub(v, 1, 16)}
+            // L66: return {left, string.sub(v, 1, 16)}
             return Ok(Reply::Array(vec![
                 Reply::Int(left),
                 Reply::Bulk(lua_sub(&v, 1, 16).to_vec()),
             ]));
         }
-        // L54: local left = 0
+        // L68: local left = 0
         let mut left: i64 = 0;
-        // L55: for i = 1, #KEYS do
+        // L69: for i = 1, #KEYS do
         for i in 1..=x.nkeys() {
-            // L56: local t = redis.call('pttl', KEYS[i])
-            let t = match self.call(x, 56, &[Some(b"pttl"), x.key(i as f64)])? {
+            // L70: local t = redis.call('pttl', KEYS[i])
+            let t = match self.call(x, 70, &[Some(b"pttl"), x.key(i as f64)])? {
                 Reply::Int(n) => n,
                 _ => 0,
             };
-            // L57: if t == -1 then left = -1
-            // L58: elseif t >= 0 and left >= 0 then left = math.max(left, t, 1) end
+            // L71: if t == -1 then left = -1
+            // L72: elseif t >= 0 and left >= 0 then left = math.max(left, t, 1) end
             if t == -1 {
                 left = -1;
             } else if t >= 0 && left >= 0 {
                 left = left.max(t).max(1);
             }
         }
-        // L60: if left ~= 0 then
+        // L74: if left ~= 0 then
         if left != 0 {
-            // L61: for i = 1, #KEYS do mark(KEYS[i]) end
+            // L75: for i = 1, #KEYS do mark(KEYS[i]) end
             for i in 1..=x.nkeys() {
                 self.lua_mark(x, x.key(i as f64));
             }
-            // L62: return left
+            // L76: return left
             return Ok(Reply::Int(left));
         }
-        // L64: for i = 1, #KEYS do redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2]) end
+        // L78: for i = 1, #KEYS do redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2]) end
         for i in 1..=x.nkeys() {
             let args = [
                 Some(&b"set"[..]),
@@ -1833,9 +1873,9 @@ impl SimRedis {
                 Some(b"PX"),
                 x.arg(2),
             ];
-            self.call(x, 64, &args)?;
+            self.call(x, 78, &args)?;
         }
-        // L65: return 0
+        // L79: return 0
         Ok(Reply::Int(0))
     }
 
