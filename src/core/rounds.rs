@@ -629,7 +629,7 @@ impl Rounds {
         // unknown until a new connection reads the keys again (a restart without
         // persistence lost them, one with persistence or a cut connection did not).
         if self.watches.any() {
-            self.watches.link_lost(i);
+            self.watches.link_lost(i, fault, self.quorum);
             self.reread[i] = true;
             self.due_by(self.links[i].retry_at.unwrap_or(now));
         }
@@ -1599,8 +1599,12 @@ impl Rounds {
         };
         let link = &self.links[i];
         if !(link.is_up() || link.is_connecting()) {
-            // Read once a connection is back (see `tick`).
-            self.watches.set_vote(w, i, Vote::Asked, self.quorum);
+            // Read once a connection is back (see `tick`); meanwhile unknown where the
+            // master showed the token before, nothing where it never did (down at the
+            // grant: issue21_watch seed 1077 reported no loss with it counted as holding).
+            let fault = link.last_fault.unwrap_or(Fault::Down);
+            let vote = self.watches.after_link_lost(w, i, fault);
+            self.watches.set_vote(w, i, vote, self.quorum);
             self.reread[i] = true;
             self.due_by(link.retry_at.unwrap_or(now));
             return;

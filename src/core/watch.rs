@@ -31,7 +31,7 @@ use smallvec::SmallVec;
 
 use super::ops::KeyList;
 use crate::resp::{self, AggregateKind, Arg, Frame};
-use crate::rules::Outcome;
+use crate::rules::{Fault, Outcome};
 use crate::scripts::WAITED;
 use crate::token::Token;
 
@@ -80,6 +80,10 @@ pub(crate) struct Watch {
     pub votes: SmallVec<[Vote; 8]>,
     /// Lost: the votes at that moment.
     pub lost: bool,
+    /// The masters (bit `i`) whose read showed the token at least once: only those may
+    /// still hold the lock when their connection is lost (the others never answered for
+    /// it: down at the grant, say).
+    pub held_once: u64,
 }
 
 /// The watched locks of a client.
@@ -111,6 +115,7 @@ impl Watches {
                     token,
                     votes: SmallVec::new(),
                     lost: false,
+                    held_once: 0,
                 });
                 (self.list.len() - 1) as u32
             }
@@ -123,6 +128,7 @@ impl Watches {
         w.votes.clear();
         w.votes.resize(n, Vote::Asked);
         w.lost = false;
+        w.held_once = 0;
         self.live += 1;
         WatchId { slot, gen: w.gen }
     }
@@ -193,6 +199,9 @@ impl Watches {
         if let Some(v) = w.votes.get_mut(i) {
             *v = vote;
         }
+        if vote == Vote::Yes && i < 64 {
+            w.held_once |= 1 << i;
+        }
         if w.lost {
             return false;
         }
@@ -205,15 +214,35 @@ impl Watches {
         false
     }
 
-    /// Master `i`'s connection closed: what it holds is unknown until a new connection
-    /// reads the keys again (a vote already lost stays lost).
-    pub(crate) fn link_lost(&mut self, i: usize) {
-        for w in self.list.iter_mut().filter(|w| w.live) {
-            if let Some(v) = w.votes.get_mut(i) {
-                if v.may_hold() {
-                    *v = Vote::Asked;
-                }
+    /// Master `i`'s connection closed with `fault`: where its reads showed the token, what
+    /// it holds is unknown until a new connection reads the keys again (a restart with its
+    /// data, a cut connection: still held); where they never did, it holds nothing of it
+    /// (a vote already lost stays lost).
+    pub(crate) fn link_lost(&mut self, i: usize, fault: Fault, quorum: usize) {
+        for slot in 0..self.list.len() {
+            let w = &self.list[slot];
+            if !w.live || !w.votes.get(i).is_some_and(|v| v.may_hold()) {
+                continue;
             }
+            let id = WatchId {
+                slot: slot as u32,
+                gen: w.gen,
+            };
+            let vote = self.after_link_lost(id, i, fault);
+            self.set_vote(id, i, vote, quorum);
+        }
+    }
+
+    /// Master `i`'s vote on watch `id` once the connection is lost (see
+    /// [`Watches::link_lost`]).
+    pub(crate) fn after_link_lost(&self, id: WatchId, i: usize, fault: Fault) -> Vote {
+        let held = self
+            .get(id)
+            .is_some_and(|w| i < 64 && w.held_once & (1 << i) != 0);
+        if held {
+            Vote::Asked
+        } else {
+            Vote::No(Outcome::Failed(fault))
         }
     }
 
@@ -329,8 +358,8 @@ mod tests {
             ws.set_vote(b, i, Vote::Yes, 2);
         }
         ws.set_vote(b, 2, Vote::No(Outcome::NotHeld), 2);
-        ws.link_lost(0);
-        ws.link_lost(1);
+        ws.link_lost(0, Fault::Unexpected, 2);
+        ws.link_lost(1, Fault::Unexpected, 2);
         assert!(ws.take_lost().is_none(), "a lost connection is no loss");
         assert_eq!(ws.get(a).unwrap().votes[0], Vote::Asked);
         assert_eq!(ws.get(b).unwrap().votes[2], Vote::No(Outcome::NotHeld));
