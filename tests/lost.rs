@@ -188,3 +188,33 @@ fn a_lock_nobody_touches_is_never_reported_lost() {
     assert!(held.held_throughout, "{:?}", held.lost);
     assert!(held.extensions >= 1);
 }
+
+#[test]
+fn masters_that_cannot_track_fall_back_to_the_extensions() {
+    // HELLO renamed away: no RESP3, so no tracking; the watch says so in the stats, and a
+    // loss there is found by the next extension, as before.
+    let m = masters_with(3, &["--rename-command", "HELLO", ""]);
+    let c = Redlock::builder().masters(m.urls()).build_shared().unwrap();
+    let key = "lost:blind";
+    let g = c.lock(key, Duration::from_secs(1)).wait().unwrap();
+    g.auto_extend(HoldOptions::default());
+    wait_until("every master to refuse tracking", BOUND, || {
+        c.stats()
+            .wait()
+            .unwrap()
+            .iter()
+            .all(|s| s.tracking() == Some(false))
+    });
+    for i in 0..2 {
+        del(&m, i, key);
+    }
+    // A third of the 1 s TTL before its end the extension finds the keys gone.
+    wait_until(
+        "the extension to find the lock lost",
+        Duration::from_secs(5),
+        || g.is_lost(),
+    );
+    let why = g.lost_reason().unwrap_or_default();
+    assert!(!why.contains("watch"), "{why}");
+    assert!(why.contains("not held"), "{why}");
+}

@@ -27,7 +27,7 @@ use crate::core::{Action, ConnectPhase, Core, LinkId, IDLE_SHIFT_MIN};
 use crate::rules::{ErrorText, Fault};
 use crate::stats::MasterStats;
 
-pub(crate) use memory::{InMemory, Script};
+pub(crate) use memory::InMemory;
 #[cfg(feature = "tls")]
 pub(crate) use tls::{client_config, TlsTarget};
 pub(crate) use transport::Target;

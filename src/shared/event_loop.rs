@@ -11,12 +11,11 @@ use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::hub::{fail, Drive};
 use super::pending::{Out, Owed, Slot};
 use super::state::LockState;
 use super::Command;
 use crate::core::{Core, Done, TaskId, WatchId};
-use crate::driver::{Driver, InMemory, LoopIo, Script};
+use crate::driver::{Driver, LoopIo};
 use crate::error::Error;
 use crate::keep::{AfterExtend, KeepAlive};
 
@@ -502,44 +501,5 @@ impl<D: LoopIo> Loop<D> {
         }
         self.driver.flush(&mut self.m, Instant::now());
         self.owed.pay();
-    }
-}
-
-/// The loop over masters scripted in memory, as the hand-over drives it (the socket
-/// loop's twin is in `hub.rs`; one generic impl for every `LoopIo` would overlap it):
-/// the same methods, so [`super::InMemoryShared`] runs the
-/// hand-over's code and this loop's code as a `SharedRedlock` runs them.
-impl<S: Script> Drive for Loop<InMemory<S>> {
-    type Command = Command;
-    type Waker = <InMemory<S> as LoopIo>::Waker;
-    fn wake(waker: &Self::Waker) {
-        InMemory::<S>::wake(waker);
-    }
-    fn fail(cmd: Command) {
-        fail(cmd);
-    }
-    fn enter(&mut self) -> io::Result<Instant> {
-        Loop::enter(self)
-    }
-    fn iterate(&mut self, take: impl FnOnce(&mut Vec<Command>), now: Instant) -> Option<Instant> {
-        Loop::iterate(self, take, now)
-    }
-    fn wait(&mut self, now: Instant, wake: Option<Instant>) -> io::Result<Instant> {
-        Loop::wait(self, now, wake)
-    }
-    fn has_work(&self) -> bool {
-        Loop::has_work(self)
-    }
-    fn wants_loop(&self) -> bool {
-        Loop::wants_loop(self)
-    }
-    fn rounds_idle(&self) -> bool {
-        Loop::rounds_idle(self)
-    }
-    fn owes_releases(&self) -> bool {
-        Loop::owes_releases(self)
-    }
-    fn shut(&mut self, why: io::Error, kill: impl FnOnce(&mut Vec<Command>)) {
-        Loop::shut(self, why, kill);
     }
 }

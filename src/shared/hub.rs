@@ -27,7 +27,7 @@ use super::pending::Slot;
 use super::sync::{lock, thread, AtomicBool, Condvar, Mutex, MutexGuard, Ordering, TryLockError};
 use super::Command;
 use crate::core::Core;
-use crate::driver::Driver;
+use crate::driver::{Driver, LoopIo};
 use crate::error::Error;
 
 /// How long the loop goes on after the last handle is gone, finishing what is in flight.
@@ -56,11 +56,13 @@ pub(crate) trait Drive: Send + 'static {
     fn shut(&mut self, why: io::Error, kill: impl FnOnce(&mut Vec<Self::Command>));
 }
 
-impl Drive for Loop {
+/// The loop over any I/O (the sockets' `Driver`, or `driver::InMemory` for the exact
+/// instruction count): the hand-over drives the same loop code either way.
+impl<D: LoopIo> Drive for Loop<D> {
     type Command = Command;
-    type Waker = Arc<mio::Waker>;
-    fn wake(waker: &Arc<mio::Waker>) {
-        let _ = waker.wake();
+    type Waker = D::Waker;
+    fn wake(waker: &D::Waker) {
+        D::wake(waker);
     }
     fn fail(cmd: Command) {
         fail(cmd);
