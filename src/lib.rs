@@ -226,8 +226,13 @@ pub mod rules;
 pub mod scripts;
 #[cfg(feature = "client")]
 mod shared;
+// Cluster hash slots and the per-slot hash tags of the keys kept beside a lock key:
+// public (hidden) for the simulation, which names those keys as the scripts do.
 #[cfg(feature = "client")]
 mod single;
+#[cfg(feature = "client")]
+#[doc(hidden)]
+pub mod slot;
 #[cfg(feature = "client")]
 mod stats;
 #[cfg(feature = "client")]
