@@ -1,6 +1,7 @@
 //! Master addresses: `redis://[user:password@]host:port[/db]`, `rediss://...` (TLS),
-//! `host:port`, and Unix sockets as `unix:///path/redis.sock[?db=N&password=P]` (or
-//! `redis+unix://`).
+//! `host:port`, Unix sockets as `unix:///path/redis.sock[?db=N&password=P]` (or
+//! `redis+unix://`), and clusters as `redis+cluster://[user:password@]host:port[,host:port...]`
+//! (or `rediss+cluster://`).
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
@@ -33,6 +34,12 @@ pub struct MasterSpec {
     pub password: Option<String>,
     /// Database number for `SELECT` (0 when absent).
     pub db: u32,
+    /// `redis+cluster://` / `rediss+cluster://`: the master is a Redis or Valkey Cluster,
+    /// reached through its seed nodes ([`MasterSpec::endpoint`], then [`MasterSpec::seeds`]).
+    pub cluster: bool,
+    /// A cluster's seed nodes after the first (`redis+cluster://a:7000,b:7000`): any one
+    /// that answers tells the client where every shard is. Empty for other masters.
+    pub seeds: Vec<Endpoint>,
 }
 
 impl MasterSpec {
@@ -42,7 +49,11 @@ impl MasterSpec {
     /// * `rediss://...`, the same with TLS (needs the `tls` feature to connect);
     /// * `unix:///path/redis.sock` or `redis+unix:///path/redis.sock` (an absolute path),
     ///   with an optional query string of `db=N`, `user=U` and `password=P` (values may be
-    ///   percent-encoded, e.g. `%26` for `&`).
+    ///   percent-encoded, e.g. `%26` for `&`);
+    /// * `redis+cluster://[user:password@]host:port[,host:port...]`, or `rediss+cluster://`
+    ///   with TLS: a master that is a Redis or Valkey Cluster, named by one or more of its
+    ///   nodes (seeds, comma-separated, the port required on each; `[v6]:port` for an IPv6
+    ///   literal). A cluster has database 0 only: a `/db` other than `/0` is refused.
     ///
     /// Parsing never resolves a host name (see [`MasterSpec::resolve`]).
     ///
@@ -57,6 +68,11 @@ impl MasterSpec {
     /// assert_eq!(u.endpoint, Endpoint::Unix("/run/redis/redis.sock".into()));
     /// assert_eq!((u.db, u.password.as_deref()), (3, Some("pw")));
     /// assert!(MasterSpec::parse("redis://host:notaport").is_err());
+    /// let c = MasterSpec::parse("redis+cluster://10.0.0.1:7000,10.0.0.2:7000").unwrap();
+    /// assert!(c.cluster);
+    /// assert_eq!(c.endpoint, Endpoint::Tcp { host: "10.0.0.1".into(), port: 7000 });
+    /// assert_eq!(c.seeds, [Endpoint::Tcp { host: "10.0.0.2".into(), port: 7000 }]);
+    /// assert!(MasterSpec::parse("redis+cluster://10.0.0.1:7000/1").is_err());
     /// ```
     pub fn parse(url: &str) -> Result<Self, String> {
         let url = url.trim();
@@ -65,13 +81,19 @@ impl MasterSpec {
                 return parse_unix(url, rest);
             }
         }
+        for (scheme, tls) in [("redis+cluster://", false), ("rediss+cluster://", true)] {
+            if let Some(rest) = url.strip_prefix(scheme) {
+                return parse_cluster(url, rest, tls);
+            }
+        }
         let (rest, tls) = if let Some(r) = url.strip_prefix("redis://") {
             (r, false)
         } else if let Some(r) = url.strip_prefix("rediss://") {
             (r, true)
         } else if url.contains("://") {
             return Err(format!(
-                "unsupported scheme in {:?}: use redis://, rediss:// (TLS) or unix://",
+                "unsupported scheme in {:?}: use redis://, rediss:// (TLS), unix:// or \
+                 redis+cluster://",
                 redact(url)
             ));
         } else {
@@ -92,47 +114,16 @@ impl MasterSpec {
             Some((hp, db)) => (hp, parse_db(db, url)?),
             None => (hostpart, 0),
         };
-        let (host, port) = if let Some(h) = hostport.strip_prefix('[') {
-            // [v6]:port
-            let (h, p) = h
-                .split_once(']')
-                .ok_or_else(|| format!("unclosed '[' in {:?}", redact(url)))?;
-            (h, p.strip_prefix(':'))
-        } else {
-            match hostport.rsplit_once(':') {
-                Some((h, p)) => (h, Some(p)),
-                None => (hostport, None),
-            }
-        };
-        if host.is_empty() {
-            return Err(format!("no host in {:?}", redact(url)));
-        }
-        let port = match port {
-            Some(p) => p
-                .parse::<u16>()
-                .ok()
-                .filter(|p| *p != 0)
-                .ok_or_else(|| format!("bad port {p:?} in {:?}", redact(url)))?,
-            None if url.contains("://") => 6379,
-            None => return Err(format!("no port in {:?} (write host:port)", redact(url))),
-        };
-        let (user, password) = match auth {
-            None => (None, None),
-            Some(a) => match a.split_once(':') {
-                Some(("", p)) => (None, Some(p.to_string())),
-                Some((u, p)) => (Some(u.to_string()), Some(p.to_string())),
-                None => (None, Some(a.to_string())),
-            },
-        };
+        let endpoint = parse_hostport(hostport, url, url.contains("://"))?;
+        let (user, password) = parse_auth(auth);
         Ok(MasterSpec {
-            endpoint: Endpoint::Tcp {
-                host: host.to_string(),
-                port,
-            },
+            endpoint,
             tls,
             user,
             password,
             db,
+            cluster: false,
+            seeds: Vec::new(),
         })
     }
 
@@ -171,6 +162,89 @@ pub(crate) fn pick_addr(addrs: &[SocketAddr]) -> Option<SocketAddr> {
         .copied()
 }
 
+/// `host:port`, `[v6]:port`, or `host` alone (port 6379) when `default_port`.
+fn parse_hostport(hostport: &str, url: &str, default_port: bool) -> Result<Endpoint, String> {
+    let (host, port) = if let Some(h) = hostport.strip_prefix('[') {
+        // [v6]:port
+        let (h, p) = h
+            .split_once(']')
+            .ok_or_else(|| format!("unclosed '[' in {:?}", redact(url)))?;
+        (h, p.strip_prefix(':'))
+    } else {
+        match hostport.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (hostport, None),
+        }
+    };
+    if host.is_empty() {
+        return Err(format!("no host in {:?}", redact(url)));
+    }
+    let port = match port {
+        Some(p) => p
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| format!("bad port {p:?} in {:?}", redact(url)))?,
+        None if default_port => 6379,
+        None => return Err(format!("no port in {:?} (write host:port)", redact(url))),
+    };
+    Ok(Endpoint::Tcp {
+        host: host.to_string(),
+        port,
+    })
+}
+
+/// `user:password`, `:password` or `password` before the `@`.
+fn parse_auth(auth: Option<&str>) -> (Option<String>, Option<String>) {
+    match auth {
+        None => (None, None),
+        Some(a) => match a.split_once(':') {
+            Some(("", p)) => (None, Some(p.to_string())),
+            Some((u, p)) => (Some(u.to_string()), Some(p.to_string())),
+            None => (None, Some(a.to_string())),
+        },
+    }
+}
+
+/// `[user:password@]host:port[,host:port...][/0]` after `redis+cluster://`.
+fn parse_cluster(url: &str, rest: &str, tls: bool) -> Result<MasterSpec, String> {
+    let (auth, hostpart) = match rest.rfind('@') {
+        Some(i) => (Some(&rest[..i]), &rest[i + 1..]),
+        None => (None, rest),
+    };
+    let hosts = match hostpart.split_once('/') {
+        Some((hp, "")) => hp,
+        Some((hp, db)) => match parse_db(db, url)? {
+            0 => hp,
+            n => {
+                return Err(format!(
+                    "database {n} in {:?}: a cluster has database 0 only",
+                    redact(url)
+                ))
+            }
+        },
+        None => hostpart,
+    };
+    let mut endpoints = Vec::new();
+    for seed in hosts.split(',') {
+        if seed.is_empty() {
+            return Err(format!("an empty seed in {:?}", redact(url)));
+        }
+        endpoints.push(parse_hostport(seed, url, false)?);
+    }
+    let endpoint = endpoints.remove(0);
+    let (user, password) = parse_auth(auth);
+    Ok(MasterSpec {
+        endpoint,
+        tls,
+        user,
+        password,
+        db: 0,
+        cluster: true,
+        seeds: endpoints,
+    })
+}
+
 fn parse_db(db: &str, url: &str) -> Result<u32, String> {
     db.parse::<u32>()
         .map_err(|_| format!("bad database number {db:?} in {:?}", redact(url)))
@@ -197,6 +271,8 @@ fn parse_unix(url: &str, rest: &str) -> Result<MasterSpec, String> {
         user: None,
         password: None,
         db: 0,
+        cluster: false,
+        seeds: Vec::new(),
     };
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
@@ -256,6 +332,7 @@ fn redact(url: &str) -> String {
     if url.starts_with("unix://") || url.starts_with("redis+unix://") {
         return url;
     }
+    // (`redis+cluster://`: `://` then `user:password@` as for `redis://`.)
     match (url.find("://"), url.rfind('@')) {
         (Some(s), Some(at)) if at > s => format!("{}://***@{}", &url[..s], &url[at + 1..]),
         (None, Some(at)) => format!("***@{}", &url[at + 1..]),
@@ -275,7 +352,13 @@ impl fmt::Display for Endpoint {
 
 impl fmt::Display for MasterSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.cluster {
+            f.write_str("cluster ")?;
+        }
         self.endpoint.fmt(f)?;
+        for seed in &self.seeds {
+            write!(f, ",{seed}")?;
+        }
         if self.db != 0 {
             write!(f, "/{}", self.db)?;
         }
@@ -291,6 +374,8 @@ impl fmt::Debug for MasterSpec {
             .field("user", &self.user)
             .field("password", &self.password.as_ref().map(|_| "***"))
             .field("db", &self.db)
+            .field("cluster", &self.cluster)
+            .field("seeds", &self.seeds)
             .finish()
     }
 }
@@ -391,6 +476,54 @@ mod tests {
             let e = MasterSpec::parse(bad).expect_err(bad);
             assert!(!e.contains("pw"), "{e}");
         }
+    }
+
+    #[test]
+    fn parses_cluster_seeds() {
+        let m = MasterSpec::parse("redis+cluster://127.0.0.1:7000").unwrap();
+        assert_eq!(
+            (tcp(&m), m.cluster, m.tls, m.db),
+            (("127.0.0.1", 7000), true, false, 0)
+        );
+        assert!(m.seeds.is_empty());
+        assert_eq!(m.to_string(), "cluster 127.0.0.1:7000");
+        let m = MasterSpec::parse("rediss+cluster://app:pw@a:7000,[::1]:7001,b:7002/0").unwrap();
+        assert_eq!((tcp(&m), m.cluster, m.tls), (("a", 7000), true, true));
+        assert_eq!(
+            (m.user.as_deref(), m.password.as_deref()),
+            (Some("app"), Some("pw"))
+        );
+        assert_eq!(m.to_string(), "cluster a:7000,[::1]:7001,b:7002");
+        assert!(!format!("{m:?}").contains("pw"));
+        assert_eq!(
+            m.seeds,
+            [
+                Endpoint::Tcp {
+                    host: "::1".into(),
+                    port: 7001
+                },
+                Endpoint::Tcp {
+                    host: "b".into(),
+                    port: 7002
+                },
+            ]
+        );
+        // Plain masters are not clusters.
+        assert!(!MasterSpec::parse("redis://a:7000").unwrap().cluster);
+        for bad in [
+            "redis+cluster://",
+            "redis+cluster://a",
+            "redis+cluster://a:7000,",
+            "redis+cluster://a:7000,,b:7001",
+            "redis+cluster://u:pw@a:7000/1",
+            "redis+cluster://u:pw@a:x",
+            "redis+cluster:///tmp/r.sock",
+        ] {
+            let e = MasterSpec::parse(bad).expect_err(bad);
+            assert!(!e.contains("pw"), "{e}");
+        }
+        let e = MasterSpec::parse("redis+cluster://a:7000/2").unwrap_err();
+        assert!(e.contains("database 0 only"), "{e}");
     }
 
     #[test]
