@@ -23,6 +23,10 @@
 
 mod admin;
 mod chans;
+// Cluster masters' slot maps and redirections (issue 22): parsed and tested here, wired
+// into the rounds by the cluster routing still to come, hence unused for now.
+#[allow(dead_code)]
+mod cluster;
 mod encode;
 mod link;
 mod ops;
