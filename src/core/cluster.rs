@@ -379,6 +379,482 @@ pub(crate) fn is_unavailable(err: &[u8]) -> bool {
         .any(|p| err.starts_with(p))
 }
 
+// ---- One ordered stream over the shards --------------------------------------------------
+
+/// A cluster master's lock connection as the rounds see it: one ordered stream of
+/// requests and replies, carried over one connection per shard primary.
+///
+/// Design (issue 22): the rounds, the tally, the amnesia guard and every rule stay as they
+/// are for a standalone master; this layer sits between a cluster master's lock link and
+/// its shard sockets. It reads the requests the rounds queued (their own bytes, whole
+/// RESP commands), sends each keyed request to the shard serving its slot, keyless ones
+/// (`AUTH`, `SCRIPT LOAD`, `INFO`, `CONFIG GET`, `HELLO`, `CLIENT TRACKING`) to every shard,
+/// and hands the replies back **in request order** (a reply from a quick shard waits for
+/// the replies to the requests sent before it): the rounds read one master's answers as
+/// they always do. What it decides itself:
+///
+/// - a keyed request whose keys lie in several slots is answered `-CROSSSLOT` at once (the
+///   master votes no: multi-resource locks group their names by slot before this layer),
+///   one whose slot no shard serves `-CLUSTERDOWN`;
+/// - a `-MOVED` to a shard it knows: the slot's owner is updated and the request resent
+///   there once (its second answer stands); a `-ASK`: `ASKING` and the request to that
+///   shard, once, the map unchanged. A redirection to a node it does not know is passed on
+///   (a no vote) and [`ShardMux::stale`] says the connection should be made again (a new
+///   map, and a handshake on every shard);
+/// - replies of a request sent to every shard are merged: the first error, else the first
+///   reply; `INFO` as the smallest uptime and a `run_id` that changes when any shard's
+///   does (so the amnesia guard treats a failover as the restart it is: a promoted replica
+///   may lack the latest grants); `CONFIG GET append*` durable only if every shard is;
+/// - `CLIENT CACHING YES` goes to the shard of the request after it (tracking arms the
+///   next read on the same connection);
+/// - pushes (client-side tracking's invalidations) are passed on as they come, between
+///   replies.
+///
+/// No allocation once warm: the buffers of finished requests are reused.
+pub(crate) struct ShardMux {
+    map: SlotMap,
+    shards: Vec<ShardLink>,
+    /// Requests in flight, in the order the rounds sent them; `entries[0]` has number
+    /// `first_seq`.
+    entries: std::collections::VecDeque<Entry>,
+    first_seq: u64,
+    /// Buffers of finished entries, for the next ones.
+    spare: Vec<Vec<u8>>,
+    /// Replies in order, for the lock link's input.
+    ready: Vec<u8>,
+    /// A `CLIENT CACHING` waiting for the request it goes with: its entry's number.
+    sticky: Option<u64>,
+    /// A redirection named a node outside the map.
+    stale: bool,
+    limits: crate::resp::Limits,
+}
+
+/// One shard primary's connection, as far as this layer goes: what to write, and which
+/// entries its replies answer, in order.
+pub(crate) struct ShardLink {
+    pub addr: NodeAddr,
+    /// Bytes to write to the shard.
+    pub out: Vec<u8>,
+    expect: std::collections::VecDeque<Expect>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    Entry(u64),
+    /// The `+OK` to an `ASKING` sent ahead of a redirected request.
+    Asking,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Merge {
+    /// Sent to one shard.
+    One,
+    /// Every shard: the first error, else the first reply.
+    First { error: bool },
+    /// Every shard's `INFO server`, merged.
+    Info {
+        uptime: u64,
+        run_id: [u8; 20],
+        ok: bool,
+    },
+    /// Every shard's `CONFIG GET append*`: a reply that is not durable wins.
+    Durable { durable: bool },
+}
+
+struct Entry {
+    /// Shard replies still expected.
+    parts: u16,
+    merge: Merge,
+    /// A keyed request's bytes (resent after a redirection).
+    req: Vec<u8>,
+    /// The answer, once every part is in.
+    reply: Vec<u8>,
+    redirected: bool,
+}
+
+/// What the shards sent that this layer can not take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MuxError {
+    /// A reply that does not parse.
+    Protocol(crate::resp::Error),
+    /// A reply no request was waiting for.
+    Unexpected,
+}
+
+const CROSSSLOT: &[u8] =
+    b"-CROSSSLOT Keys in request don't hash to the same slot (redlock-mux)\r\n";
+const UNSERVED: &[u8] = b"-CLUSTERDOWN Hash slot not served (redlock-mux: no shard in the map)\r\n";
+
+/// Where a request goes.
+enum Route {
+    Slot(u16),
+    All(Merge),
+    Sticky,
+    Local(&'static [u8]),
+}
+
+/// The route of one request (the rounds' own bytes: an array of bulk strings).
+fn route(req: &crate::resp::Aggregate<'_>) -> Route {
+    let mut it = req.iter();
+    let name = it.next().as_ref().and_then(text).unwrap_or_default();
+    let is = |s: &[u8]| name.eq_ignore_ascii_case(s);
+    let mut keys = SlotOf::default();
+    if is(b"SET") || is(b"GET") || is(b"PTTL") {
+        keys.add(it.next().as_ref().and_then(text));
+    } else if is(b"MGET") || is(b"DEL") || is(b"EXISTS") {
+        for k in it {
+            keys.add(text(&k));
+        }
+    } else if is(b"EVALSHA") || is(b"EVAL") {
+        let _script = it.next();
+        let n = it.next().as_ref().and_then(int).unwrap_or(0);
+        for _ in 0..n.max(0) {
+            keys.add(it.next().as_ref().and_then(text));
+        }
+    } else if is(b"CLIENT") {
+        let sub = it.next().as_ref().and_then(text).unwrap_or_default();
+        if sub.eq_ignore_ascii_case(b"CACHING") {
+            return Route::Sticky;
+        }
+        return Route::All(Merge::First { error: false });
+    } else if is(b"INFO") {
+        return Route::All(Merge::Info {
+            uptime: u64::MAX,
+            run_id: [0; 20],
+            ok: true,
+        });
+    } else if is(b"CONFIG") {
+        return Route::All(Merge::Durable { durable: true });
+    } else {
+        return Route::All(Merge::First { error: false });
+    }
+    match keys {
+        SlotOf {
+            slot: Some(s),
+            cross: false,
+        } => Route::Slot(s),
+        SlotOf { cross: true, .. } => Route::Local(CROSSSLOT),
+        // No key: any shard answers alike.
+        SlotOf { slot: None, .. } => Route::Slot(0),
+    }
+}
+
+#[derive(Default)]
+struct SlotOf {
+    slot: Option<u16>,
+    cross: bool,
+}
+
+impl SlotOf {
+    fn add(&mut self, key: Option<&[u8]>) {
+        let Some(k) = key else { return };
+        let s = crate::slot::key_slot(k);
+        match self.slot {
+            None => self.slot = Some(s),
+            Some(t) if t != s => self.cross = true,
+            _ => {}
+        }
+    }
+}
+
+/// Hex digit's value (the `run_id` is 40 lowercase hex digits).
+fn nibble(b: u8) -> u8 {
+    match b {
+        b'0'..=b'9' => b - b'0',
+        b'a'..=b'f' => b - b'a' + 10,
+        b'A'..=b'F' => b - b'A' + 10,
+        _ => 0,
+    }
+}
+
+impl ShardMux {
+    pub(crate) fn new(map: SlotMap, limits: crate::resp::Limits) -> ShardMux {
+        let shards = map
+            .shards()
+            .iter()
+            .map(|s| ShardLink {
+                addr: s.primary.clone(),
+                out: Vec::with_capacity(4096),
+                expect: std::collections::VecDeque::with_capacity(64),
+            })
+            .collect();
+        ShardMux {
+            map,
+            shards,
+            entries: std::collections::VecDeque::with_capacity(64),
+            first_seq: 0,
+            spare: Vec::new(),
+            ready: Vec::with_capacity(4096),
+            sticky: None,
+            stale: false,
+            limits,
+        }
+    }
+
+    pub(crate) fn shards(&mut self) -> &mut [ShardLink] {
+        &mut self.shards
+    }
+
+    /// A redirection named a node the map does not have: make the connection again.
+    pub(crate) fn stale(&self) -> bool {
+        self.stale
+    }
+
+    /// Replies in request order, for the lock link's input (the caller takes them).
+    pub(crate) fn ready(&mut self) -> &mut Vec<u8> {
+        &mut self.ready
+    }
+
+    /// Requests still unanswered.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.entries.len()
+    }
+
+    fn buf(&mut self) -> Vec<u8> {
+        self.spare.pop().unwrap_or_default()
+    }
+
+    fn entry_mut(&mut self, seq: u64) -> Option<&mut Entry> {
+        let i = seq.checked_sub(self.first_seq)?;
+        self.entries.get_mut(i as usize)
+    }
+
+    /// Take the rounds' requests (whole commands, as the lock link queued them) and queue
+    /// each on its shard. Returns how many bytes were taken (a command cut short waits).
+    pub(crate) fn submit(&mut self, bytes: &[u8]) -> usize {
+        let mut used = 0;
+        while used < bytes.len() {
+            let rest = &bytes[used..];
+            let Ok(crate::resp::Status::Complete((Frame::Aggregate(cmd), len))) =
+                crate::resp::parse(rest, &self.limits)
+            else {
+                break;
+            };
+            let one = &rest[..len];
+            let route = route(&cmd);
+            self.push(route, one);
+            used += len;
+        }
+        used
+    }
+
+    fn push(&mut self, route: Route, req: &[u8]) {
+        let seq = self.first_seq + self.entries.len() as u64;
+        // A `CLIENT CACHING` goes with the next keyed request; before anything else (never
+        // sent so by the rounds), to the first shard, so that it never holds the line.
+        let keyed = matches!(route, Route::Slot(s) if self.map.shard_of(s).is_some());
+        if !keyed && !matches!(route, Route::Sticky) && !self.shards.is_empty() {
+            self.place_sticky(0);
+        }
+        let mut entry = Entry {
+            parts: 0,
+            merge: Merge::One,
+            req: self.buf(),
+            reply: self.buf(),
+            redirected: false,
+        };
+        match route {
+            Route::Local(reply) => entry.reply.extend_from_slice(reply),
+            Route::Sticky => {
+                // Sent with the next keyed request, to its shard.
+                entry.parts = 1;
+                entry.req.extend_from_slice(req);
+                self.sticky = Some(seq);
+            }
+            Route::All(merge) => {
+                entry.merge = merge;
+                entry.parts = self.shards.len() as u16;
+                for sh in &mut self.shards {
+                    sh.out.extend_from_slice(req);
+                    sh.expect.push_back(Expect::Entry(seq));
+                }
+                if self.shards.is_empty() {
+                    entry.reply.extend_from_slice(UNSERVED);
+                }
+            }
+            Route::Slot(slot) => match self.map.shard_of(slot) {
+                Some(k) => {
+                    entry.parts = 1;
+                    entry.req.extend_from_slice(req);
+                    self.place_sticky(k);
+                    self.shards[k].out.extend_from_slice(req);
+                    self.shards[k].expect.push_back(Expect::Entry(seq));
+                }
+                None => entry.reply.extend_from_slice(UNSERVED),
+            },
+        }
+        self.entries.push_back(entry);
+        self.drain();
+    }
+
+    /// Shard `k` sent `input`: take every complete reply; returns the bytes taken.
+    pub(crate) fn received(&mut self, k: usize, input: &[u8]) -> Result<usize, MuxError> {
+        let mut used = 0;
+        loop {
+            let rest = &input[used..];
+            if rest.is_empty() {
+                break;
+            }
+            let (frame, len) = match crate::resp::parse(rest, &self.limits) {
+                Ok(crate::resp::Status::Complete(c)) => c,
+                Ok(crate::resp::Status::Partial(_)) => break,
+                Err(e) => return Err(MuxError::Protocol(e)),
+            };
+            let raw = &rest[..len];
+            used += len;
+            if let Frame::Aggregate(a) = &frame {
+                if a.kind() == crate::resp::AggregateKind::Push {
+                    // Out of band (tracking's invalidations): on to the rounds as it came.
+                    self.ready.extend_from_slice(raw);
+                    continue;
+                }
+            }
+            let Some(expect) = self.shards.get_mut(k).and_then(|s| s.expect.pop_front()) else {
+                return Err(MuxError::Unexpected);
+            };
+            let Expect::Entry(seq) = expect else {
+                // ASKING's answer: the request behind it answers for itself.
+                continue;
+            };
+            self.answer(k, seq, &frame, raw);
+        }
+        self.drain();
+        Ok(used)
+    }
+
+    fn answer(&mut self, k: usize, seq: u64, frame: &Frame<'_>, raw: &[u8]) {
+        // A redirection of a keyed request, the first time: resend it where it now lives.
+        if let Frame::Error(e) = frame {
+            if let Some(redirect) = parse_redirect(e) {
+                let asked = self.shards[k].addr.host.clone();
+                let (ask, slot, to) = match redirect {
+                    Redirect::Moved { slot, to } => (false, slot, to.or_host(&asked)),
+                    Redirect::Ask { slot, to } => (true, slot, to.or_host(&asked)),
+                };
+                let target = self.shards.iter().position(|s| s.addr == to);
+                let entry = self.entry_mut(seq);
+                let first = entry
+                    .as_ref()
+                    .is_some_and(|e| e.merge == Merge::One && !e.redirected);
+                match (first, target) {
+                    (true, Some(j)) => {
+                        if !ask {
+                            self.map.moved(slot, &to);
+                        }
+                        let e = self.entry_mut(seq).expect("checked above");
+                        e.redirected = true;
+                        let req = std::mem::take(&mut e.req);
+                        let sh = &mut self.shards[j];
+                        if ask {
+                            crate::resp::encode_command(
+                                &mut sh.out,
+                                &[crate::resp::Arg::Bytes(b"ASKING")],
+                            );
+                            sh.expect.push_back(Expect::Asking);
+                        }
+                        sh.out.extend_from_slice(&req);
+                        sh.expect.push_back(Expect::Entry(seq));
+                        self.entry_mut(seq).expect("checked above").req = req;
+                        return;
+                    }
+                    (true, None) => self.stale = true,
+                    _ => {}
+                }
+            }
+        }
+        let n_shards = self.shards.len();
+        let Some(entry) = self.entry_mut(seq) else {
+            return;
+        };
+        entry.parts = entry.parts.saturating_sub(1);
+        match &mut entry.merge {
+            Merge::One => {
+                entry.reply.clear();
+                entry.reply.extend_from_slice(raw);
+            }
+            Merge::First { error } => {
+                let is_error = frame.is_error();
+                if entry.reply.is_empty() || (is_error && !*error) {
+                    entry.reply.clear();
+                    entry.reply.extend_from_slice(raw);
+                    *error |= is_error;
+                }
+            }
+            Merge::Durable { durable } => {
+                let this = match frame {
+                    Frame::Aggregate(a) => super::link::config_is_durable(a),
+                    _ => false,
+                };
+                if entry.reply.is_empty() || (*durable && !this) {
+                    entry.reply.clear();
+                    entry.reply.extend_from_slice(raw);
+                    *durable = this;
+                }
+            }
+            Merge::Info { uptime, run_id, ok } => {
+                let info = match frame {
+                    Frame::Bulk(t) | Frame::Verbatim { text: t, .. } => super::link::parse_info(t),
+                    _ => None,
+                };
+                match info {
+                    Some((up, id)) if *ok => {
+                        *uptime = (*uptime).min(up);
+                        for (acc, pair) in run_id.iter_mut().zip(id.chunks(2)) {
+                            *acc ^= nibble(pair[0]) << 4 | nibble(pair[1]);
+                        }
+                    }
+                    _ => {
+                        if *ok {
+                            // The first reply that is no INFO answers for all.
+                            *ok = false;
+                            entry.reply.clear();
+                            entry.reply.extend_from_slice(raw);
+                        }
+                    }
+                }
+                if entry.parts == 0 && *ok {
+                    let mut hex = [0u8; 40];
+                    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+                    for (i, b) in run_id.iter().enumerate() {
+                        hex[2 * i] = DIGITS[(b >> 4) as usize];
+                        hex[2 * i + 1] = DIGITS[(b & 15) as usize];
+                    }
+                    let body = format!(
+                        "# Server (redlock-mux: {} shards merged)\r\nrun_id:{}\r\nuptime_in_seconds:{}\r\n",
+                        n_shards,
+                        std::str::from_utf8(&hex).unwrap_or_default(),
+                        uptime
+                    );
+                    entry.reply.clear();
+                    crate::resp::encode_frame(&mut entry.reply, &Frame::Bulk(body.as_bytes()));
+                }
+            }
+        }
+    }
+
+    /// Hand every entry whose answer is complete, from the oldest, to the rounds.
+    fn drain(&mut self) {
+        while self.entries.front().is_some_and(|e| e.parts == 0) {
+            let mut e = self.entries.pop_front().expect("front checked");
+            self.first_seq += 1;
+            self.ready.extend_from_slice(&e.reply);
+            e.req.clear();
+            e.reply.clear();
+            self.spare.push(e.req);
+            self.spare.push(e.reply);
+        }
+    }
+
+    /// A `CLIENT CACHING` still waiting for its request goes out now, to shard `k`.
+    fn place_sticky(&mut self, k: usize) {
+        let Some(c) = self.sticky.take() else { return };
+        let i = (c - self.first_seq) as usize;
+        let sh = &mut self.shards[k];
+        sh.out.extend_from_slice(&self.entries[i].req);
+        sh.expect.push_back(Expect::Entry(c));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -643,5 +1119,253 @@ mod tests {
             (Some(0), Some(1), Some(1))
         );
         assert_eq!(m.shards().len(), 2);
+    }
+
+    // ---- ShardMux: three shards scripted in memory --------------------------------------
+
+    fn addr(port: u16) -> NodeAddr {
+        NodeAddr {
+            host: "127.0.0.1".into(),
+            port,
+        }
+    }
+
+    fn three() -> ShardMux {
+        let shard = |port, a, b| ShardInfo {
+            primary: addr(port),
+            node_id: None,
+            ranges: vec![(a, b)],
+        };
+        let map = SlotMap::new(vec![
+            shard(7000, 0, 5460),
+            shard(7001, 5461, 10922),
+            shard(7002, 10923, 16383),
+        ])
+        .unwrap();
+        ShardMux::new(map, crate::resp::Limits::default())
+    }
+
+    /// A key served by shard `k` of [`three`], named `prefix` + a number.
+    fn key_on(k: usize, prefix: &str) -> String {
+        let range = [0..=5460u16, 5461..=10922, 10923..=16383][k].clone();
+        (0..)
+            .map(|i| format!("{prefix}{i}"))
+            .find(|n| range.contains(&crate::slot::key_slot(n.as_bytes())))
+            .unwrap()
+    }
+
+    fn cmd(args: &[&str]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let args: Vec<crate::resp::Arg<'_>> = args
+            .iter()
+            .map(|a| crate::resp::Arg::Bytes(a.as_bytes()))
+            .collect();
+        crate::resp::encode_command(&mut out, &args);
+        out
+    }
+
+    fn take_out(m: &mut ShardMux, k: usize) -> Vec<u8> {
+        std::mem::take(&mut m.shards()[k].out)
+    }
+
+    fn take_ready(m: &mut ShardMux) -> Vec<u8> {
+        std::mem::take(m.ready())
+    }
+
+    fn reply(m: &mut ShardMux, k: usize, bytes: &[u8]) {
+        assert_eq!(m.received(k, bytes), Ok(bytes.len()));
+    }
+
+    #[test]
+    fn requests_go_to_their_shards_and_replies_come_back_in_order() {
+        let mut m = three();
+        let (a, b, c) = (key_on(0, "a"), key_on(1, "b"), key_on(2, "c"));
+        let mut batch = cmd(&["SET", &a, "t", "NX", "PX", "100"]);
+        batch.extend(cmd(&["SET", &b, "t", "NX", "PX", "100"]));
+        batch.extend(cmd(&["EVALSHA", "sha", "1", &c, "t"]));
+        // A command cut short waits for the rest.
+        let cut = cmd(&["SET", &a, "u", "NX", "PX", "100"]);
+        batch.extend_from_slice(&cut[..5]);
+        assert_eq!(m.submit(&batch), batch.len() - 5);
+        assert_eq!(
+            take_out(&mut m, 0),
+            cmd(&["SET", &a, "t", "NX", "PX", "100"])
+        );
+        assert_eq!(
+            take_out(&mut m, 1),
+            cmd(&["SET", &b, "t", "NX", "PX", "100"])
+        );
+        assert_eq!(take_out(&mut m, 2), cmd(&["EVALSHA", "sha", "1", &c, "t"]));
+        // The third shard answers first: held until the first two have.
+        reply(&mut m, 2, b":1\r\n");
+        reply(&mut m, 1, b"$-1\r\n");
+        assert!(take_ready(&mut m).is_empty());
+        // A reply in two reads.
+        assert_eq!(m.received(0, b"+O"), Ok(0));
+        reply(&mut m, 0, b"+OK\r\n");
+        assert_eq!(take_ready(&mut m), b"+OK\r\n$-1\r\n:1\r\n");
+        assert_eq!(m.in_flight(), 0);
+        // More replies than requests: the stream can not be trusted.
+        assert_eq!(m.received(1, b"+OK\r\n"), Err(MuxError::Unexpected));
+    }
+
+    #[test]
+    fn keyless_requests_go_to_every_shard_and_their_replies_merge() {
+        let mut m = three();
+        let mut batch = cmd(&["AUTH", "pw"]);
+        batch.extend(cmd(&["SCRIPT", "LOAD", "return 1"]));
+        batch.extend(cmd(&["INFO", "server"]));
+        batch.extend(cmd(&["CONFIG", "GET", "append*"]));
+        m.submit(&batch);
+        for k in 0..3 {
+            assert_eq!(take_out(&mut m, k), batch);
+        }
+        let info = |id: char, up: u32| {
+            let body = format!(
+                "# Server\r\nrun_id:{}\r\nuptime_in_seconds:{up}\r\n",
+                std::iter::repeat_n(id, 40).collect::<String>()
+            );
+            format!("${}\r\n{body}\r\n", body.len())
+        };
+        let durable =
+            b"*4\r\n$10\r\nappendonly\r\n$3\r\nyes\r\n$11\r\nappendfsync\r\n$6\r\nalways\r\n";
+        let not_durable =
+            b"*4\r\n$10\r\nappendonly\r\n$2\r\nno\r\n$11\r\nappendfsync\r\n$8\r\neverysec\r\n";
+        for (k, (auth, script, up, conf)) in [
+            (&b"+OK\r\n"[..], &b"$3\r\nabc\r\n"[..], 100, &durable[..]),
+            (b"+OK\r\n", b"-ERR no scripts here\r\n", 5, not_durable),
+            (b"+OK\r\n", b"$3\r\nabc\r\n", 50, durable),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut r = auth.to_vec();
+            r.extend_from_slice(script);
+            r.extend(info(['1', '2', '4'][k], up).as_bytes());
+            r.extend_from_slice(conf);
+            reply(&mut m, k, &r);
+        }
+        let ready = take_ready(&mut m);
+        let mut want = b"+OK\r\n-ERR no scripts here\r\n".to_vec();
+        // 0x11 ^ 0x22 ^ 0x44 = 0x77 per byte; the smallest uptime.
+        let body = format!(
+            "# Server (redlock-mux: 3 shards merged)\r\nrun_id:{}\r\nuptime_in_seconds:5\r\n",
+            "7".repeat(40)
+        );
+        want.extend(format!("${}\r\n{body}\r\n", body.len()).as_bytes());
+        want.extend_from_slice(not_durable);
+        assert_eq!(
+            String::from_utf8_lossy(&ready),
+            String::from_utf8_lossy(&want)
+        );
+        // What the rounds read of it.
+        let Ok(crate::resp::Status::Complete((Frame::Bulk(text), _))) =
+            crate::resp::parse(&want[27..], &crate::resp::Limits::default())
+        else {
+            panic!()
+        };
+        let (up, id) = super::super::link::parse_info(text).unwrap();
+        assert_eq!((up, &id[..]), (5, "7".repeat(40).as_bytes()));
+    }
+
+    #[test]
+    fn moved_updates_the_map_and_resends_once() {
+        let mut m = three();
+        let a = key_on(0, "a");
+        let slot = crate::slot::key_slot(a.as_bytes());
+        let set = cmd(&["SET", &a, "t", "NX", "PX", "100"]);
+        m.submit(&set);
+        take_out(&mut m, 0);
+        reply(
+            &mut m,
+            0,
+            format!("-MOVED {slot} 127.0.0.1:7001\r\n").as_bytes(),
+        );
+        assert!(take_ready(&mut m).is_empty());
+        assert_eq!(take_out(&mut m, 1), set);
+        reply(&mut m, 1, b"+OK\r\n");
+        assert_eq!(take_ready(&mut m), b"+OK\r\n");
+        // The slot now lives on the second shard.
+        m.submit(&set);
+        assert!(take_out(&mut m, 0).is_empty());
+        assert_eq!(take_out(&mut m, 1), set);
+        // A second redirection of one request stands as its answer (a no vote).
+        reply(
+            &mut m,
+            1,
+            format!("-MOVED {slot} 127.0.0.1:7002\r\n").as_bytes(),
+        );
+        assert_eq!(take_out(&mut m, 2), set);
+        let again = format!("-MOVED {slot} 127.0.0.1:7000\r\n");
+        reply(&mut m, 2, again.as_bytes());
+        assert_eq!(take_ready(&mut m), again.as_bytes());
+        assert!(!m.stale());
+        // To a node outside the map: passed on, and the connection is to be made again.
+        m.submit(&set);
+        let k = (0..3).find(|&k| !take_out(&mut m, k).is_empty()).unwrap();
+        let unknown = format!("-MOVED {slot} 10.0.0.9:7000\r\n");
+        reply(&mut m, k, unknown.as_bytes());
+        assert_eq!(take_ready(&mut m), unknown.as_bytes());
+        assert!(m.stale());
+    }
+
+    #[test]
+    fn ask_sends_asking_and_the_request_once_without_moving_the_slot() {
+        let mut m = three();
+        let a = key_on(0, "a");
+        let slot = crate::slot::key_slot(a.as_bytes());
+        let set = cmd(&["SET", &a, "t", "NX", "PX", "100"]);
+        m.submit(&set);
+        take_out(&mut m, 0);
+        reply(&mut m, 0, format!("-ASK {slot} :7002\r\n").as_bytes());
+        let mut want = cmd(&["ASKING"]);
+        want.extend_from_slice(&set);
+        assert_eq!(take_out(&mut m, 2), want);
+        reply(&mut m, 2, b"+OK\r\n");
+        assert!(take_ready(&mut m).is_empty());
+        reply(&mut m, 2, b"+OK\r\n");
+        assert_eq!(take_ready(&mut m), b"+OK\r\n");
+        m.submit(&set);
+        assert_eq!(take_out(&mut m, 0), set, "the map is unchanged");
+    }
+
+    #[test]
+    fn cross_slot_and_unserved_requests_are_answered_at_once_in_order() {
+        let mut m = three();
+        let (a, b) = (key_on(0, "a"), key_on(1, "b"));
+        let set = cmd(&["SET", &a, "t", "NX", "PX", "100"]);
+        m.submit(&set);
+        m.submit(&cmd(&["EVALSHA", "sha", "2", &a, &b, "t"]));
+        assert_eq!(take_out(&mut m, 0), set);
+        assert!(take_ready(&mut m).is_empty(), "behind the SET");
+        reply(&mut m, 0, b"+OK\r\n");
+        let ready = take_ready(&mut m);
+        assert!(
+            ready.starts_with(b"+OK\r\n-CROSSSLOT "),
+            "{}",
+            String::from_utf8_lossy(&ready)
+        );
+        let mut empty = ShardMux::new(
+            SlotMap::new(vec![]).unwrap(),
+            crate::resp::Limits::default(),
+        );
+        empty.submit(&set);
+        assert!(empty.ready().starts_with(b"-CLUSTERDOWN "));
+    }
+
+    #[test]
+    fn caching_goes_with_the_next_read_and_pushes_pass_at_once() {
+        let mut m = three();
+        let c = key_on(2, "c");
+        let mut batch = cmd(&["CLIENT", "CACHING", "YES"]);
+        batch.extend(cmd(&["MGET", &c]));
+        m.submit(&batch);
+        assert!(take_out(&mut m, 0).is_empty());
+        assert_eq!(take_out(&mut m, 2), batch);
+        let push = b">2\r\n$10\r\ninvalidate\r\n*1\r\n$1\r\nx\r\n";
+        reply(&mut m, 1, push);
+        assert_eq!(take_ready(&mut m), push);
+        reply(&mut m, 2, b"+OK\r\n*1\r\n$1\r\nt\r\n");
+        assert_eq!(take_ready(&mut m), b"+OK\r\n*1\r\n$1\r\nt\r\n");
     }
 }

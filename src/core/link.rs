@@ -411,7 +411,7 @@ pub(super) fn write_handshake(link: &mut Link, master: &Master, durability: bool
 
 /// Whether a `CONFIG GET append*` reply (pairs of name and value, as an array or a map)
 /// says `appendonly yes` and `appendfsync always`.
-fn config_is_durable(reply: &resp::Aggregate<'_>) -> bool {
+pub(super) fn config_is_durable(reply: &resp::Aggregate<'_>) -> bool {
     let (mut aof, mut always) = (false, false);
     let mut it = reply.iter();
     while let (Some(name), Some(value)) = (it.next(), it.next()) {
@@ -428,7 +428,7 @@ fn config_is_durable(reply: &resp::Aggregate<'_>) -> bool {
 }
 
 /// `uptime_in_seconds` and `run_id` from an `INFO server` reply.
-fn parse_info(text: &[u8]) -> Option<(u64, [u8; 40])> {
+pub(super) fn parse_info(text: &[u8]) -> Option<(u64, [u8; 40])> {
     let mut uptime = None;
     let mut run_id = None;
     for line in text.split(|b| *b == b'\n') {
