@@ -431,15 +431,6 @@ impl Builder {
         let mut specs: Vec<MasterSpec> = Vec::new();
         for url in &self.masters {
             let spec = MasterSpec::parse(url).map_err(Error::Config)?;
-            if spec.cluster {
-                // The URL form is settled (see `MasterSpec::parse`); the slot routing is not
-                // built yet (issue 22). Refused here rather than sent to one node, where
-                // about 2/3 of the keys would answer `-MOVED`.
-                return Err(Error::Config(format!(
-                    "master {spec}: cluster masters (redis+cluster://) are not supported yet; \
-                     give standalone masters (redis://host:port)"
-                )));
-            }
             // Two databases of one server are one master: they fail and restart together.
             // Literal addresses, socket paths and host names as written are compared here;
             // names that resolve to one server are caught by the handshake's `run_id`.
@@ -472,12 +463,16 @@ impl Builder {
                 },
                 (Endpoint::Unix(path), None) => Target::Unix(path.clone()),
             };
-            masters.push(Master::new(
+            let mut master = Master::new(
                 Arc::from(s.to_string()),
                 s.user.clone(),
                 s.password.clone(),
                 s.db,
-            ));
+            );
+            if let (true, Endpoint::Tcp { host, .. }) = (s.cluster, &s.endpoint) {
+                master = master.into_cluster(host.clone(), s.tls);
+            }
+            masters.push(master);
             #[allow(unused_mut)]
             let mut end = Peer::new(target);
             #[cfg(feature = "tls")]

@@ -165,11 +165,6 @@ fn unparseable_urls() {
         ("redis://h:1/x", &["bad database", "x"]),
         ("redis+cluster://h:1/2", &["database 2", "database 0 only"]),
         ("redis+cluster://h:1,", &["empty seed"]),
-        // The URL form is settled; the cluster's routing is not built yet (issue 22).
-        (
-            "redis+cluster://h:1,h:2",
-            &["cluster masters", "not supported yet", "redis://host:port"],
-        ),
         ("redis://[::1:6379", &["unclosed"]),
         // A socket path is not a database number.
         ("/tmp/redis.sock", &["unix socket", "unix:///"]),

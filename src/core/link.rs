@@ -288,6 +288,8 @@ pub(crate) struct Master {
     /// Releases owed to this master: sent on its lock link's next connection, oldest first
     /// (see [`Owed`]). While sent and unanswered, they stay here (a `Tag::Owed` each).
     pub(super) owed: VecDeque<Owed>,
+    /// A Redis or Valkey Cluster: its lock link's connections (`cluster_link.rs`).
+    pub(super) cluster: Option<Box<super::cluster_link::ClusterConn>>,
 }
 
 impl Master {
@@ -309,7 +311,16 @@ impl Master {
             durable: false,
             stats: Counters::default(),
             owed: VecDeque::new(),
+            cluster: None,
         }
+    }
+
+    /// This master is a cluster reached through `seed_host` (its first seed's host).
+    pub(crate) fn into_cluster(mut self, seed_host: String, tls: bool) -> Self {
+        self.cluster = Some(Box::new(super::cluster_link::ClusterConn::new(
+            seed_host, tls,
+        )));
+        self
     }
 }
 

@@ -23,10 +23,9 @@
 
 mod admin;
 mod chans;
-// Cluster masters' slot maps and redirections (issue 22): parsed and tested here, wired
-// into the rounds by the cluster routing still to come, hence unused for now.
-#[allow(dead_code)]
+// Cluster masters (issue 22): slot maps, redirections, one ordered stream over the shards.
 mod cluster;
+mod cluster_link;
 mod encode;
 mod link;
 mod ops;
@@ -509,6 +508,18 @@ impl Core {
     #[inline]
     pub fn masters(&self) -> usize {
         self.rounds.n()
+    }
+
+    /// The master link `l` belongs to. Links from `2 n` on are cluster masters' (their
+    /// discovery and shard connections).
+    pub fn link_master(&self, l: LinkId) -> usize {
+        self.rounds.link_master(l)
+    }
+
+    /// Where to connect link `l`: `Some` for a cluster's shard link (the address its map
+    /// gave), `None` for every other link (its master's own endpoint, as its URL says).
+    pub fn link_addr(&self, l: LinkId) -> Option<std::net::SocketAddr> {
+        self.rounds.link_addr(l)
     }
 
     /// The next thing the driver must do with a socket, in order.

@@ -102,7 +102,7 @@ pub(crate) struct Rounds {
     /// was empty is written straight from here (no per-master copy); one that already had
     /// bytes queued, or misses a request, gets its share copied into its own queue.
     /// [`Rounds::flushed`] empties it.
-    shared: Vec<u8>,
+    pub(super) shared: Vec<u8>,
     pub cfg: NetConfig,
     quorum: usize,
     /// Slots of the ops in the `Active` state (undecided): all `tick` has to look at.
@@ -138,6 +138,10 @@ pub(crate) struct Rounds {
     /// Masters whose connection was lost while locks were watched: reconnected as soon as
     /// the backoff allows, and every watch read there again (see `watch.rs`).
     reread: Vec<bool>,
+    /// Links from `2 n` on: cluster masters' discovery and shard links (`cluster_link.rs`).
+    pub(super) extra: Vec<super::cluster_link::Extra>,
+    /// Some master is a cluster.
+    clusters: bool,
 }
 
 /// Whoever started an op and wants to hear when it is decided (a task of the layer
@@ -181,7 +185,10 @@ impl Rounds {
             restores: Vec::new(),
             watch_stats: vec![WatchCounters::default(); n],
             reread: vec![false; n],
+            extra: Vec::new(),
+            clusters: false,
         };
+        r.clusters = r.masters.iter().any(|m| m.cluster.is_some());
         // Pre-build a few slots so the first cycles do not allocate either.
         for _ in 0..4 {
             r.new_slot();
@@ -717,7 +724,22 @@ impl Rounds {
         if self.actions.is_empty() {
             return None;
         }
+        if self.clusters {
+            // A cluster's lock link has no socket of its own (see `cluster_link.rs`).
+            while let Some(a) = self.actions.pop_front() {
+                if let Some(a) = self.cluster_action(a) {
+                    return Some(a);
+                }
+            }
+            return None;
+        }
         self.actions.pop_front()
+    }
+
+    /// The next flush writes the lock links (and the clusters' shard links) even with
+    /// nothing in the shared buffer.
+    pub(super) fn mark_lock_dirty(&mut self) {
+        self.lock_dirty = true;
     }
 
     /// A connect of link `l` has come as far as `phase`.
@@ -738,6 +760,8 @@ impl Rounds {
         link.state = State::Up;
         if l.0 < n {
             self.masters[l.0].stats.connects += 1;
+        } else if l.0 >= 2 * n {
+            self.cluster_connected(l.0);
         }
     }
 
@@ -750,8 +774,10 @@ impl Rounds {
         }
         if l.0 < n {
             self.fail_node(l.0, fault, now);
-        } else {
+        } else if l.0 < 2 * n {
             self.sub_fail(l.0 - n, fault, now);
+        } else {
+            self.cluster_closed(l.0, fault, now);
         }
     }
 
@@ -764,7 +790,7 @@ impl Rounds {
         if !link.is_up() {
             return None;
         }
-        let floor = if l.0 < n {
+        let floor = if l.0 < n || l.0 >= 2 * n {
             INBUF_START
         } else {
             chans::SUB_INBUF
@@ -787,8 +813,10 @@ impl Rounds {
         link.last_progress = now;
         if l.0 < n {
             self.process_replies(l.0, now)
-        } else {
+        } else if l.0 < 2 * n {
             self.sub_process(l.0 - n, now)
+        } else {
+            self.cluster_received(l.0, now)
         }
     }
 
@@ -884,6 +912,10 @@ impl Rounds {
     ) {
         let n = self.n();
         if !self.shared.is_empty() || self.lock_dirty {
+            if self.clusters {
+                // Clusters' requests to their shards' links, written below.
+                self.cluster_flush(now);
+            }
             for i in 0..n {
                 let link = &mut self.links[i];
                 // The common case: the link's share of the shared buffer, its own queue
@@ -914,6 +946,11 @@ impl Rounds {
                 if self.has_output(LinkId(i)) {
                     self.write_with(LinkId(i), now, &mut write);
                 }
+            }
+        }
+        for l in 2 * n..self.links.len() {
+            if self.has_output(LinkId(l)) {
+                self.write_with(LinkId(l), now, &mut write);
             }
         }
         self.flushed();

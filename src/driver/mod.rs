@@ -128,8 +128,21 @@ impl Peer {
     }
 }
 
-/// A resolver thread's answer: master, which resolve, the address or why none.
-type Resolved = (usize, u64, Result<SocketAddr, ErrorText>);
+/// The master of link `l` among `n` masters (`extra`: the masters of the links from
+/// `2 n` on).
+#[inline]
+fn master_index(n: usize, extra: &[usize], l: LinkId) -> usize {
+    if l.0 < n {
+        l.0
+    } else if l.0 < 2 * n {
+        l.0 - n
+    } else {
+        extra[l.0 - 2 * n]
+    }
+}
+
+/// A resolver thread's answer: master, link, which resolve, the address or why none.
+type Resolved = (usize, usize, u64, Result<SocketAddr, ErrorText>);
 
 /// The sockets and the poll of one client.
 pub(crate) struct Driver {
@@ -139,8 +152,12 @@ pub(crate) struct Driver {
     events: Option<Events>,
     waker: Arc<Waker>,
     ends: Vec<Peer>,
-    /// One per link: `i` master `i`'s lock link, `n + i` its sub link.
+    /// One per link: `i` master `i`'s lock link, `n + i` its sub link, and from `2 n` on
+    /// the links of cluster masters (their discovery and shard connections), added as the
+    /// core asks to connect them.
     socks: Vec<Conn>,
+    /// The master of each link from `2 n` on.
+    extra_master: Vec<usize>,
     /// Syscalls, per master.
     io: Vec<IoCounts>,
     busy_poll: bool,
@@ -170,6 +187,7 @@ impl Driver {
             #[cfg(feature = "tls")]
             tls,
             socks: (0..2 * n).map(|_| Conn::Down).collect(),
+            extra_master: Vec::new(),
             io: vec![IoCounts::default(); n],
             ends,
             busy_poll,
@@ -196,12 +214,7 @@ impl Driver {
     /// The master of link `l` (no division on the hot path).
     #[inline]
     fn master_of(&self, l: LinkId) -> usize {
-        let n = self.ends.len();
-        if l.0 < n {
-            l.0
-        } else {
-            l.0 - n
-        }
+        master_index(self.ends.len(), &self.extra_master, l)
     }
 
     /// What every master did, by name: the core's counters with the syscalls added.
@@ -379,14 +392,14 @@ impl Driver {
     #[inline(never)]
     fn flush_wanted(&mut self, core: &mut Core, now: Instant) {
         let n = self.n();
-        let (socks, io) = (&mut self.socks, &mut self.io);
-        core.flush_with(now, |l, bytes| match &mut socks[l.0] {
-            Conn::Up(s) => write_some(s, bytes, &mut io[if l.0 < n { l.0 } else { l.0 - n }]),
+        let (socks, io, extra) = (&mut self.socks, &mut self.io, &self.extra_master);
+        core.flush_with(now, |l, bytes| match socks.get_mut(l.0) {
+            Some(Conn::Up(s)) => write_some(s, bytes, &mut io[master_index(n, extra, l)]),
             _ => Ok(0),
         });
         #[cfg(feature = "tls")]
         if self.tls {
-            for l in 0..2 * n {
+            for l in 0..self.socks.len() {
                 self.flush_tls(core, LinkId(l), now);
             }
         }
@@ -571,7 +584,10 @@ impl Driver {
 
     /// Close link `l`'s socket (if it has one). `reset`: a TCP reset rather than a FIN.
     fn close(&mut self, l: LinkId, reset: bool) {
-        match std::mem::replace(&mut self.socks[l.0], Conn::Down) {
+        let Some(sock) = self.socks.get_mut(l.0) else {
+            return; // a cluster's link never connected
+        };
+        match std::mem::replace(sock, Conn::Down) {
             Conn::Up(s) | Conn::Connecting(s) | Conn::Handshaking(s) => {
                 s.close(self.poll.registry(), reset)
             }
@@ -583,14 +599,30 @@ impl Driver {
     /// Open link `l`'s socket: resolve, connect (and TLS), as its master's URL says.
     fn connect(&mut self, core: &mut Core, l: LinkId, now: Instant) {
         let n = self.n();
+        if l.0 >= 2 * n {
+            // A cluster's link: its master, and a socket slot for it.
+            let m = core.link_master(l);
+            if self.socks.len() <= l.0 {
+                self.socks.resize_with(l.0 + 1, || Conn::Down);
+            }
+            if self.extra_master.len() <= l.0 - 2 * n {
+                self.extra_master.resize(l.0 - 2 * n + 1, m);
+            }
+            self.extra_master[l.0 - 2 * n] = m;
+        }
         let m = self.master_of(l);
         self.close(l, false);
+        let shard = core.link_addr(l);
         let stream = match &self.ends[m].target {
+            // A cluster's shard primary, at the address its map gave.
+            _ if shard.is_some() => self.open_tcp(m, shard.expect("tested")),
             &Target::Addr(addr) => self.open_tcp(m, addr),
             Target::Unix(path) => connect_unix(path)
                 .map(Stream::Unix)
                 .map_err(|e| Fault::Connect(e.kind())),
-            Target::Host { .. } if l.0 < n => return self.start_resolve(core, l, now),
+            Target::Host { .. } if l.0 < n || l.0 >= 2 * n => {
+                return self.start_resolve(core, l, now)
+            }
             // The sub link goes where the lock link's name resolved to last.
             Target::Host { .. } => match self.ends[m].addr {
                 Some(addr) => self.open_tcp(m, addr),
@@ -626,7 +658,8 @@ impl Driver {
     /// resolve: past it the master is down (its thread's late answer is dropped). One
     /// thread per master at a time: while an old one still hangs, the master stays down.
     fn start_resolve(&mut self, core: &mut Core, l: LinkId, now: Instant) {
-        let m = l.0;
+        let m = self.master_of(l);
+        let link = l.0;
         let end = &mut self.ends[m];
         let Target::Host { host, port } = &end.target else {
             unreachable!("only host names are resolved")
@@ -657,7 +690,7 @@ impl Driver {
                     }
                 };
                 if let Ok(mut r) = results.lock() {
-                    r.push((m, gen, answer));
+                    r.push((m, link, gen, answer));
                 }
                 let _ = waker.wake();
             });
@@ -682,30 +715,30 @@ impl Driver {
             Ok(mut r) => std::mem::take(&mut *r),
             Err(_) => return,
         };
-        for (m, gen, answer) in answers {
+        for (m, link, gen, answer) in answers {
             self.resolving -= 1;
             let end = &mut self.ends[m];
             end.resolving = false;
-            if !matches!(self.socks[m], Conn::Resolving) || end.resolve_gen != gen {
+            if !matches!(self.socks[link], Conn::Resolving) || end.resolve_gen != gen {
                 continue; // timed out meanwhile: the master is down already
             }
             if let Ok(addr) = &answer {
                 end.addr = Some(*addr);
             }
-            let l = LinkId(m);
+            let l = LinkId(link);
             let stream = answer.map_err(Fault::Resolve).and_then(|addr| {
                 let mut s = self.open_tcp(m, addr)?;
-                s.register(self.poll.registry(), MioToken(m))
+                s.register(self.poll.registry(), MioToken(link))
                     .map_err(|e| Fault::Connect(e.kind()))?;
                 Ok(s)
             });
             match stream {
                 Ok(s) => {
-                    self.socks[m] = Conn::Connecting(s);
+                    self.socks[link] = Conn::Connecting(s);
                     core.handle_connect_phase(l, ConnectPhase::Connecting);
                 }
                 Err(f) => {
-                    self.socks[m] = Conn::Down;
+                    self.socks[link] = Conn::Down;
                     core.handle_closed(l, f, now);
                 }
             }
