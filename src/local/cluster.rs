@@ -224,7 +224,6 @@ impl SlotMigration {
 ///
 /// assert_eq!(key_slot(b"123456789"), 12_739); // 0x31C3, the CRC16 check value
 /// assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
-/// assert_eq!(key_slot(b"foo{}{bar}"), key_slot(b"foo{}{bar}")); // `{}`: the whole key
 /// ```
 pub fn key_slot(key: &[u8]) -> u16 {
     let hashed = match key.iter().position(|&b| b == b'{') {
