@@ -1,4 +1,5 @@
-//! Local `redis-server` processes for tests, examples and `redlock bench`.
+//! Local `redis-server` (or `valkey-server`) processes and clusters for tests, examples and
+//! `redlock bench`.
 //!
 //! [`LocalMaster`] starts one `redis-server` on a free `127.0.0.1` port, in a temporary
 //! directory of its own, and controls it by PID: pause it with SIGSTOP ([`freeze`]), resume
@@ -35,6 +36,11 @@
 //! moment of the spawn and gets its own back right after (also for
 //! [`restart`](LocalMaster::restart), which keeps the pinning). [`pin_current_thread`]
 //! puts the client on its CPU; [`split_cpus`] picks both sets.
+//!
+//! Clusters: [`LocalCluster`] starts a Redis (7 or later) or Valkey Cluster of local nodes,
+//! each a [`LocalMaster`], and controls it (slot map, failover, slot migration in steps);
+//! clients name it `redis+cluster://127.0.0.1:<port>`. A CPU quota per server for
+//! benchmarks: [`LocalMaster::limit_cpu`] (a [`CpuCgroup`], cgroup v1).
 //!
 //! If the process that owns the handles is killed without unwinding (SIGKILL), the servers
 //! outlive it. An interactive Ctrl-C reaches them too (they share the terminal's process
