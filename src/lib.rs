@@ -225,11 +225,11 @@ pub mod rules;
 pub mod scripts;
 #[cfg(feature = "client")]
 mod shared;
-// Cluster hash slots and the per-slot hash tags of the keys kept beside a lock key:
-// public (hidden) for the simulation, which names those keys as the scripts do.
 #[cfg(feature = "client")]
 mod single;
-#[cfg(feature = "client")]
+// Cluster hash slots and the per-slot hash tags of the keys kept beside a lock key:
+// public (hidden) for the simulation, which names those keys as the scripts do. No
+// dependency: `local` (which may be built without the client) uses it too.
 #[doc(hidden)]
 pub mod slot;
 #[cfg(feature = "client")]

@@ -226,29 +226,7 @@ impl SlotMigration {
 /// assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
 /// ```
 pub fn key_slot(key: &[u8]) -> u16 {
-    let hashed = match key.iter().position(|&b| b == b'{') {
-        Some(open) => match key[open + 1..].iter().position(|&b| b == b'}') {
-            Some(len) if len > 0 => &key[open + 1..open + 1 + len],
-            _ => key,
-        },
-        None => key,
-    };
-    crc16_xmodem(hashed) % CLUSTER_SLOTS
-}
-
-fn crc16_xmodem(bytes: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in bytes {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
+    crate::slot::key_slot(key)
 }
 
 fn other(msg: String) -> io::Error {
@@ -1066,11 +1044,17 @@ mod tests {
     #[test]
     fn key_slots_match_redis() {
         // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
-        assert_eq!(crc16_xmodem(b"123456789"), 0x31C3);
+        assert_eq!(crate::slot::crc16(b"123456789"), 0x31C3);
         assert_eq!(key_slot(b"foo"), 12_182);
         assert_eq!(key_slot(b"{foo}bar"), 12_182);
-        assert_eq!(key_slot(b"{}foo"), crc16_xmodem(b"{}foo") % CLUSTER_SLOTS);
-        assert_eq!(key_slot(b"foo{"), crc16_xmodem(b"foo{") % CLUSTER_SLOTS);
+        assert_eq!(
+            key_slot(b"{}foo"),
+            crate::slot::crc16(b"{}foo") % CLUSTER_SLOTS
+        );
+        assert_eq!(
+            key_slot(b"foo{"),
+            crate::slot::crc16(b"foo{") % CLUSTER_SLOTS
+        );
         assert_eq!(key_slot(b"a{b}{c}"), key_slot(b"b"));
     }
 }
