@@ -138,3 +138,64 @@ fn a_dead_shard_fails_its_cluster_master_only() {
     let stats = client.stats();
     assert!(stats[0].last_fault().is_some(), "{:?}", stats[0]);
 }
+
+#[test]
+fn multi_resource_locks_span_the_slots_of_cluster_masters() {
+    let clusters: Vec<LocalCluster> = (0..3).map(|_| cluster()).collect();
+    let build = || {
+        Redlock::builder()
+            .masters(clusters.iter().map(LocalCluster::seed_url))
+            .retry_count(0)
+            .build()
+            .unwrap()
+    };
+    let (mut client, mut other) = (build(), build());
+    // One key per shard, and two sharing a hash tag (one slot group of two keys).
+    let mut names: Vec<String> = (0..3)
+        .map(|node| keys_on(&clusters[0], node, 1, "many:").remove(0))
+        .collect();
+    names.push("{tagged}a".into());
+    names.push("{tagged}b".into());
+    let mut lock = client
+        .lock_many(&names, Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("{names:?}: {e}"));
+    for c in &clusters {
+        for name in &names {
+            let node = c.primary_of_key(name.as_bytes()).unwrap();
+            assert_eq!(
+                holders(c, name),
+                [(node, Some(lock.token().as_bytes().to_vec()))],
+                "{name}"
+            );
+        }
+    }
+    // Held: another lock on one of the names is refused everywhere. Its group on the other
+    // shard was granted: the cluster masters answer that some groups were (a no vote, and
+    // a release there), or taken where the held name's group answered first.
+    let e = other
+        .lock_many(
+            [&names[1], &"free:elsewhere".to_string()],
+            Duration::from_secs(10),
+        )
+        .expect_err("one name is held");
+    let text = e.to_string();
+    assert!(text.contains("PARTIAL") || text.contains("taken"), "{e}");
+    // Nothing of the refused attempt is left on any shard: the groups it set were released.
+    for c in &clusters {
+        let node = c.primary_of_key(b"free:elsewhere").unwrap();
+        assert_eq!(holders(c, "free:elsewhere"), [(node, None)]);
+    }
+    client.extend(&mut lock, Duration::from_secs(20)).unwrap();
+    for c in &clusters {
+        let n = c.primary_of_key(names[0].as_bytes()).unwrap();
+        let ttl = command(c.node(n).addr(), &[b"PTTL", names[0].as_bytes()], T).unwrap();
+        assert!(matches!(ttl, AdminReply::Int(t) if t > 10_000), "{ttl:?}");
+    }
+    client.release(lock).unwrap();
+    for c in &clusters {
+        for name in &names {
+            let node = c.primary_of_key(name.as_bytes()).unwrap();
+            assert_eq!(holders(c, name), [(node, None)], "{name} released");
+        }
+    }
+}

@@ -433,6 +433,11 @@ pub(crate) struct ShardLink {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Expect {
     Entry(u64),
+    /// The answer of group `group` of a request split by slot.
+    Part {
+        seq: u64,
+        group: u16,
+    },
     /// The `+OK` to an `ASKING` sent ahead of a redirected request.
     Asking,
 }
@@ -451,6 +456,44 @@ enum Merge {
     },
     /// Every shard's `CONFIG GET append*`: a reply that is not durable wins.
     Durable { durable: bool },
+    /// A request whose keys lie in several slots, sent as one request per slot group.
+    Split(Split),
+}
+
+/// How the answers of a request split by slot make one (see [`ShardMux`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SplitKind {
+    /// The all-or-nothing acquire (`ACQUIRE_MANY`): 1 when every group set its keys, 0
+    /// when none did, an error when some did (the master may hold keys: the rounds release
+    /// there, as after any script error).
+    AllOrNothing,
+    /// `RELEASE`, `FENCE_RAISE`: 1 when every group answered 1, else 0.
+    AllOnes,
+    /// `EXTEND`: 0 when a group answered 0 (not held), else 2 when one answered 2 (a key
+    /// missing), else 1.
+    Extend,
+    /// The waiting acquire (`ACQUIRE_WAIT`): 0 when every group set its keys; the longest
+    /// TTL left (-1: one never expires) when none did; an error when some did.
+    Wait,
+    /// `FENCE_DRAW`: 0 when a group answered 0 (not held), else the largest.
+    Draw,
+    /// `MGET`: the values, in the order of the keys.
+    Mget,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Split {
+    kind: SplitKind,
+    /// Groups that answered 0 (or, `Wait`: a TTL), 1 (`Wait`: 0, set), 2.
+    zeros: u16,
+    ones: u16,
+    twos: u16,
+    /// The largest answer (`Wait`: TTL left; -1 wins), and whether one was -1.
+    max: i64,
+    forever: bool,
+    /// A group answered with an error or an answer that fits no group: the first is the
+    /// answer.
+    error: bool,
 }
 
 struct Entry {
@@ -462,6 +505,8 @@ struct Entry {
     /// The answer, once every part is in.
     reply: Vec<u8>,
     redirected: bool,
+    /// A split `MGET`: each group's key positions, and its answer.
+    groups: Vec<(Vec<usize>, Vec<u8>)>,
 }
 
 /// What the shards sent that this layer can not take.
@@ -483,6 +528,8 @@ enum Route {
     All(Merge),
     Sticky,
     Local(&'static [u8]),
+    /// Keys in several slots: one request per slot group ([`ShardMux::push_split`]).
+    Cross,
 }
 
 /// The route of one request (the rounds' own bytes: an array of bulk strings).
@@ -525,6 +572,7 @@ fn route(req: &crate::resp::Aggregate<'_>) -> Route {
             slot: Some(s),
             cross: false,
         } => Route::Slot(s),
+        SlotOf { cross: true, .. } if is(b"EVALSHA") || is(b"EVAL") || is(b"MGET") => Route::Cross,
         SlotOf { cross: true, .. } => Route::Local(CROSSSLOT),
         // No key: any shard answers alike.
         SlotOf { slot: None, .. } => Route::Slot(0),
@@ -625,7 +673,11 @@ impl ShardMux {
             };
             let one = &rest[..len];
             let route = route(&cmd);
-            self.push(route, one);
+            if let Route::Cross = route {
+                self.push_split(&cmd, one);
+            } else {
+                self.push(route, one);
+            }
             used += len;
         }
         used
@@ -645,9 +697,12 @@ impl ShardMux {
             req: self.buf(),
             reply: self.buf(),
             redirected: false,
+            groups: Vec::new(),
         };
         match route {
             Route::Local(reply) => entry.reply.extend_from_slice(reply),
+            // Split in `push_split`, never here.
+            Route::Cross => entry.reply.extend_from_slice(CROSSSLOT),
             Route::Sticky => {
                 // Sent with the next keyed request, to its shard.
                 entry.parts = 1;
@@ -705,11 +760,12 @@ impl ShardMux {
             let Some(expect) = self.shards.get_mut(k).and_then(|s| s.expect.pop_front()) else {
                 return Err(MuxError::Unexpected);
             };
-            let Expect::Entry(seq) = expect else {
+            match expect {
+                Expect::Entry(seq) => self.answer(k, seq, &frame, raw),
+                Expect::Part { seq, group } => self.answer_part(seq, group, &frame, raw),
                 // ASKING's answer: the request behind it answers for itself.
-                continue;
-            };
-            self.answer(k, seq, &frame, raw);
+                Expect::Asking => {}
+            }
         }
         self.drain();
         Ok(used)
@@ -761,7 +817,8 @@ impl ShardMux {
         };
         entry.parts = entry.parts.saturating_sub(1);
         match &mut entry.merge {
-            Merge::One => {
+            // A split request's groups answer as parts (`answer_part`).
+            Merge::One | Merge::Split(_) => {
                 entry.reply.clear();
                 entry.reply.extend_from_slice(raw);
             }
@@ -825,6 +882,245 @@ impl ShardMux {
         }
     }
 
+    /// A request whose keys lie in several slots (a multi-resource lock on a cluster): one
+    /// request per slot group, each to its shard, their answers made one by the script's
+    /// rule ([`SplitKind`]). A script this layer does not know is answered `-CROSSSLOT`.
+    /// What is atomic: each group, on its shard; not the whole (docs/production.md).
+    /// Redirections of a group are not followed: its answer is the error (a no vote).
+    fn push_split(&mut self, cmd: &crate::resp::Aggregate<'_>, req: &[u8]) {
+        let args: Vec<&[u8]> = cmd.iter().map(|f| text(&f).unwrap_or_default()).collect();
+        let name = args.first().copied().unwrap_or_default();
+        let mget = name.eq_ignore_ascii_case(b"MGET");
+        let (first_key, nkeys) = if mget {
+            (1, args.len().saturating_sub(1))
+        } else {
+            let n = args
+                .get(2)
+                .and_then(|n| std::str::from_utf8(n).ok())
+                .and_then(|n| n.parse::<usize>().ok())
+                .unwrap_or(0);
+            (3, n.min(args.len().saturating_sub(3)))
+        };
+        let kind = if mget {
+            Some(SplitKind::Mget)
+        } else {
+            let script = args.get(1).copied().unwrap_or_default();
+            let is = |s: crate::scripts::Script| {
+                if name.eq_ignore_ascii_case(b"EVALSHA") {
+                    script.eq_ignore_ascii_case(s.sha.as_bytes())
+                } else {
+                    script == s.src.as_bytes()
+                }
+            };
+            use crate::scripts::{
+                ACQUIRE_MANY, ACQUIRE_WAIT, EXTEND, FENCE_DRAW, FENCE_RAISE, RELEASE,
+            };
+            if is(ACQUIRE_MANY) {
+                Some(SplitKind::AllOrNothing)
+            } else if is(RELEASE) || is(FENCE_RAISE) {
+                Some(SplitKind::AllOnes)
+            } else if is(EXTEND) {
+                Some(SplitKind::Extend)
+            } else if is(ACQUIRE_WAIT) {
+                Some(SplitKind::Wait)
+            } else if is(FENCE_DRAW) {
+                Some(SplitKind::Draw)
+            } else {
+                None
+            }
+        };
+        // Slot groups in the order of their first key; within one, the keys' order.
+        let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+        for (i, key) in args.iter().enumerate().skip(first_key).take(nkeys) {
+            let slot = crate::slot::key_slot(key);
+            match groups.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, g)) => g.push(i),
+                None => groups.push((slot, vec![i])),
+            }
+        }
+        let shards: Option<Vec<usize>> =
+            groups.iter().map(|(s, _)| self.map.shard_of(*s)).collect();
+        let (Some(kind), Some(shards)) = (kind, shards) else {
+            let reply = if kind.is_none() { CROSSSLOT } else { UNSERVED };
+            return self.push(Route::Local(reply), req);
+        };
+        let seq = self.first_seq + self.entries.len() as u64;
+        // A `CLIENT CACHING` before a split read goes to every group's shard.
+        if let Some(c) = self.sticky.take() {
+            let i = (c - self.first_seq) as usize;
+            let mut to: Vec<usize> = shards.clone();
+            to.sort_unstable();
+            to.dedup();
+            self.entries[i].parts = to.len() as u16;
+            self.entries[i].merge = Merge::First { error: false };
+            for &k in &to {
+                let sh = &mut self.shards[k];
+                sh.out.extend_from_slice(&self.entries[i].req);
+                sh.expect.push_back(Expect::Entry(c));
+            }
+        }
+        let mut entry = Entry {
+            parts: groups.len() as u16,
+            merge: Merge::Split(Split {
+                kind,
+                zeros: 0,
+                ones: 0,
+                twos: 0,
+                max: 0,
+                forever: false,
+                error: false,
+            }),
+            req: self.buf(),
+            reply: self.buf(),
+            redirected: true,
+            groups: Vec::new(),
+        };
+        for (g, ((_, keys), &k)) in groups.iter().zip(&shards).enumerate() {
+            let count = keys.len().to_string();
+            let mut line: Vec<crate::resp::Arg<'_>> = Vec::with_capacity(args.len());
+            line.push(crate::resp::Arg::Bytes(name));
+            if !mget {
+                line.push(crate::resp::Arg::Bytes(args[1]));
+                line.push(crate::resp::Arg::Bytes(count.as_bytes()));
+            }
+            line.extend(keys.iter().map(|&i| crate::resp::Arg::Bytes(args[i])));
+            line.extend(
+                args[first_key + nkeys..]
+                    .iter()
+                    .map(|a| crate::resp::Arg::Bytes(a)),
+            );
+            let sh = &mut self.shards[k];
+            crate::resp::encode_command(&mut sh.out, &line);
+            sh.expect.push_back(Expect::Part {
+                seq,
+                group: g as u16,
+            });
+            if mget {
+                entry
+                    .groups
+                    .push((keys.iter().map(|i| i - first_key).collect(), Vec::new()));
+            }
+        }
+        self.entries.push_back(entry);
+        self.drain();
+    }
+
+    /// Group `group` of split request `seq` answered.
+    fn answer_part(&mut self, seq: u64, group: u16, frame: &Frame<'_>, raw: &[u8]) {
+        let Some(entry) = self.entry_mut(seq) else {
+            return;
+        };
+        entry.parts = entry.parts.saturating_sub(1);
+        let Merge::Split(sp) = &mut entry.merge else {
+            return;
+        };
+        let fail = |sp: &mut Split, reply: &mut Vec<u8>, raw: &[u8]| {
+            if !sp.error {
+                sp.error = true;
+                reply.clear();
+                reply.extend_from_slice(raw);
+            }
+        };
+        match sp.kind {
+            SplitKind::Mget => match frame {
+                Frame::Aggregate(_) => {
+                    if let Some(g) = entry.groups.get_mut(group as usize) {
+                        g.1.extend_from_slice(raw);
+                    }
+                }
+                _ => fail(sp, &mut entry.reply, raw),
+            },
+            kind => {
+                // A waiting acquire's group of one key answers `[ttl, holder]`.
+                let value = match frame {
+                    Frame::Integer(v) => Some(*v),
+                    Frame::Aggregate(a) if kind == SplitKind::Wait => {
+                        a.iter().next().as_ref().and_then(int)
+                    }
+                    _ => None,
+                };
+                match value {
+                    None => fail(sp, &mut entry.reply, raw),
+                    Some(v) => {
+                        match (kind, v) {
+                            (SplitKind::Wait, 0) => sp.ones += 1,
+                            (SplitKind::Wait, -1) => {
+                                sp.zeros += 1;
+                                sp.forever = true;
+                            }
+                            (SplitKind::Wait, v) => {
+                                sp.zeros += 1;
+                                sp.max = sp.max.max(v);
+                            }
+                            (_, 0) => sp.zeros += 1,
+                            (_, 1) => sp.ones += 1,
+                            (_, 2) => sp.twos += 1,
+                            _ => {}
+                        }
+                        if v > sp.max && kind != SplitKind::Wait {
+                            sp.max = v;
+                        }
+                    }
+                }
+            }
+        }
+        if entry.parts > 0 {
+            return;
+        }
+        let Merge::Split(sp) = entry.merge else {
+            return;
+        };
+        if sp.error {
+            return; // the first error is the answer
+        }
+        const PARTIAL: &[u8] =
+            b"-PARTIAL redlock-mux: some slot groups of a multi-resource lock were granted, others refused\r\n";
+        let n = entry.groups.len().max(1) as u16;
+        let int_reply = |v: i64| format!(":{v}\r\n");
+        let reply: Option<String> = match sp.kind {
+            SplitKind::AllOrNothing | SplitKind::Wait if sp.ones > 0 && sp.zeros > 0 => None,
+            SplitKind::AllOrNothing => Some(int_reply(i64::from(sp.zeros == 0))),
+            SplitKind::Wait if sp.zeros == 0 => Some(int_reply(0)),
+            SplitKind::Wait => Some(int_reply(if sp.forever { -1 } else { sp.max.max(1) })),
+            SplitKind::AllOnes => Some(int_reply(i64::from(sp.zeros == 0 && sp.twos == 0))),
+            SplitKind::Extend if sp.zeros > 0 => Some(int_reply(0)),
+            SplitKind::Extend => Some(int_reply(if sp.twos > 0 { 2 } else { 1 })),
+            SplitKind::Draw if sp.zeros > 0 => Some(int_reply(0)),
+            SplitKind::Draw => Some(int_reply(sp.max)),
+            SplitKind::Mget => {
+                let _ = n;
+                let total: usize = entry.groups.iter().map(|(k, _)| k.len()).sum();
+                let mut values: Vec<Vec<u8>> = vec![b"$-1\r\n".to_vec(); total];
+                for (keys, raw) in &entry.groups {
+                    let Ok(crate::resp::Status::Complete((Frame::Aggregate(a), _))) =
+                        crate::resp::parse(raw, &crate::resp::Limits::default())
+                    else {
+                        continue;
+                    };
+                    for (pos, f) in keys.iter().zip(a.iter()) {
+                        if let Some(v) = values.get_mut(*pos) {
+                            v.clear();
+                            crate::resp::encode_frame(v, &f);
+                        }
+                    }
+                }
+                entry.reply.clear();
+                entry
+                    .reply
+                    .extend_from_slice(format!("*{total}\r\n").as_bytes());
+                for v in values {
+                    entry.reply.extend_from_slice(&v);
+                }
+                return;
+            }
+        };
+        entry.reply.clear();
+        match reply {
+            Some(r) => entry.reply.extend_from_slice(r.as_bytes()),
+            None => entry.reply.extend_from_slice(PARTIAL),
+        }
+    }
+
     /// Hand every entry whose answer is complete, from the oldest, to the rounds.
     fn drain(&mut self) {
         while self.entries.front().is_some_and(|e| e.parts == 0) {
@@ -833,6 +1129,7 @@ impl ShardMux {
             self.ready.extend_from_slice(&e.reply);
             e.req.clear();
             e.reply.clear();
+            e.groups.clear();
             self.spare.push(e.req);
             self.spare.push(e.reply);
         }
@@ -1355,5 +1652,88 @@ mod tests {
         assert_eq!(take_ready(&mut m), push);
         reply(&mut m, 2, b"+OK\r\n*1\r\n$1\r\nt\r\n");
         assert_eq!(take_ready(&mut m), b"+OK\r\n*1\r\n$1\r\nt\r\n");
+    }
+
+    #[test]
+    fn requests_across_slots_split_by_group_and_their_answers_merge() {
+        use crate::scripts::{ACQUIRE_MANY, ACQUIRE_WAIT, EXTEND, RELEASE};
+        let mut m = three();
+        let (a, b) = (key_on(0, "a"), key_on(1, "b"));
+        let a2 = format!("{{{a}}}2"); // a's slot: one group of two keys
+        let run = |m: &mut ShardMux, sha: &str, answers: [&[u8]; 2]| {
+            m.submit(&cmd(&["EVALSHA", sha, "3", &a, &b, &a2, "tok", "100"]));
+            assert_eq!(
+                take_out(m, 0),
+                cmd(&["EVALSHA", sha, "2", &a, &a2, "tok", "100"])
+            );
+            assert_eq!(
+                take_out(m, 1),
+                cmd(&["EVALSHA", sha, "1", &b, "tok", "100"])
+            );
+            reply(m, 1, answers[1]);
+            assert!(m.ready().is_empty());
+            reply(m, 0, answers[0]);
+            String::from_utf8(take_ready(m)).unwrap()
+        };
+        assert_eq!(
+            run(&mut m, ACQUIRE_MANY.sha, [b":1\r\n", b":1\r\n"]),
+            ":1\r\n"
+        );
+        assert_eq!(
+            run(&mut m, ACQUIRE_MANY.sha, [b":0\r\n", b":0\r\n"]),
+            ":0\r\n"
+        );
+        assert!(run(&mut m, ACQUIRE_MANY.sha, [b":1\r\n", b":0\r\n"]).starts_with("-PARTIAL "));
+        assert_eq!(run(&mut m, RELEASE.sha, [b":1\r\n", b":0\r\n"]), ":0\r\n");
+        assert_eq!(run(&mut m, RELEASE.sha, [b":1\r\n", b":1\r\n"]), ":1\r\n");
+        assert_eq!(run(&mut m, EXTEND.sha, [b":2\r\n", b":1\r\n"]), ":2\r\n");
+        assert_eq!(run(&mut m, EXTEND.sha, [b":2\r\n", b":0\r\n"]), ":0\r\n");
+        // The waiting acquire: 0 is set; a group of one key answers [ttl, holder].
+        assert_eq!(
+            run(&mut m, ACQUIRE_WAIT.sha, [b":0\r\n", b":0\r\n"]),
+            ":0\r\n"
+        );
+        let held = b"*2\r\n:700\r\n$2\r\nfp\r\n";
+        assert_eq!(
+            run(&mut m, ACQUIRE_WAIT.sha, [b":300\r\n", held]),
+            ":700\r\n"
+        );
+        assert_eq!(run(&mut m, ACQUIRE_WAIT.sha, [b":-1\r\n", held]), ":-1\r\n");
+        assert!(run(&mut m, ACQUIRE_WAIT.sha, [b":0\r\n", held]).starts_with("-PARTIAL "));
+        // An error of one group is the answer (a script error: the rounds release there).
+        let e = run(&mut m, RELEASE.sha, [b"-BUSY script\r\n", b":1\r\n"]);
+        assert_eq!(e, "-BUSY script\r\n");
+        // A script this layer does not know is not split.
+        m.submit(&cmd(&["EVALSHA", "unknown", "2", &a, &b, "t"]));
+        assert!(take_ready(&mut m).starts_with(b"-CROSSSLOT "));
+    }
+
+    #[test]
+    fn a_read_across_slots_is_reassembled_in_key_order() {
+        let mut m = three();
+        let (a, b, c) = (key_on(0, "a"), key_on(1, "b"), key_on(2, "c"));
+        let mut batch = cmd(&["CLIENT", "CACHING", "YES"]);
+        batch.extend(cmd(&["MGET", &b, &a, &c, &format!("{{{b}}}x")]));
+        m.submit(&batch);
+        let caching = cmd(&["CLIENT", "CACHING", "YES"]);
+        let with = |keys: &[&str]| {
+            let mut v = caching.clone();
+            let mut args = vec!["MGET"];
+            args.extend_from_slice(keys);
+            v.extend(cmd(&args));
+            v
+        };
+        let bx = format!("{{{b}}}x");
+        assert_eq!(take_out(&mut m, 1), with(&[&b, &bx]));
+        assert_eq!(take_out(&mut m, 0), with(&[&a]));
+        assert_eq!(take_out(&mut m, 2), with(&[&c]));
+        reply(&mut m, 2, b"+OK\r\n*1\r\n$2\r\nvc\r\n");
+        reply(&mut m, 0, b"+OK\r\n*1\r\n$-1\r\n");
+        assert!(take_ready(&mut m).is_empty());
+        reply(&mut m, 1, b"+OK\r\n*2\r\n$2\r\nvb\r\n$3\r\nvbx\r\n");
+        assert_eq!(
+            String::from_utf8(take_ready(&mut m)).unwrap(),
+            "+OK\r\n*4\r\n$2\r\nvb\r\n$-1\r\n$2\r\nvc\r\n$3\r\nvbx\r\n"
+        );
     }
 }
