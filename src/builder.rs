@@ -470,7 +470,20 @@ impl Builder {
                 s.db,
             );
             if let (true, Endpoint::Tcp { host, .. }) = (s.cluster, &s.endpoint) {
-                master = master.into_cluster(host.clone(), s.tls);
+                // The other seeds, where given as IP addresses (a host name among them is
+                // left out: the first seed and the shards of the last map are tried too).
+                let seeds = s
+                    .seeds
+                    .iter()
+                    .filter_map(|e| match e {
+                        Endpoint::Tcp { host, port } => host
+                            .parse::<std::net::IpAddr>()
+                            .ok()
+                            .map(|ip| std::net::SocketAddr::new(ip, *port)),
+                        Endpoint::Unix(_) => None,
+                    })
+                    .collect();
+                master = master.into_cluster(host.clone(), s.tls, seeds);
             }
             masters.push(master);
             #[allow(unused_mut)]

@@ -11,10 +11,15 @@ mod support;
 
 use std::time::Duration;
 
-use redlock_mux::local::{command, key_slot, AdminReply, LocalCluster};
+use redlock_mux::local::{command, key_slot, AdminReply, FailoverMode, LocalCluster};
 use redlock_mux::Redlock;
 
 const T: Duration = Duration::from_secs(2);
+
+/// Every master's answer is awaited this long: the assertions below count on each
+/// cluster's vote, on a loaded machine too (a cluster's first connection is a discovery,
+/// three connections and their handshakes).
+const ROUND: Duration = Duration::from_secs(2);
 
 fn cluster() -> LocalCluster {
     LocalCluster::start().unwrap_or_else(|e| panic!("cannot start a local cluster: {e}"))
@@ -50,8 +55,12 @@ fn locks_on_cluster_masters_land_on_the_shard_of_their_key() {
     let mut client = Redlock::builder()
         .masters(clusters.iter().map(LocalCluster::seed_url))
         .retry_count(0)
+        .node_timeout(ROUND)
         .build()
         .unwrap();
+    // Connected (a discovery and a connection per shard, for each master).
+    let warm = client.try_lock("warm", Duration::from_secs(10)).unwrap();
+    client.release(warm).unwrap();
     for node in 0..3 {
         for key in keys_on(&clusters[0], node, 4, &format!("sku:{node}:")) {
             let lock = client
@@ -83,6 +92,7 @@ fn a_slot_moved_after_the_map_was_read_is_followed() {
     let mut client = Redlock::builder()
         .masters(clusters.iter().map(LocalCluster::seed_url))
         .retry_count(0)
+        .node_timeout(ROUND)
         .build()
         .unwrap();
     // The client reads the maps.
@@ -121,6 +131,7 @@ fn a_dead_shard_fails_its_cluster_master_only() {
     let mut client = Redlock::builder()
         .masters(clusters.iter().map(LocalCluster::seed_url))
         .retry_count(0)
+        .node_timeout(ROUND)
         .build()
         .unwrap();
     let warm = client.try_lock("warm", Duration::from_secs(10)).unwrap();
@@ -146,10 +157,15 @@ fn multi_resource_locks_span_the_slots_of_cluster_masters() {
         Redlock::builder()
             .masters(clusters.iter().map(LocalCluster::seed_url))
             .retry_count(0)
+            .node_timeout(ROUND)
             .build()
             .unwrap()
     };
     let (mut client, mut other) = (build(), build());
+    for c in [&mut client, &mut other] {
+        let warm = c.try_lock("warm", Duration::from_secs(10)).unwrap();
+        c.release(warm).unwrap();
+    }
     // One key per shard, and two sharing a hash tag (one slot group of two keys).
     let mut names: Vec<String> = (0..3)
         .map(|node| keys_on(&clusters[0], node, 1, "many:").remove(0))
@@ -198,4 +214,131 @@ fn multi_resource_locks_span_the_slots_of_cluster_masters() {
             assert_eq!(holders(c, name), [(node, None)], "{name} released");
         }
     }
+}
+
+#[test]
+fn a_slot_being_migrated_is_followed_with_asking() {
+    let mut clusters: Vec<LocalCluster> = (0..3).map(|_| cluster()).collect();
+    let mut client = Redlock::builder()
+        .masters(clusters.iter().map(LocalCluster::seed_url))
+        .retry_count(0)
+        .node_timeout(ROUND)
+        .build()
+        .unwrap();
+    let warm = client.try_lock("warm", Duration::from_secs(10)).unwrap();
+    client.release(warm).unwrap();
+    let key = keys_on(&clusters[0], 0, 1, "asked:").remove(0);
+    let slot = key_slot(key.as_bytes());
+    let migrations: Vec<_> = clusters
+        .iter_mut()
+        .map(|c| c.begin_slot_migration(slot, 1).unwrap())
+        .collect();
+    // The source does not hold the key: it answers -ASK, the client asks the target.
+    let lock = client
+        .try_lock(&key, Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("{key} during its slot's migration: {e}"));
+    let asked = |c: &LocalCluster| {
+        let r = c
+            .node(1)
+            .cmds(&[&[b"ASKING"], &[b"GET", key.as_bytes()]])
+            .unwrap();
+        match &r[1] {
+            AdminReply::Bulk(v) => v.clone(),
+            r => panic!("{r:?}"),
+        }
+    };
+    for c in &clusters {
+        assert_eq!(asked(c).as_deref(), Some(lock.token().as_bytes()));
+    }
+    client.release(lock).unwrap();
+    for c in &clusters {
+        assert_eq!(asked(c), None, "released on the target");
+    }
+    for (c, m) in clusters.iter_mut().zip(migrations) {
+        c.finish_slot_migration(m).unwrap();
+    }
+    // The map did not change on an ASK: still one connection each.
+    for s in client.stats() {
+        assert_eq!(s.connects(), 1, "{s:?}");
+    }
+}
+
+/// Until every node of `clusters` has been up for `at_least` (their `INFO server`).
+fn wait_uptime(clusters: &[&LocalCluster], at_least: Duration) {
+    let deadline = std::time::Instant::now() + at_least + Duration::from_secs(30);
+    loop {
+        let up = clusters.iter().flat_map(|c| c.nodes()).all(|n| {
+            let info = n.cmd(&[b"INFO", b"server"]).unwrap();
+            let text = info.as_str().unwrap_or_default().to_string();
+            text.lines()
+                .find_map(|l| l.trim().strip_prefix("uptime_in_seconds:"))
+                .and_then(|v| v.parse::<u64>().ok())
+                .is_some_and(|s| s > at_least.as_secs())
+        });
+        if up {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "uptime never reached");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_failover_is_amnesia_for_its_cluster_master() {
+    // Cluster 0 has a replica per primary; a lock is granted while the replica of its
+    // key's primary does not replicate, the primary dies, the replica takes over without
+    // the key: the cluster forgot a grant, as a master restarted without persistence does.
+    let guard = Duration::from_secs(8);
+    let mut c0 = LocalCluster::start_with(3, 1, &[]).expect("a cluster with replicas");
+    let others: Vec<LocalCluster> = (0..2).map(|_| cluster()).collect();
+    wait_uptime(&[&c0, &others[0], &others[1]], guard);
+    let urls = [c0.seed_url(), others[0].seed_url(), others[1].seed_url()];
+    let build = || {
+        Redlock::builder()
+            .masters(&urls)
+            .retry_count(0)
+            .node_timeout(ROUND)
+            .amnesia_guard(guard)
+            .build()
+            .unwrap()
+    };
+    let (mut a, mut b) = (build(), build());
+    // Both clients know the masters as they are before the failover.
+    for c in [&mut a, &mut b] {
+        let l = c.try_lock("warm", guard).unwrap();
+        c.release(l).unwrap();
+    }
+    let key = keys_on(&c0, 0, 1, "failover:").remove(0);
+    let replica = c0.replicas_of(0).unwrap()[0];
+    c0.node_mut(replica).freeze().unwrap();
+    // Its replication connection cut while it is frozen: nothing the primary writes next
+    // reaches it, not even through a socket buffer.
+    let killed = c0
+        .node(0)
+        .cmd(&[b"CLIENT", b"KILL", b"TYPE", b"replica"])
+        .unwrap();
+    assert_eq!(killed, AdminReply::Int(1), "one replica connection cut");
+    let lock = a.try_lock(&key, guard).unwrap();
+    c0.kill(0).unwrap();
+    c0.node_mut(replica).thaw().unwrap();
+    c0.failover(replica, FailoverMode::Takeover).unwrap();
+    let on_replica = command(c0.node(replica).addr(), &[b"GET", key.as_bytes()], T).unwrap();
+    assert_eq!(
+        on_replica,
+        AdminReply::Bulk(None),
+        "the new primary lacks the grant"
+    );
+    // Another master forgets the grant too (a restart without persistence, say): the
+    // holder's keys now live on one master of three. Cluster 0's yes would make a second
+    // holder with the third; it answers from a server that never saw the grant (its merged
+    // run_id changed), so its yes is not counted.
+    let n2 = others[1].primary_of_key(key.as_bytes()).unwrap();
+    let del = command(others[1].node(n2).addr(), &[b"DEL", key.as_bytes()], T).unwrap();
+    assert_eq!(del, AdminReply::Int(1));
+    let e = b
+        .try_lock(&key, guard)
+        .expect_err("cluster 0's vote must not count");
+    let text = e.to_string();
+    assert!(text.contains("amnesia"), "{text}");
+    drop(lock);
 }

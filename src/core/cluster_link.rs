@@ -55,11 +55,25 @@ pub(crate) struct ClusterConn {
     mux: Option<ShardMux>,
     /// Shards of the last map (for the statistics).
     pub(super) shards: usize,
+    /// Where a discovery may ask: `None` is the master's own endpoint (its URL's first
+    /// seed, resolved by the driver), then the other seeds given as IP addresses, then the
+    /// shard primaries of the last map. A discovery that cannot connect tries the next one
+    /// at once, within the connect timeout; the next connection starts with the one that
+    /// answered last.
+    candidates: Vec<Option<SocketAddr>>,
+    /// The candidate the discovery under way asks, and how many it tried.
+    at: usize,
+    tried: usize,
 }
 
 impl ClusterConn {
-    pub(crate) fn new(seed_host: String, tls: bool) -> ClusterConn {
+    pub(crate) fn new(seed_host: String, tls: bool, seeds: Vec<SocketAddr>) -> ClusterConn {
+        let mut candidates = vec![None];
+        candidates.extend(seeds.into_iter().map(Some));
         ClusterConn {
+            candidates,
+            at: 0,
+            tried: 0,
             seed_host,
             tls,
             disc: None,
@@ -160,7 +174,18 @@ impl Rounds {
                 d
             }
         };
+        let c = self.masters[i].cluster.as_mut()?;
+        c.tried = 0;
+        self.ask_for_map(i, d)
+    }
+
+    /// Start the discovery link `d` of master `i` towards its current candidate.
+    fn ask_for_map(&mut self, i: usize, d: usize) -> Option<Action> {
         self.reset_extra(d, i);
+        let c = self.masters[i].cluster.as_ref()?;
+        let addr = c.candidates.get(c.at).copied().flatten();
+        let n = self.n();
+        self.extra[d - 2 * n].addr = addr;
         let master = &self.masters[i];
         let link = &mut self.links[d];
         let auth = encode_auth(
@@ -227,8 +252,24 @@ impl Rounds {
 
     /// A link from `2 n` on failed: so did its cluster's lock link's connection.
     pub(super) fn cluster_closed(&mut self, l: usize, fault: Fault, now: std::time::Instant) {
-        let i = self.extra[l - 2 * self.n()].master;
+        let e = self.extra[l - 2 * self.n()];
+        let i = e.master;
         self.links[l].state = State::Down;
+        // A discovery that could not reach its node: the next candidate, at once.
+        if let (None, true, Some(c)) = (
+            e.shard,
+            self.links[i].is_connecting(),
+            self.masters[i].cluster.as_mut(),
+        ) {
+            c.tried += 1;
+            if c.mux.is_none() && c.tried < c.candidates.len() {
+                c.at = (c.at + 1) % c.candidates.len();
+                if let Some(a) = self.ask_for_map(i, l) {
+                    self.actions_push(a);
+                }
+                return;
+            }
+        }
         if self.links[i].state != State::Down {
             self.handle_closed(LinkId(i), fault, now);
         }
@@ -490,6 +531,19 @@ impl Rounds {
             c.shards = addrs.len();
             c.up = 0;
             c.mux = Some(mux);
+            // The primaries of this map become candidates for the next discoveries (the
+            // first seed may be the one that fails next).
+            let answered = c.candidates.get(c.at).copied().flatten();
+            for a in &addrs {
+                if c.candidates.len() < 32 && !c.candidates.contains(&Some(*a)) {
+                    c.candidates.push(Some(*a));
+                }
+            }
+            c.at = c
+                .candidates
+                .iter()
+                .position(|x| x.is_some() && *x == answered)
+                .unwrap_or(c.at);
         }
         true
     }

@@ -315,11 +315,16 @@ impl Master {
         }
     }
 
-    /// This master is a cluster reached through `seed_host` (its first seed's host).
-    pub(crate) fn into_cluster(mut self, seed_host: String, tls: bool) -> Self {
-        self.cluster = Some(Box::new(super::cluster_link::ClusterConn::new(
-            seed_host, tls,
-        )));
+    /// This master is a cluster reached through `seed_host` (its first seed's host), or
+    /// the other `seeds` (IP addresses).
+    pub(crate) fn into_cluster(
+        mut self,
+        seed_host: String,
+        tls: bool,
+        seeds: Vec<std::net::SocketAddr>,
+    ) -> Self {
+        let c = super::cluster_link::ClusterConn::new(seed_host, tls, seeds);
+        self.cluster = Some(Box::new(c));
         self
     }
 }

@@ -577,9 +577,11 @@ impl Driver {
     /// close, with a reset when requests were owed), then make sure the socket is gone.
     #[cold]
     fn failed(&mut self, core: &mut Core, l: LinkId, fault: Fault, now: Instant) {
+        // The socket first: what the core asks next may be a new connection of the same
+        // link (a cluster's discovery tries its next node at once).
+        self.close(l, true);
         core.handle_closed(l, fault, now);
         self.apply_actions(core, now);
-        self.close(l, true);
     }
 
     /// Close link `l`'s socket (if it has one). `reset`: a TCP reset rather than a FIN.
