@@ -342,3 +342,62 @@ fn a_failover_is_amnesia_for_its_cluster_master() {
     assert!(text.contains("amnesia"), "{text}");
     drop(lock);
 }
+
+/// Channels subscribed on `node` whose name ends with `key`.
+fn channels_of(node: &redlock_mux::local::LocalMaster, key: &str) -> usize {
+    match node.cmd(&[b"PUBSUB", b"CHANNELS", b"*"]) {
+        Ok(AdminReply::Array(a)) => a
+            .iter()
+            .filter(|c| c.as_str().is_some_and(|c| c.ends_with(key)))
+            .count(),
+        r => panic!("PUBSUB CHANNELS: {r:?}"),
+    }
+}
+
+#[test]
+fn a_waiter_on_cluster_masters_is_woken_by_the_release() {
+    // The release runs on the key's shard; its announcement crosses the cluster bus to the
+    // node the waiter's subscription connection is on (the first seed).
+    let clusters: Vec<LocalCluster> = (0..3).map(|_| cluster()).collect();
+    let fallback = Duration::from_secs(10);
+    let build = || {
+        Redlock::builder()
+            .masters(clusters.iter().map(LocalCluster::seed_url))
+            .node_timeout(ROUND)
+            .retry_delay(fallback)
+            .retry_jitter(Duration::ZERO)
+            .retry_count(3)
+            .build()
+            .unwrap()
+    };
+    // A key on another shard than the seed's.
+    let key: &'static str = keys_on(&clusters[0], 2, 1, "hot:").remove(0).leak();
+    let mut holder = build();
+    let held = holder.try_lock(key, Duration::from_secs(30)).unwrap();
+    let mut waiter = build();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let r = waiter.lock(key, Duration::from_secs(30));
+        let _ = tx.send(r);
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !clusters.iter().all(|c| channels_of(c.node(0), key) > 0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the waiter never subscribed"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let released = std::time::Instant::now();
+    holder.release(held).unwrap();
+    let lock = rx
+        .recv_timeout(fallback / 2)
+        .expect("woken by the release, not the retry delay")
+        .unwrap();
+    assert!(
+        released.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        released.elapsed()
+    );
+    assert!(lock.attempts() >= 2, "refused first: {}", lock.attempts());
+}

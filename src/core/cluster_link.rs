@@ -110,11 +110,19 @@ impl Rounds {
     }
 
     /// Where the driver connects link `l`: `Some` for a cluster's shard link (an IP literal
-    /// the map gave), `None` for every other link (its master's own endpoint).
+    /// the map gave), discovery link or sub link (the node that answered the last
+    /// discovery), unless that is the master's own endpoint; `None` for every other link
+    /// (its master's own endpoint).
     pub(crate) fn link_addr(&self, l: LinkId) -> Option<SocketAddr> {
         let n = self.n();
-        if l.0 < 2 * n {
+        if l.0 < n {
             return None;
+        }
+        if l.0 < 2 * n {
+            // A cluster's sub link goes where the last discovery found an answer (`PUBLISH`
+            // reaches every node: any one hears every release): not to a dead first seed.
+            let c = self.masters[l.0 - n].cluster.as_ref()?;
+            return c.candidates.get(c.at).copied().flatten();
         }
         self.extra[l.0 - 2 * n].addr
     }
