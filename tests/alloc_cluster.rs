@@ -1,0 +1,89 @@
+//! A warm lock+release cycle allocates nothing on cluster masters either (issue 22): the
+//! requests routed by slot over the shards' connections and the replies put back in order
+//! (`ShardMux`) reuse their buffers. Counted with a global allocator, as `alloc_engine`
+//! does for standalone masters.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use redlock_mux::local::LocalCluster;
+use redlock_mux::Redlock;
+
+struct Counting;
+
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+static COUNTING: AtomicBool = AtomicBool::new(false);
+
+// SAFETY: forwards every call to the system allocator unchanged; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as our caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as our caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as our caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// One test function on purpose: the counter is process-wide.
+#[test]
+fn warm_cycles_on_cluster_masters_allocate_nothing() {
+    let clusters: Vec<LocalCluster> = (0..3)
+        .map(|_| LocalCluster::start().unwrap_or_else(|e| panic!("cannot start a cluster: {e}")))
+        .collect();
+    let mut c = Redlock::builder()
+        .masters(clusters.iter().map(LocalCluster::seed_url))
+        .node_timeout(Duration::from_millis(500))
+        .retry_count(0)
+        .build()
+        .unwrap();
+    let ttl = Duration::from_secs(10);
+    // Keys on every shard.
+    let keys = [
+        "alloc-a", "alloc-b", "alloc-c", "alloc-d", "alloc-e", "alloc-f",
+    ];
+    let shards: std::collections::BTreeSet<usize> = keys
+        .iter()
+        .map(|k| clusters[0].primary_of_key(k.as_bytes()).unwrap())
+        .collect();
+    assert_eq!(shards.len(), 3, "the keys cover every shard");
+    let mut extended = c.try_lock("alloc-ext", ttl).unwrap();
+    let cycle = |c: &mut Redlock, extended: &mut redlock_mux::Lock| {
+        for k in keys {
+            let lock = c.try_lock(k, ttl).unwrap();
+            c.release(lock).unwrap();
+        }
+        c.extend(extended, ttl).unwrap();
+    };
+    for _ in 0..300 {
+        cycle(&mut c, &mut extended);
+    }
+    ALLOCS.store(0, Ordering::SeqCst);
+    COUNTING.store(true, Ordering::SeqCst);
+    let cycles = 300;
+    for _ in 0..cycles {
+        cycle(&mut c, &mut extended);
+    }
+    COUNTING.store(false, Ordering::SeqCst);
+    let n = ALLOCS.load(Ordering::SeqCst);
+    c.release(extended).unwrap();
+    assert_eq!(
+        n, 0,
+        "{n} allocations in {cycles} warm cycles of 6 lock+release and an extend on cluster masters"
+    );
+}
