@@ -39,7 +39,7 @@ if [ "${REDLOCK_TEST_VALKEY:-1}" != 0 ]; then
     suites=(
         harness cluster_harness hostile bad_input torture engine lifecycle lost safety
         api_input shared tracing alloc_engine alloc_shared shared_shutdown transports hot
-        sim_findings waiting liveness_wait liveness_net ops sim_table cli cluster
+        sim_findings waiting liveness_wait liveness_net ops sim_table cli cluster alloc_cluster
     )
     args=()
     for suite in "${suites[@]}"; do args+=(--test "$suite"); done
