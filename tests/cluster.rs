@@ -401,3 +401,116 @@ fn a_waiter_on_cluster_masters_is_woken_by_the_release() {
     );
     assert!(lock.attempts() >= 2, "refused first: {}", lock.attempts());
 }
+
+#[test]
+fn scripts_flushed_on_one_shard_are_sent_again_in_full() {
+    let clusters: Vec<LocalCluster> = (0..3).map(|_| cluster()).collect();
+    let mut client = Redlock::builder()
+        .masters(clusters.iter().map(LocalCluster::seed_url))
+        .retry_count(0)
+        .node_timeout(ROUND)
+        .build()
+        .unwrap();
+    let key = keys_on(&clusters[0], 1, 1, "flushed:").remove(0);
+    let lock = client.try_lock(&key, Duration::from_secs(10)).unwrap();
+    for c in &clusters {
+        let n = c.primary_of_key(key.as_bytes()).unwrap();
+        assert!(c.node(n).cmd(&[b"SCRIPT", b"FLUSH"]).unwrap().is_ok());
+    }
+    // The release is a script: -NOSCRIPT on that shard, then EVAL there (the handshake
+    // loaded the scripts on every shard; one flushed them since).
+    client.release(lock).unwrap();
+    for c in &clusters {
+        let n = c.primary_of_key(key.as_bytes()).unwrap();
+        assert_eq!(holders(c, &key), [(n, None)], "released");
+    }
+    let noscript: u64 = client.stats().iter().map(|s| s.noscript()).sum();
+    assert_eq!(noscript, 3, "one -NOSCRIPT per master");
+}
+
+#[test]
+fn resharding_a_hot_slot_keeps_mutual_exclusion() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let mut clusters: Vec<LocalCluster> = (0..3).map(|_| cluster()).collect();
+    let urls: Vec<String> = clusters.iter().map(LocalCluster::seed_url).collect();
+    // Two names in one slot (one hash tag), four clients on them.
+    let names: Arc<Vec<String>> = Arc::new((0..2).map(|i| format!("{{hot}}:{i}")).collect());
+    let slot = key_slot(b"hot");
+    let holders_now: Arc<Vec<AtomicUsize>> =
+        Arc::new((0..4).map(|_| AtomicUsize::new(0)).collect());
+    let (stop, grants, overlaps) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let threads: Vec<_> = (1..=4)
+        .map(|me| {
+            let (urls, names, holders_now) = (urls.clone(), names.clone(), holders_now.clone());
+            let (stop, grants, overlaps) = (stop.clone(), grants.clone(), overlaps.clone());
+            std::thread::spawn(move || {
+                let mut c = Redlock::builder()
+                    .masters(&urls)
+                    .node_timeout(ROUND)
+                    .retry_delay(Duration::from_millis(20))
+                    .retry_count(5)
+                    .build()
+                    .unwrap();
+                let mut k = me;
+                while !stop.load(Ordering::SeqCst) {
+                    k = (k * 7 + 3) % names.len();
+                    // `try_lock`: the waiting acquire's line keys are built inside its script,
+                    // undeclared, so a migration copies them twice (BUSYKEY) until issue 22's
+                    // key layout declares them.
+                    let Ok(lock) = c.try_lock(&names[k], Duration::from_secs(10)) else {
+                        std::thread::yield_now();
+                        continue;
+                    };
+                    if holders_now[k].swap(me, Ordering::SeqCst) != 0 {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    grants.fetch_add(1, Ordering::SeqCst);
+                    // A critical section long enough for a second holder to show.
+                    std::thread::sleep(Duration::from_millis(5));
+                    if holders_now[k].swap(0, Ordering::SeqCst) != me {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    let _ = c.release(lock);
+                }
+            })
+        })
+        .collect();
+    // Move the hot slot around every cluster at once, keys and all, while it is locked:
+    // every master is migrating it at the same time (-ASK for the names not moved yet),
+    // then every master has moved it (-MOVED for a client's old map).
+    let before = grants.load(Ordering::SeqCst);
+    let mut owner: Vec<usize> = clusters
+        .iter()
+        .map(|c| c.primary_of_slot(slot).unwrap())
+        .collect();
+    for _ in 0..4 {
+        let migrations: Vec<_> = clusters
+            .iter_mut()
+            .zip(&owner)
+            .map(|(c, o)| c.begin_slot_migration(slot, (o + 1) % 3).unwrap())
+            .collect();
+        for (c, m) in clusters.iter_mut().zip(&migrations) {
+            c.migrate_slot_keys(m).unwrap();
+        }
+        for ((c, m), o) in clusters.iter_mut().zip(migrations).zip(owner.iter_mut()) {
+            *o = m.to();
+            c.finish_slot_migration(m).unwrap();
+        }
+    }
+    let during = grants.load(Ordering::SeqCst) - before;
+    stop.store(true, Ordering::SeqCst);
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(
+        overlaps.load(Ordering::SeqCst),
+        0,
+        "two holders of one name at once"
+    );
+    assert!(during > 0, "no lock granted while the slot moved");
+}
