@@ -1024,6 +1024,8 @@ pub(crate) fn refuses(o: Outcome) -> bool {
             t.starts_with(b"ERR ") && !t.starts_with(b"ERR max number of clients")
         }
         Outcome::Failed(Fault::NotDurable | Fault::SameServer) => true,
+        // A cluster refuses the script's keys (several slots) every time.
+        o if crate::common::cross_slot(o) => true,
         _ => false,
     }
 }
