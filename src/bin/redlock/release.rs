@@ -74,13 +74,6 @@ pub fn main(args: ReleaseArgs) -> u8 {
             return exit::OSERR;
         }
     };
-    if seen
-        .masters()
-        .iter()
-        .any(|m| crate::common::cross_slot(m.outcome()))
-    {
-        say!("{}", crate::common::CROSS_SLOT_HINT);
-    }
     // Masters that refuse this client whatever it does (a wrong password, an ACL without
     // the key, an untrusted certificate), so many that no quorum is left: a configuration
     // error, which --yes cannot cure. (It said "cannot tell who holds it ... pass --yes",
