@@ -1,6 +1,8 @@
 //! A blocking connection to one master for the commands that are no lock operation
-//! (`redlock list`'s `SCAN`): TCP, TLS over TCP or a Unix socket, authenticated and on the
-//! URL's database, every step bounded by a deadline.
+//! (`redlock list`'s `SCAN`, `redlock bench`'s `INFO`): TCP, TLS over TCP or a Unix socket,
+//! authenticated and on the URL's database, every step bounded by a deadline. A cluster
+//! master is a session per shard primary ([`shards`], [`Master`]), keyed requests routed
+//! by slot.
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
