@@ -13,7 +13,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use nix::sys::resource::{getrusage, UsageWho};
 use nix::sys::time::TimeValLike;
 use redlock_mux::local::{
-    cpu_list, pin_current_thread, set_current_thread_cpus, split_cpus, LocalMasters,
+    cpu_list, pin_current_thread, set_current_thread_cpus, split_cpus, LocalCluster, LocalMasters,
 };
 use redlock_mux::{Error, Lock, LockGuard, Redlock, SharedRedlock, WaitMode};
 use signal_hook::consts::{SIGINT, SIGTERM};
@@ -69,6 +69,15 @@ pub struct BenchArgs {
     /// Local masters to start when no masters are given.
     #[arg(short, long, value_name = "N", default_value_t = 5)]
     local: usize,
+    /// Make each local master a Redis Cluster of S shard primaries (named
+    /// redis+cluster://; 0: single servers).
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    local_shards: usize,
+    /// Limit every local server (each shard primary with --local-shards) to CORES of a
+    /// CPU's time (0.1: 10% of a core) with a cgroup v1 CPU quota, so that the servers, not
+    /// the machine, bound the rate (Linux; root or a delegated cgroup).
+    #[arg(long, value_name = "CORES")]
+    shard_cpu: Option<f64>,
     /// Client threads, each with its own client and connections.
     #[arg(short, long, value_name = "C", default_value_t = 1)]
     clients: usize,
@@ -404,6 +413,51 @@ pub fn main(args: BenchArgs) -> u8 {
         }
     }
     let mut local = None;
+    if !urls.is_empty() && (args.local_shards > 0 || args.shard_cpu.is_some()) {
+        say!(
+            "--local-shards and --shard-cpu only work with the local masters the bench starts \
+             itself: drop --masters / REDLOCK_MASTERS"
+        );
+        return exit::USAGE;
+    }
+    if args
+        .shard_cpu
+        .is_some_and(|c| !(c.is_finite() && c >= 0.01))
+    {
+        say!("--shard-cpu must be a share of a core of 0.01 (1%) or more, such as 0.1");
+        return exit::USAGE;
+    }
+    if urls.is_empty() && args.local_shards > 0 {
+        if pinning.is_some() {
+            say!("--pin does not work with --local-shards (the clusters' nodes are not pinned)");
+            return exit::USAGE;
+        }
+        if args.local == 0 {
+            say!("--local must be at least 1 when no masters are given");
+            return exit::USAGE;
+        }
+        if !args.json {
+            say!(
+                "starting {} local clusters of {} shard primar{} each{}",
+                args.local,
+                args.local_shards,
+                if args.local_shards == 1 { "y" } else { "ies" },
+                args.shard_cpu
+                    .map(|c| format!(", each primary limited to {c} of a core"))
+                    .unwrap_or_default()
+            );
+        }
+        match start_clusters(args.local, args.local_shards, args.shard_cpu) {
+            Ok(c) => {
+                urls = c.iter().map(LocalCluster::seed_url).collect();
+                local = Some(Local::Clusters(c));
+            }
+            Err((code, e)) => {
+                say!("{e}");
+                return code;
+            }
+        }
+    }
     if urls.is_empty() {
         if args.local == 0 {
             say!("--local must be at least 1 when no masters are given");
@@ -425,9 +479,17 @@ pub fn main(args: BenchArgs) -> u8 {
             None => LocalMasters::start(args.local),
         };
         match started {
-            Ok(m) => {
+            Ok(mut m) => {
+                if let Some(cores) = args.shard_cpu {
+                    for master in m.iter_mut() {
+                        if let Err(e) = master.limit_cpu(cores) {
+                            say!("--shard-cpu: cannot limit a local master's CPU: {e}");
+                            return exit::OSERR;
+                        }
+                    }
+                }
                 urls = m.urls();
-                local = Some(m);
+                local = Some(Local::Masters(m));
             }
             Err(e) => {
                 say!("cannot start local masters: {e}");
@@ -435,9 +497,13 @@ pub fn main(args: BenchArgs) -> u8 {
             }
         }
     }
-    let local_pids: Option<Vec<u32>> = local
-        .as_ref()
-        .map(|m| m.iter().filter_map(|x| x.pid()).collect());
+    let local_pids: Option<Vec<u32>> = local.as_ref().map(|l| match l {
+        Local::Masters(m) => m.iter().filter_map(|x| x.pid()).collect(),
+        Local::Clusters(c) => c
+            .iter()
+            .flat_map(|c| c.nodes().iter().filter_map(|x| x.pid()))
+            .collect(),
+    });
     let code = bench(
         &args,
         &urls,
@@ -449,6 +515,58 @@ pub fn main(args: BenchArgs) -> u8 {
     // Stop the local masters before exiting (also after Ctrl-C).
     drop(local);
     code
+}
+
+/// The local servers the bench started: single servers, or clusters.
+enum Local {
+    Masters(LocalMasters),
+    Clusters(Vec<LocalCluster>),
+}
+
+/// `n` local clusters of `shards` primaries each (started side by side), every primary
+/// under a CPU quota of `cpu` cores when given.
+fn start_clusters(
+    n: usize,
+    shards: usize,
+    cpu: Option<f64>,
+) -> Result<Vec<LocalCluster>, (u8, String)> {
+    let started: Vec<std::io::Result<LocalCluster>> = thread::scope(|s| {
+        let starts: Vec<_> = (0..n)
+            .map(|_| s.spawn(move || LocalCluster::start_with(shards, 0, &[])))
+            .collect();
+        starts
+            .into_iter()
+            .map(|h| h.join().expect("a cluster start panicked"))
+            .collect()
+    });
+    let mut clusters = Vec::with_capacity(n);
+    for c in started {
+        clusters.push(c.map_err(|e| {
+            (
+                exit::UNAVAILABLE,
+                format!("cannot start a local cluster: {e}"),
+            )
+        })?);
+    }
+    if let Some(cores) = cpu {
+        for c in &mut clusters {
+            let primaries = c.primaries().map_err(|e| {
+                (
+                    exit::UNAVAILABLE,
+                    format!("cannot read a local cluster's primaries: {e}"),
+                )
+            })?;
+            for i in primaries {
+                c.node_mut(i).limit_cpu(cores).map_err(|e| {
+                    (
+                        exit::OSERR,
+                        format!("--shard-cpu: cannot limit a shard primary's CPU: {e}"),
+                    )
+                })?;
+            }
+        }
+    }
+    Ok(clusters)
 }
 
 fn bench(
@@ -593,7 +711,8 @@ fn bench(
 
     // What the masters have done so far (CPU time, commands run): the run's share is the
     // difference with the same taken after it.
-    let servers0 = server_samples(args, urls);
+    let nodes = sample_nodes(args, urls);
+    let servers0 = nodes.as_ref().and_then(server_samples);
     barrier.wait();
     let usage0 = getrusage(UsageWho::RUSAGE_SELF).ok();
     let t0 = Instant::now();
@@ -629,7 +748,7 @@ fn bench(
     // Includes the shared client's loop thread and the tasks' runtime workers.
     let usage1 = getrusage(UsageWho::RUSAGE_SELF).ok();
     let servers = servers0.and_then(|a| {
-        let b = server_samples(args, urls)?;
+        let b = server_samples(nodes.as_ref()?)?;
         Some(
             a.iter()
                 .zip(&b)
@@ -1337,7 +1456,7 @@ struct Report<'a> {
     /// User and system CPU time of this process during the run, in µs.
     cpu: Option<(f64, f64)>,
     /// What each master did during the run (`None`: a master would not say).
-    servers: Option<&'a [ServerSample]>,
+    servers: Option<&'a [MasterSample]>,
     check: &'a Check,
     waiting: &'a Waiting,
 }
@@ -1370,7 +1489,7 @@ impl Report<'_> {
 
     /// The masters' CPU time and commands per cycle: summed over the masters, and each
     /// master's own.
-    fn servers_json(&self, servers: &[ServerSample]) -> serde_json::Value {
+    fn servers_json(&self, servers: &[MasterSample]) -> serde_json::Value {
         let round = |v: f64| (v * 1000.0).round() / 1000.0;
         let commands = |calls: &std::collections::BTreeMap<String, u64>| {
             let mut m = serde_json::Map::new();
@@ -1381,18 +1500,31 @@ impl Report<'_> {
         };
         let mut total = std::collections::BTreeMap::new();
         for s in servers {
-            for (name, n) in &s.calls {
+            for (name, n) in &s.total.calls {
                 *total.entry(name.clone()).or_insert(0) += n;
             }
         }
-        let cpu: f64 = servers.iter().map(|s| s.cpu_us).sum();
+        let cpu: f64 = servers.iter().map(|s| s.total.cpu_us).sum();
+        let shard = |name: &String, s: &ServerSample, of: u64| {
+            serde_json::json!({
+                "node": name,
+                "operations": operations(s),
+                "share": round(operations(s) as f64 / of.max(1) as f64),
+                "cpu_us_per_cycle": (self.per_cycle(s.cpu_us) * 10.0).round() / 10.0,
+                "commands_per_cycle": commands(&s.calls),
+            })
+        };
         serde_json::json!({
             "cpu_us_per_cycle": (self.per_cycle(cpu) * 10.0).round() / 10.0,
             "commands_per_cycle": commands(&total),
             "per_master": servers.iter().zip(self.masters).map(|(s, name)| serde_json::json!({
                 "master": name,
-                "cpu_us_per_cycle": (self.per_cycle(s.cpu_us) * 10.0).round() / 10.0,
-                "commands_per_cycle": commands(&s.calls),
+                "cpu_us_per_cycle": (self.per_cycle(s.total.cpu_us) * 10.0).round() / 10.0,
+                "operations": operations(&s.total),
+                "commands_per_cycle": commands(&s.total.calls),
+                "shards": (!s.shards.is_empty()).then(|| s.shards.iter()
+                    .map(|(n, x)| shard(n, x, operations(&s.total)))
+                    .collect::<Vec<_>>()),
             })).collect::<Vec<_>>(),
         })
     }
@@ -1407,7 +1539,14 @@ impl Report<'_> {
                 "total": (self.per_cycle(u + s) * 10.0).round() / 10.0,
             })
         });
-        serde_json::json!({
+        // Set apart: one more field in the json! below runs into the macro's recursion limit.
+        let local_servers = self.local.map(|_| {
+            serde_json::json!({
+                "shards_per_master": (self.args.local_shards > 0).then_some(self.args.local_shards),
+                "cpu_cores_each": self.args.shard_cpu,
+            })
+        });
+        let mut report = serde_json::json!({
             "masters": self.masters,
             "local_masters": self.local.is_some(),
             "local_master_pids": self.local,
@@ -1458,7 +1597,9 @@ impl Report<'_> {
                 "holds_past_validity": t.overran,
                 "details": self.check.details,
             },
-        })
+        });
+        report["local_servers"] = local_servers.into();
+        report
     }
 
     fn print(&self) {
@@ -1493,6 +1634,22 @@ impl Report<'_> {
             self.elapsed.as_secs_f64(),
             if a.busy_poll { ", busy-poll" } else { "" },
         );
+        if self.local.is_some() && (a.local_shards > 0 || a.shard_cpu.is_some()) {
+            out!(
+                "local servers: {}{}",
+                if a.local_shards > 0 {
+                    format!(
+                        "each master a cluster of {} shard primaries",
+                        a.local_shards
+                    )
+                } else {
+                    "single servers".to_string()
+                },
+                a.shard_cpu
+                    .map(|c| format!(", each server's CPU limited to {c} of a core (cgroup quota)"))
+                    .unwrap_or_default()
+            );
+        }
         if a.wait_mode != WaitArg::Spin {
             out!(
                 "waiting: lock() with WaitMode::{}{}, default retries (10 x 200 ms +- 100 ms)",
@@ -1587,10 +1744,10 @@ impl Report<'_> {
             );
         }
         if let Some(servers) = self.servers {
-            let cpu: f64 = servers.iter().map(|s| s.cpu_us).sum();
+            let cpu: f64 = servers.iter().map(|s| s.total.cpu_us).sum();
             let mut calls = std::collections::BTreeMap::new();
             for s in servers {
-                for (name, n) in &s.calls {
+                for (name, n) in &s.total.calls {
                     *calls.entry(name.as_str()).or_insert(0u64) += n;
                 }
             }
@@ -1607,6 +1764,31 @@ impl Report<'_> {
                 servers.len(),
                 commands.join(", ")
             );
+            // Cluster masters: how the operations spread over the shard primaries.
+            for (s, name) in servers.iter().zip(self.masters) {
+                if s.shards.is_empty() {
+                    continue;
+                }
+                let all = operations(&s.total).max(1) as f64;
+                let each: Vec<String> = s
+                    .shards
+                    .iter()
+                    .map(|(node, x)| {
+                        format!(
+                            "{node} {} ({:.0}%, {:.1} µs CPU/cycle)",
+                            thousands(operations(x)),
+                            100.0 * operations(x) as f64 / all,
+                            self.per_cycle(x.cpu_us)
+                        )
+                    })
+                    .collect();
+                out!(
+                    "shards        {name}: {} shard{}, operations {}",
+                    s.shards.len(),
+                    if s.shards.len() == 1 { "" } else { "s" },
+                    each.join(", ")
+                );
+            }
         }
         if self.check.ok() {
             out!(
@@ -1742,35 +1924,113 @@ impl ServerSample {
     }
 }
 
-/// Every master's [`ServerSample`] now, over a connection of its own (`None` when one
-/// cannot be reached or will not say: then the report has no `servers`).
-fn server_samples(args: &BenchArgs, urls: &[String]) -> Option<Vec<ServerSample>> {
-    use crate::conn::{tls_setup, Session, Val};
+/// What one master did: its [`ServerSample`], summed over its shard primaries for a
+/// cluster master, and each shard's own (`host:port`; empty for a single server).
+struct MasterSample {
+    total: ServerSample,
+    shards: Vec<(String, ServerSample)>,
+}
+
+impl MasterSample {
+    fn since(&self, earlier: &MasterSample) -> MasterSample {
+        MasterSample {
+            total: self.total.since(&earlier.total),
+            shards: self
+                .shards
+                .iter()
+                .zip(&earlier.shards)
+                .map(|((name, b), (_, a))| (name.clone(), b.since(a)))
+                .collect(),
+        }
+    }
+}
+
+/// The nodes whose `INFO` makes each master's sample: the server itself, or every shard
+/// primary of a cluster master (found once, before the run, with `CLUSTER SHARDS`, or
+/// `CLUSTER SLOTS` before Redis 7).
+struct SampleNodes {
+    tls: crate::conn::Tls,
+    /// Per master: is it a cluster, and its nodes (`host:port`, the node as a master).
+    masters: Vec<(bool, Vec<(String, redlock_mux::MasterSpec)>)>,
+}
+
+/// The nodes to sample (`None`, with a warning for a cluster whose shards cannot be
+/// found: then the report has no `servers`).
+fn sample_nodes(args: &BenchArgs, urls: &[String]) -> Option<SampleNodes> {
     let specs = urls
         .iter()
         .map(|u| redlock_mux::MasterSpec::parse(u).ok())
         .collect::<Option<Vec<_>>>()?;
-    let tls = tls_setup(&args.masters, &specs).ok()?;
+    let tls = crate::conn::tls_setup(&args.masters, &specs).ok()?;
     let deadline = Instant::now() + Duration::from_secs(2);
-    let mut out = Vec::with_capacity(specs.len());
-    for spec in &specs {
-        let mut s = Session::open(spec, deadline, &tls).ok()?;
-        let replies = s
-            .pipeline(&[
-                vec!["INFO".into(), "cpu".into()],
-                vec!["INFO".into(), "commandstats".into()],
-            ])
-            .ok()?;
-        let text = |v: &Val| match v {
-            Val::Bulk(Some(b)) => Some(String::from_utf8_lossy(b).into_owned()),
-            _ => None,
+    let mut masters = Vec::with_capacity(specs.len());
+    for spec in specs {
+        if !spec.cluster {
+            masters.push((false, vec![(spec.to_string(), spec)]));
+            continue;
+        }
+        match crate::conn::shards(&spec, deadline, &tls) {
+            Ok(shards) => masters.push((
+                true,
+                shards.into_iter().map(|s| (s.name(), s.spec)).collect(),
+            )),
+            Err(e) => {
+                if !args.json {
+                    say!("no server figures: cannot find the shards of {spec}: {e}");
+                }
+                return None;
+            }
+        }
+    }
+    Some(SampleNodes { tls, masters })
+}
+
+/// Every master's [`MasterSample`] now, over a connection of its own to each node (`None`
+/// when one cannot be reached or will not say: then the report has no `servers`).
+fn server_samples(nodes: &SampleNodes) -> Option<Vec<MasterSample>> {
+    use crate::conn::{Session, Val};
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut out = Vec::with_capacity(nodes.masters.len());
+    for (cluster, list) in &nodes.masters {
+        let mut total = ServerSample {
+            cpu_us: 0.0,
+            calls: std::collections::BTreeMap::new(),
         };
-        out.push(ServerSample::parse(
-            &text(&replies[0])?,
-            &text(&replies[1])?,
-        )?);
+        let mut shards = Vec::new();
+        for (name, spec) in list {
+            let mut s = Session::open(spec, deadline, &nodes.tls).ok()?;
+            let replies = s
+                .pipeline(&[
+                    vec!["INFO".into(), "cpu".into()],
+                    vec!["INFO".into(), "commandstats".into()],
+                ])
+                .ok()?;
+            let text = |v: &Val| match v {
+                Val::Bulk(Some(b)) => Some(String::from_utf8_lossy(b).into_owned()),
+                _ => None,
+            };
+            let sample = ServerSample::parse(&text(&replies[0])?, &text(&replies[1])?)?;
+            total.cpu_us += sample.cpu_us;
+            for (k, n) in &sample.calls {
+                *total.calls.entry(k.clone()).or_insert(0) += n;
+            }
+            if *cluster {
+                shards.push((name.clone(), sample));
+            }
+        }
+        out.push(MasterSample { total, shards });
     }
     Some(out)
+}
+
+/// A node's operations: every command it ran, those of scripts included, except the
+/// samples' own `INFO` and the clients' cluster discovery (`CLUSTER ...`).
+fn operations(s: &ServerSample) -> u64 {
+    s.calls
+        .iter()
+        .filter(|(name, _)| !name.starts_with("cluster"))
+        .map(|(_, n)| n)
+        .sum()
 }
 
 #[cfg(test)]

@@ -111,6 +111,18 @@ pub fn warn_same_servers(stats: &[redlock_mux::MasterStats]) -> bool {
     warned
 }
 
+/// Whether a master's outcome is a cluster's refusal of a script whose keys are in several
+/// slots.
+pub fn cross_slot(o: redlock_mux::Outcome) -> bool {
+    matches!(o, redlock_mux::Outcome::Failed(redlock_mux::Fault::Redis(t)) if t.starts_with(b"CROSSSLOT"))
+}
+
+/// What a `CROSSSLOT` refusal means, said once.
+pub const CROSS_SLOT_HINT: &str = "a cluster master refused a script whose keys hash to several \
+slots (CROSSSLOT): this version's scripts for status, release --force, --fencing, \
+multi-resource locks and waiting in line touch auxiliary keys (redlock-mux:...) outside the \
+lock key's slot; on cluster masters only plain locks work for now";
+
 #[cfg(test)]
 mod tests {
     use super::*;

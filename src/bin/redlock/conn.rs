@@ -1,6 +1,8 @@
 //! A blocking connection to one master for the commands that are no lock operation
-//! (`redlock list`'s `SCAN`): TCP, TLS over TCP or a Unix socket, authenticated and on the
-//! URL's database, every step bounded by a deadline.
+//! (`redlock list`'s `SCAN`, `redlock bench`'s `INFO`): TCP, TLS over TCP or a Unix socket,
+//! authenticated and on the URL's database, every step bounded by a deadline. A cluster
+//! master is a session per shard primary ([`shards`], [`Master`]), keyed requests routed
+//! by slot.
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
@@ -263,5 +265,356 @@ pub fn io_words(e: &io::Error, waited: Duration) -> String {
             format!("no answer within {}", crate::common::human_duration(waited))
         }
         _ => e.to_string(),
+    }
+}
+
+/// A reply's text: a simple string or a bulk string.
+fn text(v: &Val) -> Option<&[u8]> {
+    match v {
+        Val::Simple(s) | Val::Bulk(Some(s)) => Some(s),
+        _ => None,
+    }
+}
+
+/// A reply's number: an integer, or a string holding one.
+fn int(v: &Val) -> Option<i64> {
+    match v {
+        Val::Int(n) => Some(*n),
+        _ => std::str::from_utf8(text(v)?).ok()?.parse().ok(),
+    }
+}
+
+fn slot(n: i64) -> Option<u16> {
+    u16::try_from(n)
+        .ok()
+        .filter(|s| usize::from(*s) < redlock_mux::slot::SLOTS)
+}
+
+/// One shard primary of a cluster master: where it listens (as a one-node master, with
+/// the cluster's user, password and TLS) and the slot ranges it serves.
+#[derive(Debug, Clone)]
+pub struct Shard {
+    pub spec: MasterSpec,
+    pub ranges: Vec<(u16, u16)>,
+}
+
+impl Shard {
+    /// `host:port`.
+    pub fn name(&self) -> String {
+        self.spec.to_string()
+    }
+
+    fn serves(&self, slot: u16) -> bool {
+        self.ranges.iter().any(|(s, e)| (*s..=*e).contains(&slot))
+    }
+}
+
+/// `spec` (a cluster's) as a one-node master at `endpoint`.
+fn node_spec(spec: &MasterSpec, endpoint: Endpoint) -> MasterSpec {
+    let mut node = spec.clone();
+    node.endpoint = endpoint;
+    node.cluster = false;
+    node.seeds = Vec::new();
+    node
+}
+
+fn bad_map(what: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("unexpected cluster map: {what}"),
+    )
+}
+
+/// A cluster master's shard primaries, asked of its first seed that answers: `CLUSTER
+/// SHARDS` (Redis 7+, Valkey), `CLUSTER SLOTS` where that is refused. A seed that is no
+/// cluster node is an `InvalidInput` error that says so.
+pub fn shards(spec: &MasterSpec, deadline: Instant, tls: &Tls) -> io::Result<Vec<Shard>> {
+    let mut last = None;
+    for seed in std::iter::once(&spec.endpoint).chain(&spec.seeds) {
+        let node = node_spec(spec, seed.clone());
+        let found = Session::open(&node, deadline, tls).and_then(|mut s| slot_map(&mut s, &node));
+        match found {
+            Ok(shards) => return Ok(shards),
+            Err(e) if e.kind() == io::ErrorKind::InvalidInput => return Err(e),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::other("no seed")))
+}
+
+fn slot_map(s: &mut Session, seed: &MasterSpec) -> io::Result<Vec<Shard>> {
+    let seed_host = match &seed.endpoint {
+        Endpoint::Tcp { host, .. } => host.clone(),
+        Endpoint::Unix(_) => String::new(),
+    };
+    let node = |host: &[u8], port: i64| -> io::Result<MasterSpec> {
+        let port = u16::try_from(port)
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| bad_map("a primary without a port"))?;
+        let host = match host {
+            b"" | b"?" => seed_host.clone(),
+            h => String::from_utf8_lossy(h).into_owned(),
+        };
+        Ok(node_spec(seed, Endpoint::Tcp { host, port }))
+    };
+    let reply = s.pipeline(&[vec![Arg::from("CLUSTER"), Arg::from("SHARDS")]])?;
+    let shards = match reply.into_iter().next() {
+        Some(Val::Array(shards)) => shards,
+        Some(Val::Error(e)) if e.contains("cluster support disabled") => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{seed} is not a cluster node ({e}): name it redis://, not redis+cluster://"
+                ),
+            ))
+        }
+        // Before Redis 7: no CLUSTER SHARDS.
+        Some(Val::Error(_)) => return slots_map(s, &node),
+        other => return Err(bad_map(&format!("CLUSTER SHARDS answered {other:?}"))),
+    };
+    let mut out = Vec::new();
+    for shard in &shards {
+        let Val::Array(fields) = shard else {
+            return Err(bad_map("a shard is not a map"));
+        };
+        let (mut ranges, mut primary) = (Vec::new(), None);
+        for kv in fields.chunks(2) {
+            match (text(&kv[0]), kv.get(1)) {
+                (Some(b"slots"), Some(Val::Array(a))) => {
+                    for r in a.chunks(2) {
+                        let (Some(s), Some(e)) = (
+                            int(&r[0]).and_then(slot),
+                            r.get(1).and_then(int).and_then(slot),
+                        ) else {
+                            return Err(bad_map("a slot range"));
+                        };
+                        ranges.push((s, e));
+                    }
+                }
+                (Some(b"nodes"), Some(Val::Array(nodes))) => {
+                    for n in nodes {
+                        let Val::Array(f) = n else { continue };
+                        let get = |k: &[u8]| {
+                            f.chunks(2)
+                                .find(|kv| text(&kv[0]) == Some(k))
+                                .and_then(|kv| kv.get(1))
+                        };
+                        let role = get(b"role").and_then(text);
+                        let health = get(b"health").and_then(text);
+                        if role != Some(b"master") || health.is_some_and(|h| h != b"online") {
+                            continue;
+                        }
+                        let port = if seed.tls {
+                            get(b"tls-port").and_then(int).filter(|p| *p != 0)
+                        } else {
+                            None
+                        }
+                        .or_else(|| get(b"port").and_then(int))
+                        .unwrap_or(0);
+                        let host = get(b"endpoint")
+                            .or_else(|| get(b"ip"))
+                            .and_then(text)
+                            .unwrap_or(b"?");
+                        primary = Some(node(host, port)?);
+                    }
+                }
+                _ => {}
+            }
+        }
+        if let (Some(spec), false) = (primary, ranges.is_empty()) {
+            out.push(Shard { spec, ranges });
+        }
+    }
+    Ok(out)
+}
+
+/// `CLUSTER SLOTS`: `[start, end, [host, port, id, ...], replicas...]` per range, merged
+/// by primary.
+fn slots_map(
+    s: &mut Session,
+    node: &dyn Fn(&[u8], i64) -> io::Result<MasterSpec>,
+) -> io::Result<Vec<Shard>> {
+    let reply = s.pipeline(&[vec![Arg::from("CLUSTER"), Arg::from("SLOTS")]])?;
+    let entries = match reply.into_iter().next() {
+        Some(Val::Array(e)) => e,
+        Some(Val::Error(e)) => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("not a cluster node: CLUSTER SLOTS answered {e}"),
+            ))
+        }
+        other => return Err(bad_map(&format!("CLUSTER SLOTS answered {other:?}"))),
+    };
+    let mut out: Vec<Shard> = Vec::new();
+    for e in &entries {
+        let Val::Array(e) = e else {
+            return Err(bad_map("a slot range is not an array"));
+        };
+        let (Some(s), Some(end), Some(Val::Array(n))) = (
+            e.first().and_then(int).and_then(slot),
+            e.get(1).and_then(int).and_then(slot),
+            e.get(2),
+        ) else {
+            return Err(bad_map("a slot range without its primary"));
+        };
+        let spec = node(
+            n.first().and_then(text).unwrap_or(b"?"),
+            n.get(1).and_then(int).unwrap_or(0),
+        )?;
+        match out.iter_mut().find(|sh| sh.spec == spec) {
+            Some(sh) => sh.ranges.push((s, end)),
+            None => out.push(Shard {
+                spec,
+                ranges: vec![(s, end)],
+            }),
+        }
+    }
+    Ok(out)
+}
+
+/// A master for requests outside the lock protocol: one session, or for a cluster master
+/// one session per shard primary (opened when first needed), keyed requests routed to the
+/// shard that serves their key's slot, a `-MOVED` or `-ASK` followed once.
+pub enum Master {
+    One(Session),
+    Cluster {
+        shards: Vec<Shard>,
+        sessions: Vec<Option<Session>>,
+        deadline: Instant,
+        tls: Tls,
+    },
+}
+
+/// A `-MOVED slot host:port` or `-ASK slot host:port` answer.
+fn redirect(e: &str) -> Option<(bool, String)> {
+    let mut w = e.split(' ');
+    let ask = match w.next()? {
+        "MOVED" => false,
+        "ASK" => true,
+        _ => return None,
+    };
+    let _slot = w.next()?;
+    Some((ask, w.next()?.to_string()))
+}
+
+impl Master {
+    /// Connect (a cluster: discover its shards; their sessions open when first used).
+    pub fn open(spec: &MasterSpec, deadline: Instant, tls: &Tls) -> io::Result<Master> {
+        if !spec.cluster {
+            return Session::open(spec, deadline, tls).map(Master::One);
+        }
+        let shards = shards(spec, deadline, tls)?;
+        Ok(Master::Cluster {
+            sessions: shards.iter().map(|_| None).collect(),
+            shards,
+            deadline,
+            tls: tls.clone(),
+        })
+    }
+
+    /// The nodes that hold the master's keys: 1, or a cluster's shard primaries.
+    pub fn nodes(&self) -> usize {
+        match self {
+            Master::One(_) => 1,
+            Master::Cluster { shards, .. } => shards.len(),
+        }
+    }
+
+    /// The name of node `i` for messages (`host:port`); `None` for a single server.
+    pub fn node_name(&self, i: usize) -> Option<String> {
+        match self {
+            Master::One(_) => None,
+            Master::Cluster { shards, .. } => shards.get(i).map(Shard::name),
+        }
+    }
+
+    /// The session to node `i`.
+    pub fn node(&mut self, i: usize) -> io::Result<&mut Session> {
+        match self {
+            Master::One(s) => Ok(s),
+            Master::Cluster {
+                shards,
+                sessions,
+                deadline,
+                tls,
+            } => {
+                if sessions[i].is_none() {
+                    sessions[i] = Some(Session::open(&shards[i].spec, *deadline, tls)?);
+                }
+                Ok(sessions[i].as_mut().expect("just opened"))
+            }
+        }
+    }
+
+    /// Send each keyed request (its key, the command) to the node that serves the key, in
+    /// one pipeline per node; follow a `-MOVED` or `-ASK` once. Replies in request order.
+    pub fn keyed(&mut self, requests: &[(&[u8], Vec<Arg<'_>>)]) -> io::Result<Vec<Val>> {
+        let owners: Vec<usize> = match self {
+            Master::One(s) => {
+                let commands: Vec<Vec<Arg<'_>>> = requests.iter().map(|(_, c)| c.clone()).collect();
+                return s.pipeline(&commands);
+            }
+            Master::Cluster { shards, .. } => requests
+                .iter()
+                .map(|(k, _)| {
+                    let slot = redlock_mux::slot::key_slot(k);
+                    shards.iter().position(|s| s.serves(slot)).ok_or_else(|| {
+                        io::Error::other(format!("slot {slot} is served by no shard primary"))
+                    })
+                })
+                .collect::<io::Result<_>>()?,
+        };
+        let mut replies: Vec<Option<Val>> = requests.iter().map(|_| None).collect();
+        for node in 0..self.nodes() {
+            let mine: Vec<usize> = (0..requests.len()).filter(|i| owners[*i] == node).collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let commands: Vec<Vec<Arg<'_>>> = mine.iter().map(|i| requests[*i].1.clone()).collect();
+            let got = self.node(node)?.pipeline(&commands)?;
+            for (i, v) in mine.into_iter().zip(got) {
+                replies[i] = Some(v);
+            }
+        }
+        for (i, reply) in replies.iter_mut().enumerate() {
+            let Some((ask, addr)) = reply.as_ref().and_then(|v| match v {
+                Val::Error(e) => redirect(e),
+                _ => None,
+            }) else {
+                continue;
+            };
+            let Master::Cluster {
+                deadline,
+                tls,
+                shards,
+                ..
+            } = &*self
+            else {
+                continue;
+            };
+            // `host:port`, an IPv6 host without brackets: the port is after the last colon.
+            let endpoint = addr
+                .rsplit_once(':')
+                .and_then(|(h, p)| {
+                    Some(Endpoint::Tcp {
+                        host: h.trim_start_matches('[').trim_end_matches(']').to_string(),
+                        port: p.parse().ok()?,
+                    })
+                })
+                .ok_or_else(|| bad_map(&format!("a redirect to {addr:?}")))?;
+            let spec = node_spec(&shards[0].spec, endpoint);
+            let mut s = Session::open(&spec, *deadline, tls)?;
+            let mut commands = Vec::new();
+            if ask {
+                commands.push(vec![Arg::from("ASKING")]);
+            }
+            commands.push(requests[i].1.clone());
+            *reply = s.pipeline(&commands)?.pop();
+        }
+        Ok(replies
+            .into_iter()
+            .map(|v| v.expect("every request answered"))
+            .collect())
     }
 }

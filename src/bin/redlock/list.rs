@@ -11,8 +11,8 @@ use clap::Args;
 use redlock_mux::resp::Arg;
 use redlock_mux::{Inspection, MasterSpec};
 
-use crate::common::{exit, say};
-use crate::conn::{io_words, tls_setup, Session, Tls, Val};
+use crate::common::{cross_slot, exit, say, CROSS_SLOT_HINT};
+use crate::conn::{io_words, tls_setup, Master, Tls, Val};
 use crate::status::{master_json, ttl_text};
 use crate::{duration, MasterArgs};
 
@@ -98,23 +98,63 @@ fn scan(spec: &MasterSpec, args: &ListArgs, deadline: Instant, tls: &Tls) -> Sca
         }
         _ => io_words(e, args.timeout),
     };
-    let mut s = match Session::open(spec, deadline, tls) {
-        Ok(s) => s,
+    let mut master = match Master::open(spec, deadline, tls) {
+        Ok(m) => m,
         Err(e) => {
             found.stopped = Some(words(&e));
             return found;
         }
     };
+    // A cluster master: every shard primary, one after the other (--max-keys and
+    // --timeout for them all).
+    for node in 0..master.nodes() {
+        if let Err(why) = scan_node(&mut master, node, args, deadline, &mut found) {
+            found.stopped = Some(match master.node_name(node) {
+                Some(name) => format!("shard {name}: {}", why.text(&words)),
+                None => why.text(&words),
+            });
+            return found;
+        }
+    }
+    found.complete = true;
+    found
+}
+
+/// Why a scan stopped early.
+enum Stop {
+    Io(io::Error),
+    Said(String),
+}
+
+impl Stop {
+    fn text(self, words: &dyn Fn(&io::Error) -> String) -> String {
+        match self {
+            Stop::Io(e) => words(&e),
+            Stop::Said(s) => s,
+        }
+    }
+}
+
+/// Scan one node of `master` (the server, or one shard primary) to the end.
+fn scan_node(
+    master: &mut Master,
+    node: usize,
+    args: &ListArgs,
+    deadline: Instant,
+    found: &mut Scan,
+) -> Result<(), Stop> {
     let mut cursor = b"0".to_vec();
     loop {
         if found.scanned >= args.max_keys {
-            found.stopped = Some(format!("stopped at --max-keys {}", args.max_keys));
-            return found;
+            return Err(Stop::Said(format!(
+                "stopped at --max-keys {}",
+                args.max_keys
+            )));
         }
         // No page asks for more than the keys left to --max-keys (COUNT is a hint: a page
         // may hold a few more).
         let count = u64::from(args.count).min(args.max_keys - found.scanned);
-        let page = s.pipeline(&[vec![
+        let page = master.node(node).map_err(Stop::Io)?.pipeline(&[vec![
             Arg::from("SCAN"),
             Arg::Bytes(&cursor),
             Arg::from("MATCH"),
@@ -127,23 +167,11 @@ fn scan(spec: &MasterSpec, args: &ListArgs, deadline: Instant, tls: &Tls) -> Sca
         let (next, keys) = match page.as_deref() {
             Ok([Val::Array(page)]) => match page.as_slice() {
                 [Val::Bulk(Some(next)), Val::Array(keys)] => (next.clone(), keys.clone()),
-                _ => {
-                    found.stopped = Some(format!("unexpected SCAN reply: {page:?}"));
-                    return found;
-                }
+                _ => return Err(Stop::Said(format!("unexpected SCAN reply: {page:?}"))),
             },
-            Ok([Val::Error(e)]) => {
-                found.stopped = Some(format!("SCAN refused: {e}"));
-                return found;
-            }
-            Ok(other) => {
-                found.stopped = Some(format!("unexpected SCAN reply: {other:?}"));
-                return found;
-            }
-            Err(e) => {
-                found.stopped = Some(words(e));
-                return found;
-            }
+            Ok([Val::Error(e)]) => return Err(Stop::Said(format!("SCAN refused: {e}"))),
+            Ok(other) => return Err(Stop::Said(format!("unexpected SCAN reply: {other:?}"))),
+            Err(e) => return Err(Stop::Io(io::Error::new(e.kind(), e.to_string()))),
         };
         let names: Vec<&[u8]> = keys
             .iter()
@@ -155,34 +183,27 @@ fn scan(spec: &MasterSpec, args: &ListArgs, deadline: Instant, tls: &Tls) -> Sca
             .collect();
         found.scanned += keys.len() as u64;
         if !names.is_empty() {
-            let gets: Vec<Vec<Arg<'_>>> = names
+            // Keyed: on a cluster, a key whose slot moved since the scan is asked where it
+            // lives now.
+            let gets: Vec<(&[u8], Vec<Arg<'_>>)> = names
                 .iter()
-                .map(|k| vec![Arg::from("GET"), Arg::Bytes(k)])
+                .map(|k| (*k, vec![Arg::from("GET"), Arg::Bytes(k)]))
                 .collect();
-            match s.pipeline(&gets) {
-                Ok(values) => {
-                    for (k, v) in names.iter().zip(values) {
-                        if matches!(v, Val::Bulk(Some(ref v)) if is_lock_value(v)) {
-                            found.locks.push(k.to_vec());
-                        }
-                    }
-                }
-                Err(e) => {
-                    found.stopped = Some(words(&e));
-                    return found;
+            let values = master.keyed(&gets).map_err(Stop::Io)?;
+            for (k, v) in names.iter().zip(values) {
+                if matches!(v, Val::Bulk(Some(ref v)) if is_lock_value(v)) {
+                    found.locks.push(k.to_vec());
                 }
             }
         }
         if next == b"0" {
-            found.complete = true;
-            return found;
+            return Ok(());
         }
         if Instant::now() >= deadline {
-            found.stopped = Some(format!(
+            return Err(Stop::Said(format!(
                 "stopped at --timeout {}",
                 humantime::format_duration(args.timeout)
-            ));
-            return found;
+            )));
         }
         cursor = next;
     }
@@ -256,8 +277,11 @@ pub fn main(args: ListArgs) -> u8 {
         let pending: Vec<_> = batch.iter().map(|r| shared.inspect(r)).collect();
         for p in pending {
             match p.wait() {
-                // Released since the scan: no longer a lock.
-                Ok(i) if i.holder().is_none() => {}
+                // Released since the scan: no longer a lock (unless a cluster master could
+                // not look: then it stays listed, its holder unknown).
+                Ok(i)
+                    if i.holder().is_none()
+                        && !i.masters().iter().any(|m| cross_slot(m.outcome())) => {}
                 Ok(i) => locks.push(i),
                 Err(e) => {
                     say!("{e}");
@@ -284,6 +308,12 @@ pub fn main(args: ListArgs) -> u8 {
             say!("cannot write the list: {e}");
             return exit::OSERR;
         }
+    }
+    if locks
+        .iter()
+        .any(|i| i.masters().iter().any(|m| cross_slot(m.outcome())))
+    {
+        say!("{CROSS_SLOT_HINT}");
     }
     for (spec, scan) in specs.iter().zip(&scans) {
         if let Some(why) = &scan.stopped {

@@ -1024,6 +1024,8 @@ pub(crate) fn refuses(o: Outcome) -> bool {
             t.starts_with(b"ERR ") && !t.starts_with(b"ERR max number of clients")
         }
         Outcome::Failed(Fault::NotDurable | Fault::SameServer) => true,
+        // A cluster refuses the script's keys (several slots) every time.
+        o if crate::common::cross_slot(o) => true,
         _ => false,
     }
 }
@@ -1049,6 +1051,9 @@ fn silent(o: Outcome) -> bool {
 pub(crate) fn hints(refusing: &[(&str, Outcome)], resource: &str) -> Vec<String> {
     let mut hints = Vec::new();
     let any = |f: &dyn Fn(Outcome) -> bool| refusing.iter().any(|(_, o)| f(*o));
+    if any(&crate::common::cross_slot) {
+        hints.push(crate::common::CROSS_SLOT_HINT.to_string());
+    }
     if any(&|o| matches!(o, Outcome::Failed(Fault::Handshake(_)))) {
         hints.push("check the user, password and database in the master URLs".to_string());
     }
@@ -1059,7 +1064,10 @@ pub(crate) fn hints(refusing: &[(&str, Outcome)], resource: &str) -> Vec<String>
              key pattern that covers {resource})"
         ));
     }
-    if any(&|o| matches!(o, Outcome::Failed(Fault::Redis(t)) if !t.starts_with(b"NOPERM"))) {
+    if any(&|o| {
+        matches!(o, Outcome::Failed(Fault::Redis(t)) if !t.starts_with(b"NOPERM"))
+            && !crate::common::cross_slot(o)
+    }) {
         hints.push("check the user and password in the master URLs".to_string());
     }
     if any(&|o| matches!(o, Outcome::Failed(Fault::Tls(TlsFault::Alert(_))))) {

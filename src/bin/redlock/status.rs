@@ -98,6 +98,13 @@ pub fn main(args: StatusArgs) -> u8 {
             return exit::OSERR;
         }
     }
+    if seen
+        .masters()
+        .iter()
+        .any(|m| crate::common::cross_slot(m.outcome()))
+    {
+        say!("{}", crate::common::CROSS_SLOT_HINT);
+    }
     if seen.masters().iter().all(MasterView::answered) {
         exit::OK
     } else {
