@@ -514,3 +514,55 @@ fn resharding_a_hot_slot_keeps_mutual_exclusion() {
     );
     assert!(during > 0, "no lock granted while the slot moved");
 }
+
+#[test]
+fn a_lock_on_cluster_masters_is_lost_at_once_when_a_quorum_deletes_it() {
+    // The watch (client-side tracking) on cluster masters: HELLO 3 and CLIENT TRACKING go
+    // to every shard, the read that arms it to the key's shard, and the shard's
+    // invalidation comes back through the cluster master's stream.
+    let clusters: Vec<LocalCluster> = (0..3).map(|_| cluster()).collect();
+    let mut c = Redlock::builder()
+        .masters(clusters.iter().map(LocalCluster::seed_url))
+        .node_timeout(ROUND)
+        .build()
+        .unwrap();
+    let key = keys_on(&clusters[0], 2, 1, "watched:").remove(0);
+    let tracked = |cl: &LocalCluster| {
+        let n = cl.primary_of_key(key.as_bytes()).unwrap();
+        let Ok(AdminReply::Bulk(Some(text))) = cl.node(n).cmd(&[b"INFO", b"stats"]) else {
+            panic!("INFO stats");
+        };
+        String::from_utf8_lossy(&text)
+            .lines()
+            .find_map(|l| l.strip_prefix("tracking_total_keys:"))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let held = c
+        .run_locked(&key, Duration::from_secs(30), |signal| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(3);
+            while !clusters.iter().all(|cl| tracked(cl) >= 1) {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the watch never armed"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            assert!(!signal.is_lost());
+            for cl in &clusters[..2] {
+                let n = cl.primary_of_key(key.as_bytes()).unwrap();
+                command(cl.node(n).addr(), &[b"DEL", key.as_bytes()], T).unwrap();
+            }
+            let deadline = std::time::Instant::now() + Duration::from_secs(3);
+            while !signal.is_lost() {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the loss was not heard"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+        .unwrap();
+    assert!(!held.held_throughout);
+    assert_eq!(held.extensions, 0, "found by the watch, not an extension");
+}
