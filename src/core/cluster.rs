@@ -419,6 +419,11 @@ pub(crate) struct ShardMux {
     /// A redirection named a node outside the map.
     stale: bool,
     limits: crate::resp::Limits,
+    /// A refresh of the map is on its way; it asks `CLUSTER SLOTS` (the server knew no
+    /// `CLUSTER SHARDS`); `tls`: a node's `tls-port` is its port.
+    refreshing: bool,
+    slots_only: bool,
+    tls: bool,
 }
 
 /// One shard primary's connection, as far as this layer goes: what to write, and which
@@ -440,6 +445,8 @@ enum Expect {
     },
     /// The `+OK` to an `ASKING` sent ahead of a redirected request.
     Asking,
+    /// The answer to a refresh of the map ([`ShardMux::refresh`]).
+    Refresh,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -628,6 +635,75 @@ impl ShardMux {
             sticky: None,
             stale: false,
             limits,
+            refreshing: false,
+            slots_only: false,
+            tls: false,
+        }
+    }
+
+    /// How the map is asked for again ([`ShardMux::refresh`]): `CLUSTER SLOTS` where the
+    /// discovery had to, and the TLS ports where the client speaks TLS.
+    pub(crate) fn set_refresh(&mut self, slots_only: bool, tls: bool) {
+        self.slots_only = slots_only;
+        self.tls = tls;
+    }
+
+    /// Ask the first shard for the map again, unless a refresh is on its way. Its answer
+    /// moves slots between the shards this layer knows (the slots a migration the client
+    /// never heard of moved: no `-MOVED` round trip for them any more); a map naming a
+    /// primary it does not know makes the connection [`stale`](ShardMux::stale).
+    pub(crate) fn refresh(&mut self) {
+        if self.refreshing || self.shards.is_empty() {
+            return;
+        }
+        self.refreshing = true;
+        let sub: &[u8] = if self.slots_only { b"SLOTS" } else { b"SHARDS" };
+        let sh = &mut self.shards[0];
+        crate::resp::encode_command(
+            &mut sh.out,
+            &[
+                crate::resp::Arg::Bytes(b"CLUSTER"),
+                crate::resp::Arg::Bytes(sub),
+            ],
+        );
+        sh.expect.push_back(Expect::Refresh);
+    }
+
+    /// The first shard's answer to a refresh.
+    fn refreshed(&mut self, frame: &Frame<'_>) {
+        self.refreshing = false;
+        let parsed = match frame {
+            Frame::Aggregate(_) if self.slots_only => parse_slots(frame),
+            Frame::Aggregate(_) => parse_shards(frame, self.tls),
+            // Refused (an ACL without CLUSTER, a node loading): the map stays.
+            _ => return,
+        };
+        let Ok(new) = parsed else { return };
+        let asked = self.shards[0].addr.host.clone();
+        // The new ranges by the shards this layer knows, in its order.
+        let mut ranges: Vec<Vec<(u16, u16)>> = vec![Vec::new(); self.shards.len()];
+        for sh in new {
+            let addr = sh.primary.or_host(&asked);
+            match self.shards.iter().position(|s| s.addr == addr) {
+                Some(k) => ranges[k].extend(sh.ranges),
+                None => {
+                    self.stale = true;
+                    return;
+                }
+            }
+        }
+        let infos = self
+            .shards
+            .iter()
+            .zip(ranges)
+            .map(|(s, ranges)| ShardInfo {
+                primary: s.addr.clone(),
+                node_id: None,
+                ranges,
+            })
+            .collect();
+        if let Ok(map) = SlotMap::new(infos) {
+            self.map = map;
         }
     }
 
@@ -765,6 +841,7 @@ impl ShardMux {
                 Expect::Part { seq, group } => self.answer_part(seq, group, &frame, raw),
                 // ASKING's answer: the request behind it answers for itself.
                 Expect::Asking => {}
+                Expect::Refresh => self.refreshed(&frame),
             }
         }
         self.drain();
@@ -1735,5 +1812,69 @@ mod tests {
             String::from_utf8(take_ready(&mut m)).unwrap(),
             "+OK\r\n*4\r\n$2\r\nvb\r\n$-1\r\n$2\r\nvc\r\n$3\r\nvbx\r\n"
         );
+    }
+
+    #[test]
+    fn a_refresh_moves_slots_between_known_shards_and_a_new_primary_makes_it_stale() {
+        let mut m = three();
+        let a = key_on(0, "a");
+        let slot = crate::slot::key_slot(a.as_bytes());
+        m.refresh();
+        m.refresh(); // one at a time
+        assert_eq!(take_out(&mut m, 0), cmd(&["CLUSTER", "SHARDS"]));
+        // The map now has the key's slot on the second shard.
+        let map = |ranges: [&[(u16, u16)]; 3], ports: [u16; 3]| {
+            let mut out = "*3\r\n".to_string();
+            for (r, port) in ranges.iter().zip(ports) {
+                let fields = [
+                    ("id", bulk(&id('x'))),
+                    ("port", format!(":{port}\r\n")),
+                    ("ip", bulk("127.0.0.1")),
+                    ("endpoint", bulk("127.0.0.1")),
+                    ("role", bulk("master")),
+                    ("health", bulk("online")),
+                ];
+                let mut node = format!("*{}\r\n", 2 * fields.len());
+                for (k, v) in fields {
+                    node += &bulk(k);
+                    node += &v;
+                }
+                out += &shard(r, &[node], false);
+            }
+            out
+        };
+        let before = (0, slot - 1);
+        let after = (slot + 1, 5460);
+        let moved = map(
+            [
+                &[before, after],
+                &[(slot, slot), (5461, 10922)],
+                &[(10923, 16383)],
+            ],
+            [7000, 7001, 7002],
+        );
+        reply(&mut m, 0, moved.as_bytes());
+        assert!(
+            take_ready(&mut m).is_empty(),
+            "a refresh answers no request"
+        );
+        let set = cmd(&["SET", &a, "t", "NX", "PX", "100"]);
+        m.submit(&set);
+        assert!(take_out(&mut m, 0).is_empty());
+        assert_eq!(
+            take_out(&mut m, 1),
+            set,
+            "sent where the refreshed map says"
+        );
+        assert!(!m.stale());
+        // A primary the map did not have: the connection is made again.
+        m.refresh();
+        take_out(&mut m, 0);
+        let new = map(
+            [&[(0, 5460)], &[(5461, 10922)], &[(10923, 16383)]],
+            [7000, 7001, 7009],
+        );
+        reply(&mut m, 0, new.as_bytes());
+        assert!(m.stale());
     }
 }

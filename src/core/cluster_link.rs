@@ -64,7 +64,17 @@ pub(crate) struct ClusterConn {
     /// The candidate the discovery under way asks, and how many it tried.
     at: usize,
     tried: usize,
+    /// The discovery fell back to `CLUSTER SLOTS` (so does a refresh).
+    slots_only: bool,
+    /// When the map is read again ([`CLUSTER_REFRESH`]).
+    next_refresh: Option<std::time::Instant>,
 }
+
+/// How often a connected cluster master reads its map again (besides at each connection
+/// and on a redirection): slots moved by a migration the client never ran into are then
+/// sent to their new shard without a `-MOVED` round trip; a new primary makes a new
+/// connection.
+pub(crate) const CLUSTER_REFRESH: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl ClusterConn {
     pub(crate) fn new(seed_host: String, tls: bool, seeds: Vec<SocketAddr>) -> ClusterConn {
@@ -74,6 +84,8 @@ impl ClusterConn {
             candidates,
             at: 0,
             tried: 0,
+            slots_only: false,
+            next_refresh: None,
             seed_host,
             tls,
             disc: None,
@@ -323,7 +335,7 @@ impl Rounds {
                 }
                 if stale {
                     let f = Fault::Redis(ErrorText::new(
-                        b"the cluster redirected a request to a node outside its map: connecting again",
+                        b"the cluster's map changed (a node outside the one known): connecting again",
                     ));
                     self.handle_closed(LinkId(i), f, now);
                     return false;
@@ -434,6 +446,7 @@ impl Rounds {
                     );
                     if let Some(c) = self.masters[i].cluster.as_mut() {
                         c.steps.push_back(Disc::Slots);
+                        c.slots_only = true;
                     }
                     self.links[d].input.in_start += used;
                     self.mark_lock_dirty();
@@ -511,7 +524,12 @@ impl Rounds {
             return false;
         }
         self.drop_connection_quietly(d);
-        let mux = ShardMux::new(map, self.cfg.limits);
+        let mut mux = ShardMux::new(map, self.cfg.limits);
+        if let Some(c) = self.masters[i].cluster.as_mut() {
+            mux.set_refresh(c.slots_only, c.tls);
+            c.next_refresh = Some(now + CLUSTER_REFRESH);
+        }
+        self.due_by(now + CLUSTER_REFRESH);
         for (k, addr) in addrs.iter().enumerate() {
             let have = self.masters[i]
                 .cluster
@@ -599,6 +617,36 @@ impl Rounds {
             self.cluster_move_out(i);
             // Replies the mux answered itself (CROSSSLOT, an unserved slot).
             let _ = self.deliver(i, now);
+        }
+    }
+}
+
+impl Rounds {
+    /// Timers of the clusters: a connected cluster master reads its map again every
+    /// [`CLUSTER_REFRESH`].
+    pub(super) fn cluster_tick(
+        &mut self,
+        now: std::time::Instant,
+        due: &mut impl FnMut(std::time::Instant),
+    ) {
+        for i in 0..self.n() {
+            let up = self.links[i].is_up();
+            let Some(c) = self.masters[i].cluster.as_mut() else {
+                continue;
+            };
+            let (Some(mux), true) = (c.mux.as_mut(), up) else {
+                continue;
+            };
+            match c.next_refresh {
+                Some(t) if now < t => due(t),
+                _ => {
+                    mux.refresh();
+                    let next = now + CLUSTER_REFRESH;
+                    c.next_refresh = Some(next);
+                    due(next);
+                    self.cluster_move_out(i);
+                }
+            }
         }
     }
 }

@@ -1139,6 +1139,9 @@ impl Rounds {
         if self.chans.live > 0 {
             self.sub_tick(now, &mut due);
         }
+        if self.clusters {
+            self.cluster_tick(now, &mut due);
+        }
         self.next_due = match (self.next_due, next) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
