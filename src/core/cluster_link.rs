@@ -18,10 +18,11 @@
 //! map: the next connection discovers the map again. The connect timeout covers the whole
 //! (discovery and every shard).
 //!
-//! Left for later (written down in issue 22's note): more than one seed tried for
-//! discovery, shard endpoints given as host names (refused with a clear error: only IP
-//! literals, the cluster's default `cluster-preferred-endpoint-type ip`), periodic map
-//! refreshes, `SPUBLISH`.
+//! A discovery that cannot reach its node tries the next candidate at once (the other seeds
+//! given as IP addresses, then the primaries of the last map); a connected cluster reads
+//! its map again every [`CLUSTER_REFRESH`]. Left for later: shard endpoints given as host
+//! names (refused with a clear error: only IP literals, the cluster's default
+//! `cluster-preferred-endpoint-type ip`), `SPUBLISH`.
 
 use std::net::{IpAddr, SocketAddr};
 
