@@ -978,8 +978,11 @@ impl ShardMux {
                 .unwrap_or(0);
             (3, n.min(args.len().saturating_sub(3)))
         };
+        // The script, and how many blocks its `KEYS` are made of: the fencing scripts take
+        // the lock keys, then as many counters, the counter of the i-th key at `n + i` (a
+        // group must hold both, or the script reads another block).
         let kind = if mget {
-            Some(SplitKind::Mget)
+            Some((SplitKind::Mget, 1))
         } else {
             let script = args.get(1).copied().unwrap_or_default();
             let is = |s: crate::scripts::Script| {
@@ -993,15 +996,17 @@ impl ShardMux {
                 ACQUIRE_MANY, ACQUIRE_WAIT, EXTEND, FENCE_DRAW, FENCE_RAISE, RELEASE,
             };
             if is(ACQUIRE_MANY) {
-                Some(SplitKind::AllOrNothing)
-            } else if is(RELEASE) || is(FENCE_RAISE) {
-                Some(SplitKind::AllOnes)
+                Some((SplitKind::AllOrNothing, 1))
+            } else if is(RELEASE) {
+                Some((SplitKind::AllOnes, 1))
+            } else if is(FENCE_RAISE) {
+                Some((SplitKind::AllOnes, 2))
             } else if is(EXTEND) {
-                Some(SplitKind::Extend)
+                Some((SplitKind::Extend, 1))
             } else if is(ACQUIRE_WAIT) {
-                Some(SplitKind::Wait)
+                Some((SplitKind::Wait, 1))
             } else if is(FENCE_DRAW) {
-                Some(SplitKind::Draw)
+                Some((SplitKind::Draw, 2))
             } else {
                 None
             }
@@ -1015,10 +1020,24 @@ impl ShardMux {
                 None => groups.push((slot, vec![i])),
             }
         }
+        // Every group holds whole blocks: the keys at one position of every block.
+        let whole = kind.is_some_and(|(_, blocks)| {
+            let n = nkeys / blocks;
+            nkeys % blocks == 0
+                && groups.iter().all(|(_, g)| {
+                    g.iter().all(|&i| {
+                        (0..blocks).all(|b| g.contains(&(first_key + (i - first_key) % n + b * n)))
+                    })
+                })
+        });
         let shards: Option<Vec<usize>> =
             groups.iter().map(|(s, _)| self.map.shard_of(*s)).collect();
-        let (Some(kind), Some(shards)) = (kind, shards) else {
-            let reply = if kind.is_none() { CROSSSLOT } else { UNSERVED };
+        let (Some((kind, _)), Some(shards), true) = (kind, shards, whole) else {
+            let reply = if kind.is_none() || !whole {
+                CROSSSLOT
+            } else {
+                UNSERVED
+            };
             return self.push(Route::Local(reply), req);
         };
         let seq = self.first_seq + self.entries.len() as u64;
@@ -1782,6 +1801,35 @@ mod tests {
         assert_eq!(e, "-BUSY script\r\n");
         // A script this layer does not know is not split.
         m.submit(&cmd(&["EVALSHA", "unknown", "2", &a, &b, "t"]));
+        assert!(take_ready(&mut m).starts_with(b"-CROSSSLOT "));
+        // The fencing scripts: each group holds its lock keys and their counters.
+        use crate::scripts::FENCE_DRAW;
+        let (fa, fb) = (format!("{{{a}}}:fence"), format!("{{{b}}}:fence"));
+        m.submit(&cmd(&[
+            "EVALSHA",
+            FENCE_DRAW.sha,
+            "4",
+            &a,
+            &b,
+            &fa,
+            &fb,
+            "tok",
+        ]));
+        assert_eq!(
+            take_out(&mut m, 0),
+            cmd(&["EVALSHA", FENCE_DRAW.sha, "2", &a, &fa, "tok"])
+        );
+        assert_eq!(
+            take_out(&mut m, 1),
+            cmd(&["EVALSHA", FENCE_DRAW.sha, "2", &b, &fb, "tok"])
+        );
+        reply(&mut m, 0, b":7\r\n");
+        reply(&mut m, 1, b":9\r\n");
+        assert_eq!(take_ready(&mut m), b":9\r\n");
+        // A counter outside its lock key's slot: not split (the script would read a
+        // counter as a lock key).
+        let stray = key_on(2, "stray");
+        m.submit(&cmd(&["EVALSHA", FENCE_DRAW.sha, "2", &a, &stray, "tok"]));
         assert!(take_ready(&mut m).starts_with(b"-CROSSSLOT "));
     }
 

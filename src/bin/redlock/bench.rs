@@ -141,6 +141,15 @@ pub struct BenchArgs {
     /// earlier one.
     #[arg(long)]
     fair: bool,
+    /// Fencing tokens (Builder::fencing): every grant draws one, and the check also
+    /// requires each resource's tokens to rise with its grants. The masters are taken as
+    /// durable (Builder::fencing_assume_durable): a benchmark measures, it protects nothing.
+    #[arg(long)]
+    fencing: bool,
+    /// Names per lock: each lock takes K names at once (lock_many: one script per master,
+    /// one per slot group on a cluster master). Not with --in-flight above 1 or --tasks.
+    #[arg(long, value_name = "K", default_value_t = 1)]
+    names_per_lock: usize,
     /// After a release, a caller waits this long before it asks again (default 0: at once).
     /// With contention, a think time lets each grant go to a caller that was waiting
     /// instead of the one that just released.
@@ -233,6 +242,8 @@ struct Pinning {
 #[derive(Clone, Copy)]
 struct Hold {
     resource: u32,
+    /// Its fencing token (0: none).
+    fence: u64,
     /// When its lock was first asked for (the first attempt).
     asked: u64,
     start: u64,
@@ -334,6 +345,9 @@ struct Shared {
     /// up as a count below the grants.
     counters: Vec<AtomicU64>,
     names: Vec<String>,
+    /// The names each resource's lock takes (`--names-per-lock`; the resource's name alone
+    /// by default).
+    group: Vec<Vec<String>>,
     ttl: Duration,
     /// Clients, or callers / tasks of the shared client (each takes one lock at a time).
     clients: usize,
@@ -355,6 +369,14 @@ pub fn main(args: BenchArgs) -> u8 {
     };
     if args.callers == Some(0) || args.tasks == Some(0) {
         say!("--callers and --tasks must be at least 1");
+        return exit::USAGE;
+    }
+    if args.names_per_lock == 0 {
+        say!("--names-per-lock must be at least 1");
+        return exit::USAGE;
+    }
+    if args.names_per_lock > 1 && (args.in_flight > 1 || args.tasks.is_some()) {
+        say!("--names-per-lock above 1 works with --clients and --callers, one lock at a time (not --in-flight above 1, not --tasks)");
         return exit::USAGE;
     }
     if clients == 0 || resources == 0 || args.in_flight == 0 {
@@ -588,6 +610,8 @@ fn bench(
                 WaitArg::Spin | WaitArg::Notify => WaitMode::Notify,
             })
             .fairness(args.fair)
+            .fencing(args.fencing)
+            .fencing_assume_durable(args.fencing)
             // The blocking client's default bound, for the shared client too (whose own
             // default is none): `lock()` callers of both modes give up alike.
             .retry_count(10);
@@ -631,6 +655,19 @@ fn bench(
         counters: (0..resources).map(|_| AtomicU64::new(0)).collect(),
         names: (0..resources)
             .map(|r| format!("redlock-bench:{run_id}:{r}"))
+            .collect(),
+        // Names without a common hash tag: on a cluster master they lie in several slots.
+        group: (0..resources)
+            .map(|r| {
+                let name = format!("redlock-bench:{run_id}:{r}");
+                if args.names_per_lock == 1 {
+                    vec![name]
+                } else {
+                    (0..args.names_per_lock)
+                        .map(|j| format!("{name}:{j}"))
+                        .collect()
+                }
+            })
             .collect(),
         ttl: args.ttl,
         clients: args.lockers(),
@@ -818,9 +855,11 @@ fn bench(
     }
     if !check.ok() {
         say!(
-            "MUTUAL EXCLUSION VIOLATED: {} overlapping holds, {} lost counter updates",
+            "MUTUAL EXCLUSION VIOLATED: {} overlapping holds, {} lost counter updates, {} \
+             fencing tokens not above the one before",
             check.overlaps,
-            check.lost_updates
+            check.lost_updates,
+            check.fence_regressions
         );
         for line in &check.details {
             say!("  {line}");
@@ -1078,7 +1117,7 @@ async fn run_task(id: usize, client: &SharedRedlock, shared: &Shared, out: &mut 
             out,
             r,
             t0,
-            granted,
+            (granted, guard.fencing_token()),
             release_start,
             guard.valid_until(),
         );
@@ -1130,7 +1169,7 @@ fn record_hold(
     out: &mut ClientResult,
     r: usize,
     asked: Instant,
-    granted: Instant,
+    (granted, fence): (Instant, Option<u64>),
     release_start: Instant,
     valid_until: Instant,
 ) {
@@ -1140,6 +1179,7 @@ fn record_hold(
     let ns = |t: Instant| t.saturating_duration_since(shared.epoch).as_nanos() as u64;
     out.holds.push(Hold {
         resource: r as u32,
+        fence: fence.unwrap_or(0),
         asked: ns(asked),
         start: ns(granted),
         end: ns(release_start.min(valid_until)),
@@ -1150,24 +1190,38 @@ fn record_hold(
 /// shared handle blocking on each result (`--callers`) run the same loop.
 trait CycleClient {
     type Held;
-    fn acquire(&mut self, name: &str, ttl: Duration, lock_calls: bool)
-        -> Result<Self::Held, Error>;
+    /// Take `names` (one: `lock` or `try_lock`; several: `lock_many`).
+    fn acquire(
+        &mut self,
+        names: &[String],
+        ttl: Duration,
+        lock_calls: bool,
+    ) -> Result<Self::Held, Error>;
     fn attempts(held: &Self::Held) -> u32;
+    fn fence(held: &Self::Held) -> Option<u64>;
     fn valid_until(held: &Self::Held) -> Instant;
     fn release(&mut self, held: Self::Held) -> Result<(), Error>;
 }
 
 impl CycleClient for &mut Redlock {
     type Held = Lock;
-    fn acquire(&mut self, name: &str, ttl: Duration, lock_calls: bool) -> Result<Lock, Error> {
-        if lock_calls {
-            self.lock(name, ttl)
-        } else {
-            self.try_lock(name, ttl)
+    fn acquire(
+        &mut self,
+        names: &[String],
+        ttl: Duration,
+        lock_calls: bool,
+    ) -> Result<Lock, Error> {
+        match names {
+            [name] if lock_calls => self.lock(name, ttl),
+            [name] => self.try_lock(name, ttl),
+            names => self.lock_many(names, ttl),
         }
     }
     fn attempts(held: &Lock) -> u32 {
         held.attempts()
+    }
+    fn fence(held: &Lock) -> Option<u64> {
+        held.fencing_token()
     }
     fn valid_until(held: &Lock) -> Instant {
         held.valid_until()
@@ -1179,15 +1233,23 @@ impl CycleClient for &mut Redlock {
 
 impl CycleClient for &SharedRedlock {
     type Held = LockGuard;
-    fn acquire(&mut self, name: &str, ttl: Duration, lock_calls: bool) -> Result<LockGuard, Error> {
-        if lock_calls {
-            self.lock(name, ttl).wait()
-        } else {
-            self.try_lock(name, ttl).wait()
+    fn acquire(
+        &mut self,
+        names: &[String],
+        ttl: Duration,
+        lock_calls: bool,
+    ) -> Result<LockGuard, Error> {
+        match names {
+            [name] if lock_calls => self.lock(name, ttl).wait(),
+            [name] => self.try_lock(name, ttl).wait(),
+            names => self.lock_many(names, ttl).wait(),
         }
     }
     fn attempts(held: &LockGuard) -> u32 {
         held.attempts()
+    }
+    fn fence(held: &LockGuard) -> Option<u64> {
+        held.fencing_token()
     }
     fn valid_until(held: &LockGuard) -> Instant {
         held.valid_until()
@@ -1204,10 +1266,10 @@ fn run_cycles<C: CycleClient>(id: usize, mut client: C, shared: &Shared, out: &m
     'run: while !shared.stop.load(Ordering::Relaxed) {
         let r = resource_for(shared, id, 0, k);
         k = k.wrapping_add(1);
-        let name = &shared.names[r];
+        let names = &shared.group[r];
         let t0 = Instant::now();
         let held = loop {
-            match client.acquire(name, shared.ttl, shared.lock_calls) {
+            match client.acquire(names, shared.ttl, shared.lock_calls) {
                 Ok(held) => {
                     out.refused += u64::from(C::attempts(&held).saturating_sub(1));
                     break held;
@@ -1233,7 +1295,16 @@ fn run_cycles<C: CycleClient>(id: usize, mut client: C, shared: &Shared, out: &m
 
         let release_start = Instant::now();
         let valid_until = C::valid_until(&held);
-        record_hold(shared, out, r, t0, granted, release_start, valid_until);
+        let fence = C::fence(&held);
+        record_hold(
+            shared,
+            out,
+            r,
+            t0,
+            (granted, fence),
+            release_start,
+            valid_until,
+        );
         let released = client.release(held);
         let done = Instant::now();
         if let Err(e) = released {
@@ -1312,7 +1383,7 @@ fn run_batched(id: usize, client: &mut Redlock, shared: &Shared, out: &mut Clien
                 out,
                 r,
                 asked,
-                granted,
+                (granted, lock.fencing_token()),
                 release_start,
                 lock.valid_until(),
             );
@@ -1345,12 +1416,15 @@ fn run_batched(id: usize, client: &mut Redlock, shared: &Shared, out: &mut Clien
 struct Check {
     overlaps: u64,
     lost_updates: u64,
+    /// Grants whose fencing token was not above the token of the resource's grant before
+    /// them (fencing on).
+    fence_regressions: u64,
     details: Vec<String>,
 }
 
 impl Check {
     fn ok(&self) -> bool {
-        self.overlaps == 0 && self.lost_updates == 0
+        self.overlaps == 0 && self.lost_updates == 0 && self.fence_regressions == 0
     }
 }
 
@@ -1360,10 +1434,24 @@ fn check_exclusion(names: &[String], counted: &[u64], grants: &[u64], holds: &[H
     let mut check = Check {
         overlaps: 0,
         lost_updates: 0,
+        fence_regressions: 0,
         details: Vec::new(),
     };
     let mut holds = holds.to_vec();
     holds.sort_unstable_by_key(|h| (h.resource, h.start));
+    // Fencing: each resource's tokens rise with its grants.
+    for w in holds.windows(2) {
+        let (p, h) = (w[0], w[1]);
+        if p.resource == h.resource && p.fence != 0 && h.fence != 0 && h.fence <= p.fence {
+            check.fence_regressions += 1;
+            if check.details.len() < 10 {
+                check.details.push(format!(
+                    "{}: fencing token {} granted after {}",
+                    names[h.resource as usize], h.fence, p.fence
+                ));
+            }
+        }
+    }
     let mut prev: Option<Hold> = None;
     for h in holds {
         match prev {
@@ -1546,6 +1634,19 @@ impl Report<'_> {
                 "cpu_cores_each": self.args.shard_cpu,
             })
         });
+        let violations =
+            self.check.overlaps + self.check.lost_updates + self.check.fence_regressions;
+        let exclusion = serde_json::json!({
+            "ok": self.check.ok(),
+            "violations": violations,
+            "overlaps": self.check.overlaps,
+            "lost_updates": self.check.lost_updates,
+            "fence_regressions": self.check.fence_regressions,
+            "grants": t.acquired,
+            "holds_checked": t.holds.len(),
+            "holds_past_validity": t.overran,
+            "details": self.check.details,
+        });
         let mut report = serde_json::json!({
             "masters": self.masters,
             "local_masters": self.local.is_some(),
@@ -1587,16 +1688,7 @@ impl Report<'_> {
             },
             "cpu_us_per_cycle": cpu,
             "servers": self.servers.map(|s| self.servers_json(s)),
-            "mutual_exclusion": {
-                "ok": self.check.ok(),
-                "violations": self.check.overlaps + self.check.lost_updates,
-                "overlaps": self.check.overlaps,
-                "lost_updates": self.check.lost_updates,
-                "grants": t.acquired,
-                "holds_checked": t.holds.len(),
-                "holds_past_validity": t.overran,
-                "details": self.check.details,
-            },
+            "mutual_exclusion": exclusion,
         });
         report["local_servers"] = local_servers.into();
         report
@@ -1799,9 +1891,11 @@ impl Report<'_> {
             );
         } else {
             out!(
-                "mutual excl.  VIOLATED: {} overlapping holds, {} lost counter updates",
+                "mutual excl.  VIOLATED: {} overlapping holds, {} lost counter updates, {} \
+                 fencing tokens not above the one before",
                 self.check.overlaps,
-                self.check.lost_updates
+                self.check.lost_updates,
+                self.check.fence_regressions
             );
         }
         if t.overran > 0 {
@@ -2062,6 +2156,7 @@ mod tests {
 
     fn hold(resource: u32, start: u64, end: u64) -> Hold {
         Hold {
+            fence: 0,
             resource,
             asked: start,
             start,
@@ -2072,6 +2167,7 @@ mod tests {
     #[test]
     fn hand_offs_and_arrival_order() {
         let h = |resource, asked, start, end| Hold {
+            fence: 0,
             resource,
             asked,
             start,
@@ -2120,6 +2216,18 @@ mod tests {
         let lost = check_exclusion(&names, &[2, 1], &[3, 1], &[]);
         assert_eq!((lost.overlaps, lost.lost_updates), (0, 1));
         assert!(!lost.ok());
+        // Fencing tokens rise with the grants of a resource (0: no token).
+        let fenced = |f: [u64; 3]| {
+            let mut h = [hold(0, 10, 20), hold(0, 20, 30), hold(0, 30, 40)];
+            for (h, f) in h.iter_mut().zip(f) {
+                h.fence = f;
+            }
+            check_exclusion(&names[..1], &[3], &[3], &h)
+        };
+        assert!(fenced([1, 2, 7]).ok());
+        assert!(fenced([0, 0, 0]).ok());
+        assert_eq!(fenced([1, 3, 3]).fence_regressions, 1);
+        assert_eq!(fenced([5, 2, 9]).fence_regressions, 1);
     }
 
     #[test]
