@@ -342,6 +342,15 @@ pub(super) fn interpret(setup: Setup, frame: &Frame<'_>) -> SetupReply {
             Frame::Bulk(_) => SetupReply::Done(Err(Fault::Handshake(ErrorText::new(
                 b"SCRIPT LOAD returned an unexpected SHA1",
             )))),
+            // A server before Redis 7.0 cannot compile the `#!lua` line the scripts start
+            // with (see `scripts`): say what it lacks rather than quote the Lua error.
+            Frame::Error(m) | Frame::BulkError(m)
+                if m.windows(9).any(|w| w.eq_ignore_ascii_case(b"compiling")) =>
+            {
+                SetupReply::Done(Err(Fault::Handshake(ErrorText::new(
+                    b"SCRIPT LOAD: the scripts (#!lua) need Redis 7.0 or later",
+                ))))
+            }
             f => SetupReply::Done(Err(refused(f))),
         },
         Setup::Info => match frame {
