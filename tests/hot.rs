@@ -537,8 +537,13 @@ fn a_dead_first_in_line_drops_out() {
         let a = redlock_mux::scripts::aux_key(redlock_mux::scripts::ALIVE, key.as_bytes());
         for i in 0..3 {
             m[i].cmd(&[b"ZADD", &q, b"0", b"deadbeefdeadbeef"]).unwrap();
+            // Alive for 600 ms from now on the master's clock.
             let until = match m[i].cmd(&[b"TIME"]).unwrap() {
-                AdminReply::Array(t) => t[0].as_str().unwrap().parse::<u64>().unwrap() * 1000 + 600,
+                AdminReply::Array(t) => {
+                    let s: u64 = t[0].as_str().unwrap().parse().unwrap();
+                    let us: u64 = t[1].as_str().unwrap().parse().unwrap();
+                    s * 1000 + us / 1000 + 600
+                }
                 other => panic!("TIME: {other:?}"),
             };
             m[i].cmd(&[

@@ -464,4 +464,29 @@ mod tests {
         assert_eq!(parse_info(b"# Server\r\nuptime_in_seconds:x\r\n"), None);
         assert_eq!(parse_info(b"run_id:short\r\nuptime_in_seconds:1\r\n"), None);
     }
+
+    #[test]
+    fn a_server_that_cannot_compile_the_shebang_is_told_it_needs_redis_7() {
+        // Redis 6.2's answer to `SCRIPT LOAD "#!lua\n..."`.
+        let refusal = Frame::Error(
+            b"ERR Error compiling script (new function): user_script:1: unexpected symbol near '#'",
+        );
+        let SetupReply::Done(Err(Fault::Handshake(text))) =
+            interpret(Setup::ScriptLoad(0), &refusal)
+        else {
+            panic!("a handshake fault expected");
+        };
+        let text = String::from_utf8_lossy(text.as_bytes()).into_owned();
+        assert!(
+            text.contains("Redis 7.0") && text.contains("#!lua"),
+            "{text}"
+        );
+        // Any other refusal is quoted as it came.
+        let SetupReply::Done(Err(Fault::Handshake(text))) =
+            interpret(Setup::ScriptLoad(0), &Frame::Error(b"NOPERM no scripts"))
+        else {
+            panic!("a handshake fault expected");
+        };
+        assert_eq!(text.as_bytes(), b"NOPERM no scripts");
+    }
 }
