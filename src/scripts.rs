@@ -199,6 +199,30 @@ pub const RELEASE: Script = Script {
     sha: "b9b3d670a9d1db84805c4728751c1382090b4caa",
 };
 
+/// The compare-and-delete alone: each key deleted where it holds the token, marked
+/// ([`WAITED`]) or not; answers 1 when every key did, else 0. What a release falls back to
+/// where the full [`RELEASE`] is refused for the keys it declares beside the lock keys: an
+/// ACL user without the right to `redlock-mux:*` (`-NOPERM`: the lock is still released,
+/// as before the line's keys were declared), or a cluster slot being migrated (`-TRYAGAIN`:
+/// a script's keys not all on one side of the migration). Nobody is announced: the waiters
+/// try at their timed retry. Sent with `EVAL` (rare: not loaded by the handshake).
+pub const RELEASE_PLAIN: Script = Script {
+    src: concat!(
+        "#!lua flags=allow-oom\n",
+        "local held = 1\n",
+        "for i = 1, #KEYS do\n",
+        "  local v = redis.call('get', KEYS[i])\n",
+        "  if v == ARGV[1] or v == ARGV[1] .. '+' then\n",
+        "    redis.call('del', KEYS[i])\n",
+        "  else\n",
+        "    held = 0\n",
+        "  end\n",
+        "end\n",
+        "return held",
+    ),
+    sha: "17dd915a2c5fbeafe665b2b147bf6c500f90ab02",
+};
+
 /// The mark a refused waiter appends to the value of a key held with one of this crate's
 /// tokens (32 lowercase hex digits): somebody waits, the release must look for them. The
 /// holder's token still names it (every script compares the value with the token, marked
@@ -559,7 +583,7 @@ mod tests {
 
     #[test]
     fn digests_match_sources() {
-        for s in ALL.iter().chain(ADMIN.iter()) {
+        for s in ALL.iter().chain(ADMIN.iter()).chain([&RELEASE_PLAIN]) {
             let mut child = Command::new("sha1sum")
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())

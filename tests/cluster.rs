@@ -472,11 +472,9 @@ fn resharding_a_hot_slot_keeps_mutual_exclusion() {
                 let mut k = me;
                 while !stop.load(Ordering::SeqCst) {
                     k = (k * 7 + 3) % names.len();
-                    // `try_lock`: the waiting acquire's line keys are built inside its script,
-                    // undeclared, so a migration copies them twice (BUSYKEY) until issue 22's
-                    // key layout declares them.
-                    let Ok(lock) = c.try_lock(&names[k], Duration::from_secs(10)) else {
-                        std::thread::yield_now();
+                    // `lock()`: the waiting acquire and its line's keys (declared beside the
+                    // lock key, migrated with it).
+                    let Ok(lock) = c.lock(&names[k], Duration::from_secs(10)) else {
                         continue;
                     };
                     if holders_now[k].swap(me, Ordering::SeqCst) != 0 {
@@ -578,4 +576,27 @@ fn a_lock_on_cluster_masters_is_lost_at_once_when_a_quorum_deletes_it() {
         .unwrap();
     assert!(!held.held_throughout);
     assert_eq!(held.extensions, 0, "found by the watch, not an extension");
+}
+
+#[test]
+fn fencing_tokens_rise_on_cluster_masters() {
+    let clusters: Vec<LocalCluster> = (0..3).map(|_| cluster()).collect();
+    let mut c = Redlock::builder()
+        .masters(clusters.iter().map(LocalCluster::seed_url))
+        .node_timeout(ROUND)
+        .retry_count(0)
+        .fencing(true)
+        .fencing_assume_durable(true)
+        .build()
+        .unwrap();
+    let mut last = 0;
+    for name in ["fenced:a", "fenced:a", "fenced:b", "fenced:a"] {
+        let lock = c.try_lock(name, Duration::from_secs(10)).unwrap();
+        let token = lock.fencing_token().expect("a token");
+        if name == "fenced:a" {
+            assert!(token > last, "{token} after {last}");
+            last = token;
+        }
+        c.release(lock).unwrap();
+    }
 }

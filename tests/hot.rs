@@ -833,3 +833,42 @@ fn lock_many_is_woken_by_the_release_without_a_line() {
     );
     g.release().wait().unwrap();
 }
+
+/// An ACL user with the right to its own keys only (`~app:*`, not the crate's
+/// `~redlock-mux:*`): the release script, which declares the keys' lines and liveness sets
+/// beside them, is refused (`-NOPERM`); the client releases with the compare-and-delete
+/// alone (`scripts::RELEASE_PLAIN`), so the lock is free at once, not at the end of its TTL.
+/// A waiting `lock()` is likewise sent again out of any line.
+#[test]
+fn a_user_without_rights_to_the_lines_still_releases() {
+    let m = masters(3);
+    for i in 0..3 {
+        let r = m[i].cmd(&[
+            b"ACL", b"SETUSER", b"app", b"on", b">pw", b"~app:*", b"&*", b"+@all",
+        ]);
+        assert!(r.unwrap().is_ok());
+    }
+    let urls: Vec<String> = m
+        .addrs()
+        .iter()
+        .map(|a| format!("redis://app:pw@{a}"))
+        .collect();
+    let mut c = builder(urls).retry_count(0).build().unwrap();
+    // A release returns at a quorum; a late master's refusal is answered (the plain release
+    // sent) at the client's next call: drive it until every master let the key go.
+    let released_everywhere = |c: &mut Redlock| {
+        wait_until("the key gone from every master", PROMPT, || {
+            let l = c.try_lock("app:drive", TTL).unwrap();
+            c.release(l).unwrap();
+            (0..3).all(|i| get(&m, i, "app:res").is_none())
+        });
+    };
+    let lock = c.try_lock("app:res", TTL).unwrap();
+    c.release(lock).unwrap();
+    released_everywhere(&mut c);
+    // The waiting acquire declares the line's keys too: refused, it is sent again out of
+    // any line, and the lock is taken.
+    let lock = c.lock("app:res", TTL).unwrap();
+    c.release(lock).unwrap();
+    released_everywhere(&mut c);
+}

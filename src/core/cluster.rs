@@ -416,6 +416,8 @@ pub(crate) struct ShardMux {
     ready: Vec<u8>,
     /// A `CLIENT CACHING` waiting for the request it goes with: its entry's number.
     sticky: Option<u64>,
+    /// A request rewritten without the old fencing counters (reused).
+    scratch: Vec<u8>,
     /// A redirection named a node outside the map.
     stale: bool,
     limits: crate::resp::Limits,
@@ -474,15 +476,18 @@ enum SplitKind {
     /// when none did, an error when some did (the master may hold keys: the rounds release
     /// there, as after any script error).
     AllOrNothing,
-    /// `RELEASE`, `FENCE_RAISE`: 1 when every group answered 1, else 0.
+    /// `RELEASE`: 1 when every group answered 1, else 0.
     AllOnes,
+    /// `FENCE_RAISE`: as `AllOnes`; its `ARGV[3]` is the group's number of lock keys.
+    Raise,
     /// `EXTEND`: 0 when a group answered 0 (not held), else 2 when one answered 2 (a key
     /// missing), else 1.
     Extend,
     /// The waiting acquire (`ACQUIRE_WAIT`): 0 when every group set its keys; the longest
     /// TTL left (-1: one never expires) when none did; an error when some did.
     Wait,
-    /// `FENCE_DRAW`: 0 when a group answered 0 (not held), else the largest.
+    /// `FENCE_DRAW`: 0 when a group answered 0 (not held), else the largest; its `ARGV[2]`
+    /// is the group's number of lock keys.
     Draw,
     /// `MGET`: the values, in the order of the keys.
     Mget,
@@ -586,6 +591,48 @@ fn route(req: &crate::resp::Aggregate<'_>) -> Route {
     }
 }
 
+/// A script request declaring old fencing counters (`EVALSHA`/`EVAL` with a key of
+/// [`crate::scripts::OLD_FENCE_PREFIX`]).
+fn has_old_counters(cmd: &crate::resp::Aggregate<'_>) -> bool {
+    let mut it = cmd.iter();
+    let name = it.next().as_ref().and_then(text).unwrap_or_default();
+    if !(name.eq_ignore_ascii_case(b"EVALSHA") || name.eq_ignore_ascii_case(b"EVAL")) {
+        return false;
+    }
+    let _script = it.next();
+    let n = it.next().as_ref().and_then(int).unwrap_or(0).max(0);
+    it.take(n as usize)
+        .any(|k| text(&k).is_some_and(|k| k.starts_with(crate::scripts::OLD_FENCE_PREFIX)))
+}
+
+/// `cmd` (a script request) into `out` without its keys of the old fencing counters.
+fn without_old_counters(cmd: &crate::resp::Aggregate<'_>, out: &mut Vec<u8>) {
+    let args: smallvec::SmallVec<[&[u8]; 16]> =
+        cmd.iter().map(|f| text(&f).unwrap_or_default()).collect();
+    let n = args
+        .get(2)
+        .and_then(|n| std::str::from_utf8(n).ok())
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or(0)
+        .min(args.len().saturating_sub(3));
+    let keys = &args[3..3 + n];
+    let kept = keys
+        .iter()
+        .filter(|k| !k.starts_with(crate::scripts::OLD_FENCE_PREFIX))
+        .count();
+    let mut v: smallvec::SmallVec<[crate::resp::Arg<'_>; 16]> = smallvec::SmallVec::new();
+    v.push(crate::resp::Arg::Bytes(args[0]));
+    v.push(crate::resp::Arg::Bytes(args[1]));
+    v.push(crate::resp::Arg::Uint(kept as u64));
+    v.extend(
+        keys.iter()
+            .filter(|k| !k.starts_with(crate::scripts::OLD_FENCE_PREFIX))
+            .map(|k| crate::resp::Arg::Bytes(k)),
+    );
+    v.extend(args[3 + n..].iter().map(|a| crate::resp::Arg::Bytes(a)));
+    crate::resp::encode_command(out, &v);
+}
+
 #[derive(Default)]
 struct SlotOf {
     slot: Option<u16>,
@@ -633,6 +680,7 @@ impl ShardMux {
             spare: Vec::new(),
             ready: Vec::with_capacity(4096),
             sticky: None,
+            scratch: Vec::new(),
             stale: false,
             limits,
             refreshing: false,
@@ -748,15 +796,34 @@ impl ShardMux {
                 break;
             };
             let one = &rest[..len];
-            let route = route(&cmd);
-            if let Route::Cross = route {
-                self.push_split(&cmd, one);
-            } else {
-                self.push(route, one);
-            }
             used += len;
+            if has_old_counters(&cmd) {
+                // The old fencing counters (`scripts::OLD_FENCE_PREFIX`) a script declares
+                // for the masters upgraded from the layout before: in another slot, and never
+                // on a cluster (fencing never ran on one then). The request without them.
+                let mut scratch = std::mem::take(&mut self.scratch);
+                scratch.clear();
+                without_old_counters(&cmd, &mut scratch);
+                if let Ok(crate::resp::Status::Complete((Frame::Aggregate(cmd), _))) =
+                    crate::resp::parse(&scratch, &self.limits)
+                {
+                    self.route_one(&cmd, &scratch);
+                }
+                self.scratch = scratch;
+                continue;
+            }
+            self.route_one(&cmd, one);
         }
         used
+    }
+
+    fn route_one(&mut self, cmd: &crate::resp::Aggregate<'_>, req: &[u8]) {
+        let route = route(cmd);
+        if let Route::Cross = route {
+            self.push_split(cmd, req);
+        } else {
+            self.push(route, req);
+        }
     }
 
     fn push(&mut self, route: Route, req: &[u8]) {
@@ -981,6 +1048,8 @@ impl ShardMux {
         // The script, and how many blocks its `KEYS` are made of: the fencing scripts take
         // the lock keys, then as many counters, the counter of the i-th key at `n + i` (a
         // group must hold both, or the script reads another block).
+        // (The fencing scripts also take n, the number of lock keys, as an argument: each
+        // group's request says its own.)
         let kind = if mget {
             Some((SplitKind::Mget, 1))
         } else {
@@ -998,9 +1067,10 @@ impl ShardMux {
             if is(ACQUIRE_MANY) {
                 Some((SplitKind::AllOrNothing, 1))
             } else if is(RELEASE) {
-                Some((SplitKind::AllOnes, 1))
+                // The lock keys, their lines, their liveness sets.
+                Some((SplitKind::AllOnes, 3))
             } else if is(FENCE_RAISE) {
-                Some((SplitKind::AllOnes, 2))
+                Some((SplitKind::Raise, 2))
             } else if is(EXTEND) {
                 Some((SplitKind::Extend, 1))
             } else if is(ACQUIRE_WAIT) {
@@ -1080,11 +1150,19 @@ impl ShardMux {
                 line.push(crate::resp::Arg::Bytes(count.as_bytes()));
             }
             line.extend(keys.iter().map(|&i| crate::resp::Arg::Bytes(args[i])));
-            line.extend(
-                args[first_key + nkeys..]
-                    .iter()
-                    .map(|a| crate::resp::Arg::Bytes(a)),
-            );
+            let n_at = match kind {
+                SplitKind::Draw => Some(1),
+                SplitKind::Raise => Some(2),
+                _ => None,
+            };
+            let locks = (keys.len() / 2).to_string();
+            for (j, a) in args[first_key + nkeys..].iter().enumerate() {
+                if Some(j) == n_at {
+                    line.push(crate::resp::Arg::Bytes(locks.as_bytes()));
+                } else {
+                    line.push(crate::resp::Arg::Bytes(a));
+                }
+            }
             let sh = &mut self.shards[k];
             crate::resp::encode_command(&mut sh.out, &line);
             sh.expect.push_back(Expect::Part {
@@ -1178,7 +1256,9 @@ impl ShardMux {
             SplitKind::AllOrNothing => Some(int_reply(i64::from(sp.zeros == 0))),
             SplitKind::Wait if sp.zeros == 0 => Some(int_reply(0)),
             SplitKind::Wait => Some(int_reply(if sp.forever { -1 } else { sp.max.max(1) })),
-            SplitKind::AllOnes => Some(int_reply(i64::from(sp.zeros == 0 && sp.twos == 0))),
+            SplitKind::AllOnes | SplitKind::Raise => {
+                Some(int_reply(i64::from(sp.zeros == 0 && sp.twos == 0)))
+            }
             SplitKind::Extend if sp.zeros > 0 => Some(int_reply(0)),
             SplitKind::Extend => Some(int_reply(if sp.twos > 0 { 2 } else { 1 })),
             SplitKind::Draw if sp.zeros > 0 => Some(int_reply(0)),
@@ -1780,8 +1860,40 @@ mod tests {
             ":0\r\n"
         );
         assert!(run(&mut m, ACQUIRE_MANY.sha, [b":1\r\n", b":0\r\n"]).starts_with("-PARTIAL "));
-        assert_eq!(run(&mut m, RELEASE.sha, [b":1\r\n", b":0\r\n"]), ":0\r\n");
-        assert_eq!(run(&mut m, RELEASE.sha, [b":1\r\n", b":1\r\n"]), ":1\r\n");
+        // RELEASE: the lock keys, then their lines, then their liveness sets.
+        let (qa, qb, la, lb) = (
+            format!("{{{a}}}:q"),
+            format!("{{{b}}}:q"),
+            format!("{{{a}}}:l"),
+            format!("{{{b}}}:l"),
+        );
+        let release = |m: &mut ShardMux, answers: [&[u8]; 2]| {
+            m.submit(&cmd(&[
+                "EVALSHA",
+                RELEASE.sha,
+                "6",
+                &a,
+                &b,
+                &qa,
+                &qb,
+                &la,
+                &lb,
+                "tok",
+            ]));
+            assert_eq!(
+                take_out(m, 0),
+                cmd(&["EVALSHA", RELEASE.sha, "3", &a, &qa, &la, "tok"])
+            );
+            assert_eq!(
+                take_out(m, 1),
+                cmd(&["EVALSHA", RELEASE.sha, "3", &b, &qb, &lb, "tok"])
+            );
+            reply(m, 0, answers[0]);
+            reply(m, 1, answers[1]);
+            String::from_utf8(take_ready(m)).unwrap()
+        };
+        assert_eq!(release(&mut m, [b":1\r\n", b":0\r\n"]), ":0\r\n");
+        assert_eq!(release(&mut m, [b":1\r\n", b":1\r\n"]), ":1\r\n");
         assert_eq!(run(&mut m, EXTEND.sha, [b":2\r\n", b":1\r\n"]), ":2\r\n");
         assert_eq!(run(&mut m, EXTEND.sha, [b":2\r\n", b":0\r\n"]), ":0\r\n");
         // The waiting acquire: 0 is set; a group of one key answers [ttl, holder].
@@ -1797,7 +1909,7 @@ mod tests {
         assert_eq!(run(&mut m, ACQUIRE_WAIT.sha, [b":-1\r\n", held]), ":-1\r\n");
         assert!(run(&mut m, ACQUIRE_WAIT.sha, [b":0\r\n", held]).starts_with("-PARTIAL "));
         // An error of one group is the answer (a script error: the rounds release there).
-        let e = run(&mut m, RELEASE.sha, [b"-BUSY script\r\n", b":1\r\n"]);
+        let e = release(&mut m, [b"-BUSY script\r\n", b":1\r\n"]);
         assert_eq!(e, "-BUSY script\r\n");
         // A script this layer does not know is not split.
         m.submit(&cmd(&["EVALSHA", "unknown", "2", &a, &b, "t"]));
@@ -1805,31 +1917,42 @@ mod tests {
         // The fencing scripts: each group holds its lock keys and their counters.
         use crate::scripts::FENCE_DRAW;
         let (fa, fb) = (format!("{{{a}}}:fence"), format!("{{{b}}}:fence"));
-        m.submit(&cmd(&[
+        // The old counters a standalone master may still hold are left out on a cluster; each
+        // group's request says its own number of lock keys (ARGV[2]).
+        let (oa, ob) = ("redlock-mux:fence:x", "redlock-mux:fence:y");
+        let draw = [
             "EVALSHA",
             FENCE_DRAW.sha,
-            "4",
+            "6",
             &a,
             &b,
             &fa,
             &fb,
+            oa,
+            ob,
             "tok",
-        ]));
-        assert_eq!(
-            take_out(&mut m, 0),
-            cmd(&["EVALSHA", FENCE_DRAW.sha, "2", &a, &fa, "tok"])
-        );
-        assert_eq!(
-            take_out(&mut m, 1),
-            cmd(&["EVALSHA", FENCE_DRAW.sha, "2", &b, &fb, "tok"])
-        );
+            "2",
+        ];
+        m.submit(&cmd(&draw));
+        let want_a = ["EVALSHA", FENCE_DRAW.sha, "2", &a, &fa, "tok", "1"];
+        let want_b = ["EVALSHA", FENCE_DRAW.sha, "2", &b, &fb, "tok", "1"];
+        assert_eq!(take_out(&mut m, 0), cmd(&want_a));
+        assert_eq!(take_out(&mut m, 1), cmd(&want_b));
         reply(&mut m, 0, b":7\r\n");
         reply(&mut m, 1, b":9\r\n");
         assert_eq!(take_ready(&mut m), b":9\r\n");
         // A counter outside its lock key's slot: not split (the script would read a
         // counter as a lock key).
         let stray = key_on(2, "stray");
-        m.submit(&cmd(&["EVALSHA", FENCE_DRAW.sha, "2", &a, &stray, "tok"]));
+        m.submit(&cmd(&[
+            "EVALSHA",
+            FENCE_DRAW.sha,
+            "2",
+            &a,
+            &stray,
+            "tok",
+            "1",
+        ]));
         assert!(take_ready(&mut m).starts_with(b"-CROSSSLOT "));
     }
 

@@ -18,6 +18,19 @@ use crate::token::TOKEN_LEN;
 
 /// Encode one request of an op. Single-key acquire is `SET key token NX PX ttl`; the rest
 /// are scripts, by `EVALSHA` (or `EVAL` after `-NOSCRIPT`).
+/// `EVAL` of [`scripts::RELEASE_PLAIN`] for a release's lock keys and token: the fallback
+/// of a release the full script could not run (see there).
+pub(super) fn encode_plain_release(out: &mut Vec<u8>, args: &OpArgs) {
+    let token: &[u8] = args.token.as_ref().map_or(&[], |t| t.as_bytes());
+    let mut v: SmallVec<[Arg<'_>; 8]> = SmallVec::new();
+    v.push(Arg::Bytes(b"EVAL"));
+    v.push(Arg::Bytes(scripts::RELEASE_PLAIN.src.as_bytes()));
+    v.push(Arg::Uint(args.keys.len() as u64));
+    v.extend(args.keys.iter().map(Arg::Bytes));
+    v.push(Arg::Bytes(token));
+    resp::encode_command(out, &v);
+}
+
 pub(super) fn encode_request(out: &mut Vec<u8>, req: Request, args: &OpArgs, eval: bool) {
     let token: &[u8] = args.token.as_ref().map_or(&[], |t| t.as_bytes());
     let nkeys = args.keys.len();

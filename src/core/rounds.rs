@@ -1451,6 +1451,25 @@ impl Rounds {
             if t.starts_with(b"NOSCRIPT") && !eval && self.retry_with_eval(i, id, req) {
                 return;
             }
+            // The full release refused for the keys it declares beside the lock keys: the
+            // compare-and-delete alone (`scripts::RELEASE_PLAIN`), once.
+            if req == Request::Release
+                && !eval
+                && (t.starts_with(b"NOPERM") || t.starts_with(b"TRYAGAIN"))
+                && self.retry_plain_release(i, id)
+            {
+                return;
+            }
+            // A waiting acquire refused for its line's keys (an ACL user without the right
+            // to `redlock-mux:*`): the same acquire out of any line, once (no fairness and
+            // no direct wake-up on that master: what such a user always had).
+            if req == Request::AcquireWait
+                && !eval
+                && t.starts_with(b"NOPERM")
+                && self.retry_out_of_line(i, id)
+            {
+                return;
+            }
         }
         if self.ops[id.slot as usize].gen != id.gen {
             return;
@@ -1791,6 +1810,57 @@ impl Rounds {
                 self.arm(i, w, self.clock.0);
             }
         }
+        true
+    }
+
+    /// Send release `id` again to master `i` as the compare-and-delete alone
+    /// ([`crate::scripts::RELEASE_PLAIN`]): the full script was refused for its line's keys.
+    #[cold]
+    fn retry_plain_release(&mut self, i: usize, id: OpId) -> bool {
+        let op = &self.ops[id.slot as usize];
+        if op.gen != id.gen || op.state == OpState::Free {
+            return false;
+        }
+        let upto = self.shared.len();
+        self.unshare(i, upto);
+        let op = &self.ops[id.slot as usize];
+        let link = &mut self.links[i];
+        super::encode::encode_plain_release(&mut link.out, &op.args);
+        link.pending.push_back(Tag::Op {
+            id,
+            req: Request::Release,
+            eval: true,
+        });
+        link.kick = true;
+        let stall = link.last_progress + self.cfg.stall_timeout;
+        self.due_by(stall);
+        true
+    }
+
+    /// Send waiting acquire `id` again to master `i` without its line's keys and arguments.
+    #[cold]
+    fn retry_out_of_line(&mut self, i: usize, id: OpId) -> bool {
+        let op = &self.ops[id.slot as usize];
+        if op.gen != id.gen || op.state != OpState::Active || op.collected || op.args.line.is_none()
+        {
+            return false;
+        }
+        let upto = self.shared.len();
+        self.unshare(i, upto);
+        let op = &mut self.ops[id.slot as usize];
+        let line = op.args.line.take();
+        let link = &mut self.links[i];
+        // With `EVAL` (the source): its tag says so, and a `-NOSCRIPT` is then not retried.
+        encode_request(&mut link.out, Request::AcquireWait, &op.args, true);
+        op.args.line = line;
+        link.pending.push_back(Tag::Op {
+            id,
+            req: Request::AcquireWait,
+            eval: true,
+        });
+        link.kick = true;
+        let stall = link.last_progress + self.cfg.stall_timeout;
+        self.due_by(stall);
         true
     }
 
