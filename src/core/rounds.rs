@@ -676,9 +676,9 @@ impl Rounds {
     /// or behind bytes its connection has not taken (a master that stopped reading). The
     /// shared client's loop keeps running for them (a cheap test: no queue is walked).
     pub(crate) fn releases_unsent(&self) -> bool {
-        (0..self.n()).any(|i| {
-            let link = &self.links[i];
-            !self.masters[i].owed.is_empty()
+        // Masters and their lock links walked side by side: no index, no bounds check.
+        self.masters.iter().zip(&self.links).any(|(master, link)| {
+            !master.owed.is_empty()
                 || (!link.pending.is_empty()
                     && (link.shared_from.is_some() || link.out_pos < link.out.len()))
         })
@@ -1133,7 +1133,7 @@ impl Rounds {
                         link.input.in_start = 0;
                         link.input.in_end = 0;
                     }
-                    self.op_reply(i, id, req, eval, outcome, value, None, now);
+                    self.literal_reply(i, id, req, eval, outcome, value, now);
                     if drained {
                         return true;
                     }
@@ -1445,6 +1445,65 @@ impl Rounds {
         if state == OpState::Active {
             self.check_decided(id, now);
         } else {
+            self.maybe_free(id.slot);
+        }
+    }
+
+    /// Master `i`'s literal answer to op `id` (see [`literal_vote`]: `Ok`, `Taken` or
+    /// `NotHeld`, never a failure, a holder or an operator's round): what
+    /// [`Rounds::op_reply`] does with it, without the tests only those need. A yes to a
+    /// grant where a vote may be refused (duplicate servers, fencing's durability, the
+    /// amnesia guard) takes the general path.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn literal_reply(
+        &mut self,
+        i: usize,
+        id: OpId,
+        req: Request,
+        eval: bool,
+        outcome: Outcome,
+        value: i64,
+        now: Instant,
+    ) {
+        let ok = matches!(outcome, Outcome::Ok);
+        let checked =
+            self.same_servers || self.cfg.require_durable || self.cfg.amnesia_guard.is_some();
+        if (ok && checked && req.grants())
+            || (req == Request::AcquireWait && matches!(outcome, Outcome::Taken))
+            || req.is_admin()
+        {
+            self.op_reply(i, id, req, eval, outcome, value, None, now);
+            return;
+        }
+        let slot = id.slot as usize;
+        if self.ops[slot].gen != id.gen {
+            return;
+        }
+        let us = self.micros(now);
+        let op = &mut self.ops[slot];
+        let latency_us = us.saturating_sub(op.started_us);
+        op.outstanding = op.outstanding.saturating_sub(1);
+        let state = op.state;
+        let first = state != OpState::Free && {
+            if ok && value > op.max_value {
+                op.max_value = value;
+            }
+            op.tally.record(i, if ok { Outcome::Ok } else { outcome })
+        };
+        let decided = state == OpState::Active && op.tally.decision() != Decision::Open;
+        let stats = &mut self.masters[i].stats;
+        stats.latency.record_us(latency_us);
+        if first {
+            if ok {
+                stats.ok += 1;
+            } else {
+                stats.refused += 1;
+            }
+        }
+        if decided {
+            self.check_decided(id, now);
+        } else if state != OpState::Active {
             self.maybe_free(id.slot);
         }
     }

@@ -75,7 +75,7 @@ pub(crate) struct Inner {
     hub: Arc<Hub>,
     /// Completion slots, reused (shared with the loop).
     pub(crate) slots: Arc<SlotPool>,
-    settings: Settings,
+    settings: TtlChecks,
     /// Retries of `lock` and `lock_many` (no deadline): the count set on the builder, or
     /// none (see `Builder::retry_count`).
     lock_retries: u32,
@@ -100,6 +100,45 @@ impl Inner {
 
     pub(crate) fn hub(&self) -> &Hub {
         &self.hub
+    }
+}
+
+/// The core's settings as the handles check a TTL against them: [`Settings::check_ttl`]
+/// remembered for the last TTL accepted (a client's locks nearly always share a TTL; the
+/// check takes a floating-point product and a rounding), as the single owner's
+/// `Core::check_ttl` does. Shared by every thread: one relaxed atomic, the TTL packed as
+/// `secs << 30 | nanos` (0: none yet; a zero TTL never passes), since any TTL it holds
+/// passed the check against settings that never change.
+pub(crate) struct TtlChecks {
+    settings: Settings,
+    accepted: std::sync::atomic::AtomicU64,
+}
+
+impl TtlChecks {
+    fn new(settings: Settings) -> Self {
+        TtlChecks {
+            settings,
+            accepted: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// [`Settings::check_ttl`] of `ttl`: the TTL in whole milliseconds, or why not.
+    #[inline]
+    pub(crate) fn check_ttl(&self, ttl: Duration) -> Result<Duration, Error> {
+        use std::sync::atomic::Ordering::Relaxed;
+        // A TTL past `MAX_TTL` (2^31 ms: its seconds fit in 31 bits) never passes: it is
+        // never packed, and never matches a packed one.
+        let packed =
+            (ttl.as_secs() < 1 << 32).then(|| ttl.as_secs() << 30 | u64::from(ttl.subsec_nanos()));
+        if packed.is_some_and(|p| p == self.accepted.load(Relaxed)) {
+            let nanos = ttl.subsec_nanos();
+            return Ok(Duration::new(ttl.as_secs(), nanos - nanos % 1_000_000));
+        }
+        let whole = self.settings.check_ttl(ttl)?;
+        if let Some(p) = packed {
+            self.accepted.store(p, Relaxed);
+        }
+        Ok(whole)
     }
 }
 
@@ -213,7 +252,7 @@ impl SharedRedlock {
             inner: Arc::new(Inner {
                 hub,
                 slots,
-                settings,
+                settings: TtlChecks::new(settings),
                 lock_retries,
                 masters,
                 quorum,
@@ -445,7 +484,7 @@ impl Builder {
         Ok(InMemoryShared {
             hub,
             slots: SlotPool::new(),
-            settings,
+            settings: TtlChecks::new(settings),
         })
     }
 }
@@ -465,7 +504,7 @@ impl Builder {
 pub struct InMemoryShared<S: FnMut(usize, &[u8], &mut Vec<u8>) + Send + 'static> {
     hub: Arc<Hub<Loop<InMemory<S>>>>,
     slots: SlotPool,
-    settings: Settings,
+    settings: TtlChecks,
 }
 
 /// A lock held through an [`InMemoryShared`]; give it to [`InMemoryShared::release`]
