@@ -1503,7 +1503,13 @@ impl Rounds {
             if ok && value > op.max_value {
                 op.max_value = value;
             }
-            op.tally.record(i, if ok { Outcome::Ok } else { outcome })
+            // Rebuilt from its tag: the tally stores a byte, not a 64-byte outcome.
+            let plain = match outcome {
+                Outcome::Ok => Outcome::Ok,
+                Outcome::Taken => Outcome::Taken,
+                _ => Outcome::NotHeld,
+            };
+            op.tally.record(i, plain)
         };
         let decided = state == OpState::Active && op.tally.decision() != Decision::Open;
         let stats = &mut self.masters[i].stats;
