@@ -377,7 +377,10 @@ impl Rounds {
         if stall_clock_started {
             self.due_by(now + self.cfg.stall_timeout);
         }
-        self.check_decided(id, now);
+        // Decided already (masters down or not asked): rarely; a test, not a call.
+        if self.ops[slot as usize].tally.decision() != Decision::Open {
+            self.check_decided(id, now);
+        }
         id
     }
 
