@@ -107,8 +107,8 @@ impl Inner {
 /// remembered for the last TTL accepted (a client's locks nearly always share a TTL; the
 /// check takes a floating-point product and a rounding), as the single owner's
 /// `Core::check_ttl` does. Shared by every thread: one relaxed atomic, the TTL packed as
-/// `secs << 30 | nanos` (0: none yet; a zero TTL never passes), since any TTL it holds
-/// passed the check against settings that never change.
+/// `secs << 30 | nanos` (`u64::MAX`, which no TTL packs to: none yet), since any TTL it
+/// holds passed the check against settings that never change.
 pub(crate) struct TtlChecks {
     settings: Settings,
     accepted: std::sync::atomic::AtomicU64,
@@ -118,7 +118,7 @@ impl TtlChecks {
     fn new(settings: Settings) -> Self {
         TtlChecks {
             settings,
-            accepted: std::sync::atomic::AtomicU64::new(0),
+            accepted: std::sync::atomic::AtomicU64::new(u64::MAX),
         }
     }
 
@@ -126,8 +126,8 @@ impl TtlChecks {
     #[inline]
     pub(crate) fn check_ttl(&self, ttl: Duration) -> Result<Duration, Error> {
         use std::sync::atomic::Ordering::Relaxed;
-        // A TTL past `MAX_TTL` (2^31 ms: its seconds fit in 31 bits) never passes: it is
-        // never packed, and never matches a packed one.
+        // Packed only when its seconds fit in 32 bits: every TTL that can pass does
+        // (`MAX_TTL` is 2^31 ms); one that does not is checked every time.
         let packed =
             (ttl.as_secs() < 1 << 32).then(|| ttl.as_secs() << 30 | u64::from(ttl.subsec_nanos()));
         if packed.is_some_and(|p| p == self.accepted.load(Relaxed)) {
@@ -575,4 +575,44 @@ fn _assert_send_sync() {
     is::<Pending<Inspection>>();
     is::<Pending<ForcedRelease>>();
     let _ = Out::Unit;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Redlock;
+
+    /// The remembered check answers as the check does: a TTL rejected before or after one
+    /// accepted, the same TTL again, and one in whole and in part milliseconds.
+    #[test]
+    fn remembered_ttl_checks_answer_as_the_check() {
+        let core = Redlock::builder()
+            .masters(["redis://127.0.0.1:1"])
+            .build_core(Instant::now(), 0, 1)
+            .unwrap();
+        let checks = TtlChecks::new(core.cfg.clone());
+        let ttls = [
+            Duration::ZERO,
+            Duration::from_micros(999),
+            Duration::from_secs(10),
+            Duration::ZERO,
+            Duration::from_secs(10),
+            Duration::from_micros(10_500_700),
+            Duration::from_micros(10_500_700),
+            Duration::from_secs(10),
+            crate::lock::MAX_TTL + Duration::from_millis(1),
+            Duration::MAX,
+            Duration::from_millis(1),
+        ];
+        for ttl in ttls {
+            let want = core.cfg.check_ttl(ttl);
+            for _ in 0..2 {
+                match (checks.check_ttl(ttl), &want) {
+                    (Ok(a), Ok(b)) => assert_eq!(a, *b, "{ttl:?}"),
+                    (Err(_), Err(_)) => {}
+                    (a, b) => panic!("{ttl:?}: {a:?}, the check says {b:?}"),
+                }
+            }
+        }
+    }
 }
