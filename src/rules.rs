@@ -495,6 +495,7 @@ impl Tally {
 
     /// Record master `node`'s outcome. Only the first answer per master counts; returns
     /// whether this one was recorded.
+    #[inline(always)]
     pub fn record(&mut self, node: usize, outcome: Outcome) -> bool {
         match self.outcomes.get_mut(node) {
             Some(slot @ Outcome::Pending) if outcome != Outcome::Pending => {

@@ -37,7 +37,7 @@ impl Latency {
     }
 
     /// Record one latency, in microseconds.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn record_us(&mut self, us: u64) {
         self.counts[bucket(us)] += 1;
         self.total += 1;

@@ -109,15 +109,26 @@ fn push_bulk_uint(out: &mut Vec<u8>, v: u64) {
     // 20 digits at most, so a one- or two-digit length; the digits end at `END`.
     const END: usize = 27;
     let mut buf = [0u8; END + 2];
+    // Two digits per step (a TTL in ms has four to ten).
+    const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+        2021222324252627282930313233343536373839\
+        4041424344454647484950515253545556575859\
+        6061626364656667686970717273747576777879\
+        8081828384858687888990919293949596979899";
     let mut i = END;
     let mut v = v;
-    loop {
+    while v >= 100 {
+        let r = (v % 100) as usize;
+        v /= 100;
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&PAIRS[2 * r..2 * r + 2]);
+    }
+    if v >= 10 {
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&PAIRS[2 * v as usize..2 * v as usize + 2]);
+    } else {
         i -= 1;
-        buf[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
+        buf[i] = b'0' + v as u8;
     }
     let n = END - i;
     buf[END..].copy_from_slice(b"\r\n");
@@ -360,7 +371,22 @@ mod tests {
             &[b'w'; 100][..],
             &[b'x'; 300][..],
         ] {
-            for ttl in [0u64, 1, 9, 10, 99, 100, 30_000, (1 << 31) - 1, u64::MAX] {
+            for ttl in [
+                0u64,
+                1,
+                9,
+                10,
+                99,
+                100,
+                101,
+                999,
+                1000,
+                10_000,
+                30_000,
+                123_456_789,
+                (1 << 31) - 1,
+                u64::MAX,
+            ] {
                 let mut a = OpArgs::default();
                 a.set([key], src.next().unwrap(), ttl);
                 for req in [Request::Acquire, Request::Release, Request::Extend] {

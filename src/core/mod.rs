@@ -132,6 +132,15 @@ impl Settings {
     }
 }
 
+/// What a release or an extend reads of the lock it runs on.
+pub(crate) struct OnLock<'a> {
+    pub keys: &'a KeyList,
+    pub token: Token,
+    pub valid_until: Instant,
+    /// The line the lock's call stood in (left by its release).
+    pub line: Option<Fingerprint>,
+}
+
 /// A task's handle: slot plus generation, so a stale handle never aliases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TaskId {
@@ -369,13 +378,35 @@ impl Core {
     /// Release `lock` on every master.
     pub fn submit_release(&mut self, lock: &Lock, now: Instant) -> TaskId {
         lock.record_hold(now);
+        self.submit_release_of(
+            OnLock {
+                keys: &lock.keys,
+                token: lock.token,
+                valid_until: lock.valid_until,
+                line: lock.line,
+            },
+            lock.ttl,
+            now,
+        )
+    }
+
+    /// [`Core::submit_release`] of a lock kept elsewhere, by the parts a release reads (the
+    /// shared client's lock state: no [`Lock`] is built for it, no key copied into one).
+    /// The caller records the hold (`Lock::record_hold`).
+    #[inline]
+    pub(crate) fn submit_release_of(
+        &mut self,
+        lock: OnLock<'_>,
+        ttl: Duration,
+        now: Instant,
+    ) -> TaskId {
         if self.rounds.watches.any() {
             self.rounds.watches.remove_token(&lock.token);
         }
         if self.rounds.has_restores() {
             self.rounds.forget_restores(&lock.token);
         }
-        self.submit_on_lock(task::Kind::Release, lock, lock.ttl, now)
+        self.submit_on(task::Kind::Release, lock, ttl, now)
     }
 
     /// Release `lock` on every master, fire and forget (a lock its user dropped).
@@ -417,10 +448,26 @@ impl Core {
         ttl: Duration,
         now: Instant,
     ) -> TaskId {
+        let on = OnLock {
+            keys: &lock.keys,
+            token: lock.token,
+            valid_until: lock.valid_until,
+            line: lock.line,
+        };
+        self.submit_on(kind, on, ttl, now)
+    }
+
+    fn submit_on(
+        &mut self,
+        kind: task::Kind,
+        lock: OnLock<'_>,
+        ttl: Duration,
+        now: Instant,
+    ) -> TaskId {
         let id = self.alloc(now);
         let t = &mut self.tasks[id.slot as usize];
         t.begin(kind, ttl, now);
-        t.keys.assign(&lock.keys);
+        t.keys.assign(lock.keys);
         #[cfg(feature = "tracing")]
         {
             t.span = tracing::debug_span!(

@@ -150,7 +150,11 @@ impl KeyList {
     pub(crate) fn assign(&mut self, other: &KeyList) {
         self.clear();
         self.bytes.extend(other.bytes.as_slice());
-        self.ends.extend_from_slice(&other.ends);
+        // One key (nearly always): a push, not `extend_from_slice`'s reserve and insert.
+        match other.ends.as_slice() {
+            &[end] => self.ends.push(end),
+            ends => self.ends.extend_from_slice(ends),
+        }
     }
 }
 

@@ -207,7 +207,7 @@ impl Rounds {
     }
 
     /// `t` in microseconds since the origin (cached for the last `t` asked).
-    #[inline]
+    #[inline(always)]
     fn micros(&mut self, t: Instant) -> u64 {
         if t != self.clock.0 {
             let us = t.saturating_duration_since(self.base);
@@ -384,7 +384,10 @@ impl Rounds {
         if stall_clock_started {
             self.due_by(now + self.cfg.stall_timeout);
         }
-        self.check_decided(id, now);
+        // Decided already (masters down or not asked): rarely; a test, not a call.
+        if self.ops[slot as usize].tally.decision() != Decision::Open {
+            self.check_decided(id, now);
+        }
         id
     }
 
@@ -434,6 +437,7 @@ impl Rounds {
         }
     }
 
+    #[inline]
     fn maybe_free(&mut self, slot: u32) {
         let op = &mut self.ops[slot as usize];
         if op.state == OpState::Decided
@@ -683,9 +687,9 @@ impl Rounds {
     /// or behind bytes its connection has not taken (a master that stopped reading). The
     /// shared client's loop keeps running for them (a cheap test: no queue is walked).
     pub(crate) fn releases_unsent(&self) -> bool {
-        (0..self.n()).any(|i| {
-            let link = &self.links[i];
-            !self.masters[i].owed.is_empty()
+        // Masters and their lock links walked side by side: no index, no bounds check.
+        self.masters.iter().zip(&self.links).any(|(master, link)| {
+            !master.owed.is_empty()
                 || (!link.pending.is_empty()
                     && (link.shared_from.is_some() || link.out_pos < link.out.len()))
         })
@@ -1173,198 +1177,211 @@ impl Rounds {
                         link.input.in_start = 0;
                         link.input.in_end = 0;
                     }
-                    self.op_reply(i, id, req, eval, outcome, value, None, now);
+                    self.literal_reply(i, id, req, eval, outcome, value, now);
                     if drained {
                         return true;
                     }
                     continue;
                 }
             }
-            let (frame, used) = match link.input.next_frame() {
-                Ok(resp::Status::Complete(complete)) => complete,
-                Ok(resp::Status::Partial(_)) => return true,
-                Err(e) => {
-                    self.fail_node(i, Fault::Protocol(e), now);
-                    return false;
-                }
-            };
-            if let Frame::Aggregate(ref a) = frame {
-                // Out of band on a connection that tracks keys (RESP3): answers no request.
-                // Anywhere else a push is no answer to anything: taken as the answer to the
-                // oldest request below, which it does not fit (the stream is not trusted).
-                if a.kind() == resp::AggregateKind::Push && link.tracking == Tracking::On {
-                    let touched = watch::invalidated(a, &self.watches);
-                    link.input.in_start += used;
-                    self.on_invalidated(i, touched, now);
-                    continue;
-                }
-            }
-            let tag = match link.pending.pop_front() {
-                Some(Tag::Track(step)) => {
-                    let ok = match step {
-                        TrackStep::Hello => matches!(frame, Frame::Aggregate(_)),
-                        TrackStep::On => matches!(frame, Frame::Simple(b"OK")),
-                    };
-                    link.input.in_start += used;
-                    link.answered = true;
-                    if !ok {
-                        link.tracking = Tracking::Refused;
-                    } else if step == TrackStep::On && link.tracking == Tracking::Asked {
-                        link.tracking = Tracking::On;
-                    }
-                    self.watch_stats[i].tracking = Some(link.tracking == Tracking::On);
-                    continue;
-                }
-                Some(Tag::Caching) => {
-                    link.input.in_start += used;
-                    link.answered = true;
-                    continue;
-                }
-                Some(Tag::Watch(w)) => {
-                    let vote = match self.watches.get(w) {
-                        Some(_) if link.tracking != Tracking::On => Vote::Blind,
-                        Some(watch) => watch::vote_of(&frame, watch),
-                        None => Vote::Blind,
-                    };
-                    link.input.in_start += used;
-                    link.answered = true;
-                    self.watches.set_vote(w, i, vote, self.quorum);
-                    continue;
-                }
-                Some(Tag::Owed) => {
-                    // Delivered (or refused: then the keys expire by their TTL).
-                    link.input.in_start += used;
-                    link.answered = true;
-                    self.masters[i].owed.pop_front();
-                    continue;
-                }
-                Some(Tag::Subscribe(_) | Tag::Unsubscribe) | None => {
-                    // More replies than requests: the stream can not be trusted.
-                    self.fail_node(i, Fault::Unexpected, now);
-                    return false;
-                }
-                Some(tag) => tag,
-            };
-            let setup = match tag {
-                Tag::Op { id, req, eval } => {
-                    let (value, holder) = match frame {
-                        Frame::Integer(v) => (v, None),
-                        // `AcquireWait` with one key: the holder's TTL left and fingerprint.
-                        Frame::Aggregate(ref a) if req == Request::AcquireWait => {
-                            match rules::holder_left(a) {
-                                Some((v, h)) => (v, Some(chans::fingerprint(h))),
-                                None => (0, None),
-                            }
-                        }
-                        _ => (0, None),
-                    };
-                    let classified = rules::classify(req, &frame);
-                    if req.is_admin() {
-                        super::admin::keep_view(&mut self.ops, i, id, req, &frame);
-                    }
-                    link.input.in_start += used;
-                    link.answered = true;
-                    // The input is used up (the common case: one reply per read): no need
-                    // to look for another frame.
-                    let drained = link.input.in_start == link.input.in_end;
-                    if drained {
-                        link.input.in_start = 0;
-                        link.input.in_end = 0;
-                    }
-                    match classified {
-                        Ok(outcome) => {
-                            self.op_reply(i, id, req, eval, outcome, value, holder, now);
-                            // 2: the master lost a key (never a literal answer, see
-                            // `literal_vote`).
-                            if req == Request::Extend && value == 2 {
-                                self.extend_found_missing(i, id, now);
-                            }
-                            // A refused waiting acquire marked the held key: read the
-                            // watches of its keys again (never a literal answer either).
-                            if req == Request::AcquireWait && self.watches.any() {
-                                self.after_mark(i, id, now);
-                            }
-                        }
-                        Err(()) => {
-                            // A reply that fits no request: the stream can not be trusted.
-                            let f = Fault::Unexpected;
-                            self.op_reply(i, id, req, eval, Outcome::Failed(f), 0, None, now);
-                            self.fail_node(i, f, now);
-                            return false;
-                        }
-                    }
-                    if drained {
-                        return true;
-                    }
-                    continue;
-                }
-                Tag::Setup(setup) => interpret(setup, &frame),
-                Tag::Subscribe(_)
-                | Tag::Unsubscribe
-                | Tag::Owed
-                | Tag::Track(_)
-                | Tag::Caching
-                | Tag::Watch(_) => unreachable!("taken above"),
-            };
-            link.input.in_start += used;
-            link.answered = true;
-            match setup {
-                SetupReply::Done(Ok(())) => {
-                    link.failures = 0;
-                    link.retry_at = None;
-                    // The last of AUTH and SELECT confirmed: requests may go out now (the
-                    // driver writes them after this read).
-                    let last_gate = matches!(tag, Tag::Setup(Setup::Select))
-                        || (matches!(tag, Tag::Setup(Setup::Auth)) && self.masters[i].db == 0);
-                    if last_gate {
-                        link.gate = None;
-                        link.kick = true;
-                    }
-                }
-                SetupReply::Durable(durable) => self.masters[i].durable = durable,
-                SetupReply::InfoRefused(f) => {
-                    // Only the amnesia guard cannot do without INFO; the duplicate check
-                    // just goes without it.
-                    if self.cfg.amnesia_guard.is_some() {
-                        self.fail_node(i, f, now);
-                        return false;
-                    }
-                }
-                SetupReply::Done(Err(f)) => {
-                    if matches!(f, Fault::Handshake(_)) {
-                        // A refused handshake is a configuration problem: back off.
-                        link.answered = false;
-                    }
-                    self.fail_node(i, f, now);
-                    return false;
-                }
-                SetupReply::Info { uptime, run_id } => {
-                    // Trust the master's yes votes only once it has been up for max_ttl:
-                    // before that it may have forgotten locks that are still held.
-                    // Redis computes `uptime_in_seconds` from a start time truncated to the
-                    // second, so it can overstate the uptime by up to a second: count one
-                    // second less.
-                    // A `run_id` other than the one last seen at this address is a restart
-                    // whatever the uptime (another server took the address over: a promoted
-                    // replica, a VIP or a DNS name that flips, never saw our keys): held
-                    // back for max_ttl from the moment the change was seen, across
-                    // reconnects.
-                    let guard = self.cfg.amnesia_guard.unwrap_or_default();
-                    let up = Duration::from_secs(uptime.saturating_sub(1));
-                    let master = &mut self.masters[i];
-                    if master.run_id.is_some_and(|old| old != run_id) {
-                        master.run_id_changed = Some(now);
-                    }
-                    let mut from = now + guard.saturating_sub(up);
-                    if let Some(seen) = master.run_id_changed {
-                        from = from.max(seen + guard);
-                    }
-                    master.votes_from = Some(from);
-                    master.run_id = Some(run_id);
-                    self.mark_same_servers();
-                }
+            if let Some(open) = self.process_frame(i, now) {
+                return open;
             }
         }
+    }
+
+    /// One reply of master `i`'s lock link that is not a literal answer (see
+    /// [`Rounds::process_replies`]): parsed and dispatched. `Some(open)` when the read is
+    /// over (`false`: the connection was closed), `None` to look for the next reply.
+    /// Out of line: the literal answers' loop stays small.
+    #[inline(never)]
+    fn process_frame(&mut self, i: usize, now: Instant) -> Option<bool> {
+        let link = &mut self.links[i];
+        let (frame, used) = match link.input.next_frame() {
+            Ok(resp::Status::Complete(complete)) => complete,
+            Ok(resp::Status::Partial(_)) => return Some(true),
+            Err(e) => {
+                self.fail_node(i, Fault::Protocol(e), now);
+                return Some(false);
+            }
+        };
+        if let Frame::Aggregate(ref a) = frame {
+            // Out of band on a connection that tracks keys (RESP3): answers no request.
+            // Anywhere else a push is no answer to anything: taken as the answer to the
+            // oldest request below, which it does not fit (the stream is not trusted).
+            if a.kind() == resp::AggregateKind::Push && link.tracking == Tracking::On {
+                let touched = watch::invalidated(a, &self.watches);
+                link.input.in_start += used;
+                self.on_invalidated(i, touched, now);
+                return None;
+            }
+        }
+        let tag = match link.pending.pop_front() {
+            Some(Tag::Track(step)) => {
+                let ok = match step {
+                    TrackStep::Hello => matches!(frame, Frame::Aggregate(_)),
+                    TrackStep::On => matches!(frame, Frame::Simple(b"OK")),
+                };
+                link.input.in_start += used;
+                link.answered = true;
+                if !ok {
+                    link.tracking = Tracking::Refused;
+                } else if step == TrackStep::On && link.tracking == Tracking::Asked {
+                    link.tracking = Tracking::On;
+                }
+                self.watch_stats[i].tracking = Some(link.tracking == Tracking::On);
+                return None;
+            }
+            Some(Tag::Caching) => {
+                link.input.in_start += used;
+                link.answered = true;
+                return None;
+            }
+            Some(Tag::Watch(w)) => {
+                let vote = match self.watches.get(w) {
+                    Some(_) if link.tracking != Tracking::On => Vote::Blind,
+                    Some(watch) => watch::vote_of(&frame, watch),
+                    None => Vote::Blind,
+                };
+                link.input.in_start += used;
+                link.answered = true;
+                self.watches.set_vote(w, i, vote, self.quorum);
+                return None;
+            }
+            Some(Tag::Owed) => {
+                // Delivered (or refused: then the keys expire by their TTL).
+                link.input.in_start += used;
+                link.answered = true;
+                self.masters[i].owed.pop_front();
+                return None;
+            }
+            Some(Tag::Subscribe(_) | Tag::Unsubscribe) | None => {
+                // More replies than requests: the stream can not be trusted.
+                self.fail_node(i, Fault::Unexpected, now);
+                return Some(false);
+            }
+            Some(tag) => tag,
+        };
+        let setup = match tag {
+            Tag::Op { id, req, eval } => {
+                let (value, holder) = match frame {
+                    Frame::Integer(v) => (v, None),
+                    // `AcquireWait` with one key: the holder's TTL left and fingerprint.
+                    Frame::Aggregate(ref a) if req == Request::AcquireWait => {
+                        match rules::holder_left(a) {
+                            Some((v, h)) => (v, Some(chans::fingerprint(h))),
+                            None => (0, None),
+                        }
+                    }
+                    _ => (0, None),
+                };
+                let classified = rules::classify(req, &frame);
+                if req.is_admin() {
+                    super::admin::keep_view(&mut self.ops, i, id, req, &frame);
+                }
+                link.input.in_start += used;
+                link.answered = true;
+                // The input is used up (the common case: one reply per read): no need
+                // to look for another frame.
+                let drained = link.input.in_start == link.input.in_end;
+                if drained {
+                    link.input.in_start = 0;
+                    link.input.in_end = 0;
+                }
+                match classified {
+                    Ok(outcome) => {
+                        self.op_reply(i, id, req, eval, outcome, value, holder, now);
+                        // 2: the master lost a key (never a literal answer, see
+                        // `literal_vote`).
+                        if req == Request::Extend && value == 2 {
+                            self.extend_found_missing(i, id, now);
+                        }
+                        // A refused waiting acquire marked the held key: read the
+                        // watches of its keys again (never a literal answer either).
+                        if req == Request::AcquireWait && self.watches.any() {
+                            self.after_mark(i, id, now);
+                        }
+                    }
+                    Err(()) => {
+                        // A reply that fits no request: the stream can not be trusted.
+                        let f = Fault::Unexpected;
+                        self.op_reply(i, id, req, eval, Outcome::Failed(f), 0, None, now);
+                        self.fail_node(i, f, now);
+                        return Some(false);
+                    }
+                }
+                if drained {
+                    return Some(true);
+                }
+                return None;
+            }
+            Tag::Setup(setup) => interpret(setup, &frame),
+            Tag::Subscribe(_)
+            | Tag::Unsubscribe
+            | Tag::Owed
+            | Tag::Track(_)
+            | Tag::Caching
+            | Tag::Watch(_) => unreachable!("taken above"),
+        };
+        link.input.in_start += used;
+        link.answered = true;
+        match setup {
+            SetupReply::Done(Ok(())) => {
+                link.failures = 0;
+                link.retry_at = None;
+                // The last of AUTH and SELECT confirmed: requests may go out now (the
+                // driver writes them after this read).
+                let last_gate = matches!(tag, Tag::Setup(Setup::Select))
+                    || (matches!(tag, Tag::Setup(Setup::Auth)) && self.masters[i].db == 0);
+                if last_gate {
+                    link.gate = None;
+                    link.kick = true;
+                }
+            }
+            SetupReply::Durable(durable) => self.masters[i].durable = durable,
+            SetupReply::InfoRefused(f) => {
+                // Only the amnesia guard cannot do without INFO; the duplicate check
+                // just goes without it.
+                if self.cfg.amnesia_guard.is_some() {
+                    self.fail_node(i, f, now);
+                    return Some(false);
+                }
+            }
+            SetupReply::Done(Err(f)) => {
+                if matches!(f, Fault::Handshake(_)) {
+                    // A refused handshake is a configuration problem: back off.
+                    link.answered = false;
+                }
+                self.fail_node(i, f, now);
+                return Some(false);
+            }
+            SetupReply::Info { uptime, run_id } => {
+                // Trust the master's yes votes only once it has been up for max_ttl:
+                // before that it may have forgotten locks that are still held.
+                // Redis computes `uptime_in_seconds` from a start time truncated to the
+                // second, so it can overstate the uptime by up to a second: count one
+                // second less.
+                // A `run_id` other than the one last seen at this address is a restart
+                // whatever the uptime (another server took the address over: a promoted
+                // replica, a VIP or a DNS name that flips, never saw our keys): held
+                // back for max_ttl from the moment the change was seen, across
+                // reconnects.
+                let guard = self.cfg.amnesia_guard.unwrap_or_default();
+                let up = Duration::from_secs(uptime.saturating_sub(1));
+                let master = &mut self.masters[i];
+                if master.run_id.is_some_and(|old| old != run_id) {
+                    master.run_id_changed = Some(now);
+                }
+                let mut from = now + guard.saturating_sub(up);
+                if let Some(seen) = master.run_id_changed {
+                    from = from.max(seen + guard);
+                }
+                master.votes_from = Some(from);
+                master.run_id = Some(run_id);
+                self.mark_same_servers();
+            }
+        }
+        None
     }
 
     /// A master whose `run_id` equals that of a master listed before it is the same
@@ -1504,6 +1521,71 @@ impl Rounds {
         if state == OpState::Active {
             self.check_decided(id, now);
         } else {
+            self.maybe_free(id.slot);
+        }
+    }
+
+    /// Master `i`'s literal answer to op `id` (see [`literal_vote`]: `Ok`, `Taken` or
+    /// `NotHeld`, never a failure, a holder or an operator's round): what
+    /// [`Rounds::op_reply`] does with it, without the tests only those need. A yes to a
+    /// grant where a vote may be refused (duplicate servers, fencing's durability, the
+    /// amnesia guard) takes the general path.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn literal_reply(
+        &mut self,
+        i: usize,
+        id: OpId,
+        req: Request,
+        eval: bool,
+        outcome: Outcome,
+        value: i64,
+        now: Instant,
+    ) {
+        let ok = matches!(outcome, Outcome::Ok);
+        let checked =
+            self.same_servers || self.cfg.require_durable || self.cfg.amnesia_guard.is_some();
+        if (ok && checked && req.grants())
+            || (req == Request::AcquireWait && matches!(outcome, Outcome::Taken))
+            || req.is_admin()
+        {
+            self.op_reply(i, id, req, eval, outcome, value, None, now);
+            return;
+        }
+        let slot = id.slot as usize;
+        if self.ops[slot].gen != id.gen {
+            return;
+        }
+        let us = self.micros(now);
+        let op = &mut self.ops[slot];
+        let latency_us = us.saturating_sub(op.started_us);
+        op.outstanding = op.outstanding.saturating_sub(1);
+        let state = op.state;
+        let first = state != OpState::Free && {
+            if ok && value > op.max_value {
+                op.max_value = value;
+            }
+            // Rebuilt from its tag: the tally stores a byte, not a 64-byte outcome.
+            let plain = match outcome {
+                Outcome::Ok => Outcome::Ok,
+                Outcome::Taken => Outcome::Taken,
+                _ => Outcome::NotHeld,
+            };
+            op.tally.record(i, plain)
+        };
+        let decided = state == OpState::Active && op.tally.decision() != Decision::Open;
+        let stats = &mut self.masters[i].stats;
+        stats.latency.record_us(latency_us);
+        if first {
+            if ok {
+                stats.ok += 1;
+            } else {
+                stats.refused += 1;
+            }
+        }
+        if decided {
+            self.check_decided(id, now);
+        } else if state != OpState::Active {
             self.maybe_free(id.slot);
         }
     }

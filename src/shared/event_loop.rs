@@ -226,7 +226,8 @@ impl<D: LoopIo> Loop<D> {
                 }
                 match slot {
                     Some(slot) => {
-                        let id = self.m.submit_release(&state.to_lock(), now);
+                        state.record_hold(now);
+                        let id = self.m.submit_release_of(state.on_lock(), state.ttl(), now);
                         self.wait_for(id, Waiter::Release(slot));
                     }
                     // A dropped guard: the same path as the single owner's dropped lock.

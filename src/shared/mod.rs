@@ -75,7 +75,7 @@ pub(crate) struct Inner {
     hub: Arc<Hub>,
     /// Completion slots, reused (shared with the loop).
     pub(crate) slots: Arc<SlotPool>,
-    settings: Settings,
+    settings: TtlChecks,
     /// Retries of `lock` and `lock_many` (no deadline): the count set on the builder, or
     /// none (see `Builder::retry_count`).
     lock_retries: u32,
@@ -100,6 +100,45 @@ impl Inner {
 
     pub(crate) fn hub(&self) -> &Hub {
         &self.hub
+    }
+}
+
+/// The core's settings as the handles check a TTL against them: [`Settings::check_ttl`]
+/// remembered for the last TTL accepted (a client's locks nearly always share a TTL; the
+/// check takes a floating-point product and a rounding), as the single owner's
+/// `Core::check_ttl` does. Shared by every thread: one relaxed atomic, the TTL packed as
+/// `secs << 30 | nanos` (`u64::MAX`, which no TTL packs to: none yet), since any TTL it
+/// holds passed the check against settings that never change.
+pub(crate) struct TtlChecks {
+    settings: Settings,
+    accepted: std::sync::atomic::AtomicU64,
+}
+
+impl TtlChecks {
+    fn new(settings: Settings) -> Self {
+        TtlChecks {
+            settings,
+            accepted: std::sync::atomic::AtomicU64::new(u64::MAX),
+        }
+    }
+
+    /// [`Settings::check_ttl`] of `ttl`: the TTL in whole milliseconds, or why not.
+    #[inline]
+    pub(crate) fn check_ttl(&self, ttl: Duration) -> Result<Duration, Error> {
+        use std::sync::atomic::Ordering::Relaxed;
+        // Packed only when its seconds fit in 32 bits: every TTL that can pass does
+        // (`MAX_TTL` is 2^31 ms); one that does not is checked every time.
+        let packed =
+            (ttl.as_secs() < 1 << 32).then(|| ttl.as_secs() << 30 | u64::from(ttl.subsec_nanos()));
+        if packed.is_some_and(|p| p == self.accepted.load(Relaxed)) {
+            let nanos = ttl.subsec_nanos();
+            return Ok(Duration::new(ttl.as_secs(), nanos - nanos % 1_000_000));
+        }
+        let whole = self.settings.check_ttl(ttl)?;
+        if let Some(p) = packed {
+            self.accepted.store(p, Relaxed);
+        }
+        Ok(whole)
     }
 }
 
@@ -213,7 +252,7 @@ impl SharedRedlock {
             inner: Arc::new(Inner {
                 hub,
                 slots,
-                settings,
+                settings: TtlChecks::new(settings),
                 lock_retries,
                 masters,
                 quorum,
@@ -445,7 +484,7 @@ impl Builder {
         Ok(InMemoryShared {
             hub,
             slots: SlotPool::new(),
-            settings,
+            settings: TtlChecks::new(settings),
         })
     }
 }
@@ -465,7 +504,7 @@ impl Builder {
 pub struct InMemoryShared<S: FnMut(usize, &[u8], &mut Vec<u8>) + Send + 'static> {
     hub: Arc<Hub<Loop<InMemory<S>>>>,
     slots: SlotPool,
-    settings: Settings,
+    settings: TtlChecks,
 }
 
 /// A lock held through an [`InMemoryShared`]; give it to [`InMemoryShared::release`]
@@ -536,4 +575,44 @@ fn _assert_send_sync() {
     is::<Pending<Inspection>>();
     is::<Pending<ForcedRelease>>();
     let _ = Out::Unit;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Redlock;
+
+    /// The remembered check answers as the check does: a TTL rejected before or after one
+    /// accepted, the same TTL again, and one in whole and in part milliseconds.
+    #[test]
+    fn remembered_ttl_checks_answer_as_the_check() {
+        let core = Redlock::builder()
+            .masters(["redis://127.0.0.1:1"])
+            .build_core(Instant::now(), 0, 1)
+            .unwrap();
+        let checks = TtlChecks::new(core.cfg.clone());
+        let ttls = [
+            Duration::ZERO,
+            Duration::from_micros(999),
+            Duration::from_secs(10),
+            Duration::ZERO,
+            Duration::from_secs(10),
+            Duration::from_micros(10_500_700),
+            Duration::from_micros(10_500_700),
+            Duration::from_secs(10),
+            crate::lock::MAX_TTL + Duration::from_millis(1),
+            Duration::MAX,
+            Duration::from_millis(1),
+        ];
+        for ttl in ttls {
+            let want = core.cfg.check_ttl(ttl);
+            for _ in 0..2 {
+                match (checks.check_ttl(ttl), &want) {
+                    (Ok(a), Ok(b)) => assert_eq!(a, *b, "{ttl:?}"),
+                    (Err(_), Err(_)) => {}
+                    (a, b) => panic!("{ttl:?}: {a:?}, the check says {b:?}"),
+                }
+            }
+        }
+    }
 }

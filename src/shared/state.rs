@@ -93,6 +93,28 @@ impl LockState {
         self.at(self.stop_at_ns.load(Ordering::Acquire))
     }
 
+    /// What a release reads of the lock (no [`Lock`] built, no key copied for it).
+    pub(crate) fn on_lock(&self) -> crate::core::OnLock<'_> {
+        crate::core::OnLock {
+            keys: &self.keys,
+            token: self.token,
+            valid_until: self.valid_until(),
+            line: self.line,
+        }
+    }
+
+    /// The lock is released at `now`: its hold's duration goes into the lock call's span
+    /// (`held_us`, with the `tracing` feature), as [`Lock::record_hold`] does.
+    pub(crate) fn record_hold(&self, now: Instant) {
+        #[cfg(feature = "tracing")]
+        self.span.record(
+            "held_us",
+            now.saturating_duration_since(self.acquired_at).as_micros() as u64,
+        );
+        #[cfg(not(feature = "tracing"))]
+        let _ = now;
+    }
+
     /// The lock as a value, for the loop's release and extend tasks.
     pub(crate) fn to_lock(&self) -> Lock {
         let mut keys = KeyList::default();
