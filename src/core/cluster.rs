@@ -373,6 +373,15 @@ pub(crate) fn parse_redirect(err: &[u8]) -> Option<Redirect> {
 
 // ---- One ordered stream over the shards --------------------------------------------------
 
+/// Why a refreshed map was not taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refresh {
+    /// It names a primary this layer has no connection to: connect again.
+    Unknown,
+    /// It does not make sense (a bad range, a slot claimed twice): the map stays.
+    Bad,
+}
+
 /// A cluster master's lock connection as the rounds see it: one ordered stream of
 /// requests and replies, carried over one connection per shard primary.
 ///
@@ -418,6 +427,8 @@ pub(crate) struct ShardMux {
     sticky: Option<u64>,
     /// A request rewritten without the old fencing counters (reused).
     scratch: Vec<u8>,
+    /// The owner table a refresh reads into (reused).
+    spare_owner: Box<[u16]>,
     /// A redirection named a node outside the map.
     stale: bool,
     limits: crate::resp::Limits,
@@ -427,6 +438,12 @@ pub(crate) struct ShardMux {
     slots_only: bool,
     tls: bool,
 }
+
+/// Requests in flight a cluster master's stream has buffers for from the start.
+const SPARE_ENTRIES: usize = 64;
+/// Bytes each of those buffers holds from the start (a request with a long key, or a long
+/// answer, grows its buffer once; buffers are reused whole).
+const SPARE_BYTES: usize = 512;
 
 /// One shard primary's connection, as far as this layer goes: what to write, and which
 /// entries its replies answer, in order.
@@ -675,12 +692,17 @@ impl ShardMux {
         ShardMux {
             map,
             shards,
-            entries: std::collections::VecDeque::with_capacity(64),
+            entries: std::collections::VecDeque::with_capacity(SPARE_ENTRIES),
             first_seq: 0,
-            spare: Vec::new(),
+            // Buffers for the requests in flight and their answers, made here: how many are
+            // in flight depends on when the replies come (a round decided before a late
+            // master answered), and a warm operation must not allocate.
+            spare: (0..2 * SPARE_ENTRIES).map(|_| Vec::with_capacity(SPARE_BYTES)).collect(),
             ready: Vec::with_capacity(4096),
             sticky: None,
             scratch: Vec::new(),
+            // Made here: a refresh allocates nothing.
+            spare_owner: vec![SlotMap::NONE; SLOTS].into_boxed_slice(),
             stale: false,
             limits,
             refreshing: false,
@@ -717,42 +739,149 @@ impl ShardMux {
         sh.expect.push_back(Expect::Refresh);
     }
 
-    /// The first shard's answer to a refresh.
+    /// The first shard's answer to a refresh: read into a second owner table (kept for
+    /// the next refresh: no allocation once warm), swapped in when the whole answer made
+    /// sense.
     fn refreshed(&mut self, frame: &Frame<'_>) {
         self.refreshing = false;
-        let parsed = match frame {
-            Frame::Aggregate(_) if self.slots_only => parse_slots(frame),
-            Frame::Aggregate(_) => parse_shards(frame, self.tls),
-            // Refused (an ACL without CLUSTER, a node loading): the map stays.
-            _ => return,
+        // Refused (an ACL without CLUSTER, a node loading): the map stays.
+        let Frame::Aggregate(top) = frame else { return };
+        let mut owner = std::mem::take(&mut self.spare_owner);
+        if owner.len() == SLOTS {
+            owner.fill(SlotMap::NONE);
+        } else {
+            owner = vec![SlotMap::NONE; SLOTS].into_boxed_slice();
+        }
+        let read = if self.slots_only {
+            self.owner_from_slots(top, &mut owner)
+        } else {
+            self.owner_from_shards(top, &mut owner)
         };
-        let Ok(new) = parsed else { return };
-        let asked = self.shards[0].addr.host.clone();
-        // The new ranges by the shards this layer knows, in its order.
-        let mut ranges: Vec<Vec<(u16, u16)>> = vec![Vec::new(); self.shards.len()];
-        for sh in new {
-            let addr = sh.primary.or_host(&asked);
-            match self.shards.iter().position(|s| s.addr == addr) {
-                Some(k) => ranges[k].extend(sh.ranges),
-                None => {
-                    self.stale = true;
-                    return;
+        match read {
+            Ok(()) => std::mem::swap(&mut self.map.owner, &mut owner),
+            Err(Refresh::Unknown) => self.stale = true,
+            Err(Refresh::Bad) => {}
+        }
+        self.spare_owner = owner;
+    }
+
+    /// Which known shard is the primary at `host` (empty or `?`: the first shard's host)
+    /// and `port`.
+    fn known(&self, host: &[u8], port: i64) -> Option<usize> {
+        let host = if host.is_empty() || host == b"?" {
+            self.shards.first()?.addr.host.as_bytes()
+        } else {
+            host
+        };
+        self.shards
+            .iter()
+            .position(|s| s.addr.host.as_bytes() == host && i64::from(s.addr.port) == port)
+    }
+
+    fn claim(owner: &mut [u16], start: i64, end: i64, k: usize) -> Result<(), Refresh> {
+        let (s, e) = range(start, end).map_err(|_| Refresh::Bad)?;
+        for o in &mut owner[s as usize..=e as usize] {
+            if *o != SlotMap::NONE {
+                return Err(Refresh::Bad);
+            }
+            *o = k as u16;
+        }
+        Ok(())
+    }
+
+    /// A `CLUSTER SHARDS` answer into `owner`, by the shards this layer knows.
+    fn owner_from_shards(
+        &self,
+        top: &crate::resp::Aggregate<'_>,
+        owner: &mut [u16],
+    ) -> Result<(), Refresh> {
+        for shard in top.iter() {
+            let fields = pairs(&shard).ok_or(Refresh::Bad)?;
+            let mut ranges: smallvec::SmallVec<[(i64, i64); 8]> = smallvec::SmallVec::new();
+            let mut primary = None;
+            for (k, v) in fields {
+                match text(&k) {
+                    Some(b"slots") => {
+                        let Frame::Aggregate(a) = v else {
+                            return Err(Refresh::Bad);
+                        };
+                        let mut it = a.iter();
+                        while let Some(s) = it.next() {
+                            let e = it.next().ok_or(Refresh::Bad)?;
+                            let (Some(s), Some(e)) = (int(&s), int(&e)) else {
+                                return Err(Refresh::Bad);
+                            };
+                            ranges.push((s, e));
+                        }
+                    }
+                    Some(b"nodes") => {
+                        let Frame::Aggregate(nodes) = v else {
+                            return Err(Refresh::Bad);
+                        };
+                        for node in nodes.iter() {
+                            let fields = pairs(&node).ok_or(Refresh::Bad)?;
+                            let (mut role, mut health, mut host) = (None, None, None);
+                            let (mut ip, mut port, mut tls_port) = (None, None, None);
+                            for (k, v) in fields {
+                                match text(&k) {
+                                    Some(b"role") => role = text(&v),
+                                    Some(b"health") => health = text(&v),
+                                    Some(b"endpoint") => host = text(&v),
+                                    Some(b"ip") => ip = text(&v),
+                                    Some(b"port") => port = int(&v),
+                                    Some(b"tls-port") => tls_port = int(&v),
+                                    _ => {}
+                                }
+                            }
+                            if role != Some(b"master") || health.is_some_and(|h| h != b"online") {
+                                continue;
+                            }
+                            let port = if self.tls { tls_port.or(port) } else { port };
+                            let port = port.ok_or(Refresh::Bad)?;
+                            primary = Some(
+                                self.known(host.or(ip).unwrap_or(b"?"), port)
+                                    .ok_or(Refresh::Unknown)?,
+                            );
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            // A shard without an online primary serves nothing now (as at discovery).
+            if let Some(k) = primary {
+                for (s, e) in ranges {
+                    Self::claim(owner, s, e, k)?;
                 }
             }
         }
-        let infos = self
-            .shards
-            .iter()
-            .zip(ranges)
-            .map(|(s, ranges)| ShardInfo {
-                primary: s.addr.clone(),
-                node_id: None,
-                ranges,
-            })
-            .collect();
-        if let Ok(map) = SlotMap::new(infos) {
-            self.map = map;
+        Ok(())
+    }
+
+    /// A `CLUSTER SLOTS` answer into `owner`, by the shards this layer knows.
+    fn owner_from_slots(
+        &self,
+        top: &crate::resp::Aggregate<'_>,
+        owner: &mut [u16],
+    ) -> Result<(), Refresh> {
+        for entry in top.iter() {
+            let Frame::Aggregate(e) = entry else {
+                return Err(Refresh::Bad);
+            };
+            let mut it = e.iter();
+            let (Some(s), Some(end), Some(Frame::Aggregate(node))) = (
+                it.next().as_ref().and_then(int),
+                it.next().as_ref().and_then(int),
+                it.next(),
+            ) else {
+                return Err(Refresh::Bad);
+            };
+            let mut n = node.iter();
+            let host = n.next().as_ref().and_then(text).unwrap_or(b"?");
+            let port = n.next().as_ref().and_then(int).ok_or(Refresh::Bad)?;
+            let k = self.known(host, port).ok_or(Refresh::Unknown)?;
+            Self::claim(owner, s, end, k)?;
         }
+        Ok(())
     }
 
     pub(crate) fn shards(&mut self) -> &mut [ShardLink] {
@@ -2047,5 +2176,45 @@ mod tests {
         );
         reply(&mut m, 0, new.as_bytes());
         assert!(m.stale());
+    }
+
+    #[test]
+    fn a_refresh_with_the_same_map_changes_nothing() {
+        for (bytes, slots_only) in [
+            (
+                &include_bytes!("../../tests/data/cluster-shards-redis7-resp2.bin")[..],
+                false,
+            ),
+            (
+                include_bytes!("../../tests/data/cluster-shards-redis7-resp3.bin"),
+                false,
+            ),
+            (
+                include_bytes!("../../tests/data/cluster-slots-redis7-resp3.bin"),
+                true,
+            ),
+        ] {
+            let mut shards = None;
+            frame(bytes, |f| {
+                shards = Some(if slots_only {
+                    parse_slots(f)
+                } else {
+                    parse_shards(f, false)
+                })
+            });
+            let map = SlotMap::new(shards.unwrap().unwrap()).unwrap();
+            let before: Vec<Option<usize>> = (0..16384).map(|s| map.shard_of(s)).collect();
+            let mut m = ShardMux::new(map, crate::resp::Limits::default());
+            m.set_refresh(slots_only, false);
+            m.refresh();
+            take_out(&mut m, 0);
+            reply(&mut m, 0, bytes);
+            assert!(!m.stale());
+            let after: Vec<Option<usize>> = (0..16384).map(|s| m.map.shard_of(s)).collect();
+            assert!(
+                before == after,
+                "the map changed (slots only: {slots_only})"
+            );
+        }
     }
 }
