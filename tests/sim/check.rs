@@ -493,10 +493,7 @@ impl World {
             let free: Vec<bool> = self
                 .listed
                 .iter()
-                .map(|&s| {
-                    let m = &self.masters[s];
-                    m.down_until.is_none() && m.server.get(0, &key, m.clock_ms(t)).is_none()
-                })
+                .map(|&s| !self.master_down(s) && self.master_get(s, &key).is_none())
                 .collect();
             let held = self
                 .held
@@ -513,12 +510,10 @@ impl World {
                     let reach = (0..self.listed.len())
                         .filter(|&i| {
                             let s = self.listed[i];
-                            self.cut_until(c, s, t).is_none()
+                            !self.master_cut(c, s, t)
                                 && self.calls[call].res.iter().all(|&x| {
                                     let k = World::resource_name(x);
-                                    let m = &self.masters[s];
-                                    m.down_until.is_none()
-                                        && m.server.get(0, &k, m.clock_ms(t)).is_none()
+                                    !self.master_down(s) && self.master_get(s, &k).is_none()
                                 })
                         })
                         .count();
