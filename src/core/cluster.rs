@@ -901,6 +901,9 @@ impl ShardMux {
                 .unwrap_or(0);
             (3, n.min(args.len().saturating_sub(3)))
         };
+        // The fencing scripts read their `KEYS` as two halves, the lock keys then their
+        // counters, pair by pair: a group must keep that shape.
+        let mut paired = false;
         let kind = if mget {
             Some(SplitKind::Mget)
         } else {
@@ -915,6 +918,7 @@ impl ShardMux {
             use crate::scripts::{
                 ACQUIRE_MANY, ACQUIRE_WAIT, EXTEND, FENCE_DRAW, FENCE_RAISE, RELEASE,
             };
+            paired = is(FENCE_DRAW) || is(FENCE_RAISE);
             if is(ACQUIRE_MANY) {
                 Some(SplitKind::AllOrNothing)
             } else if is(RELEASE) || is(FENCE_RAISE) {
@@ -938,6 +942,19 @@ impl ShardMux {
                 None => groups.push((slot, vec![i])),
             }
         }
+        // A lock key and its counter in two slots (or an odd count): no group would be
+        // a lock key with its counter (each would run the script on a half that it reads
+        // as having no lock key, and answer 1 whatever the counter: seed 0 of
+        // issue22_cluster_masters, fencing tokens that never rise): `CROSSSLOT`.
+        let half = nkeys / 2;
+        let kind = kind.filter(|_| {
+            !paired
+                || (nkeys % 2 == 0
+                    && (0..half).all(|i| {
+                        let (k, c) = (args[first_key + i], args[first_key + half + i]);
+                        crate::slot::key_slot(k) == crate::slot::key_slot(c)
+                    }))
+        });
         let shards: Option<Vec<usize>> =
             groups.iter().map(|(s, _)| self.map.shard_of(*s)).collect();
         let (Some(kind), Some(shards)) = (kind, shards) else {
@@ -1706,6 +1723,42 @@ mod tests {
         // A script this layer does not know is not split.
         m.submit(&cmd(&["EVALSHA", "unknown", "2", &a, &b, "t"]));
         assert!(take_ready(&mut m).starts_with(b"-CROSSSLOT "));
+    }
+
+    #[test]
+    fn fencing_scripts_split_only_with_each_lock_key_beside_its_counter() {
+        use crate::scripts::{FENCE_DRAW, FENCE_RAISE};
+        let mut m = three();
+        let (a, b) = (key_on(0, "a"), key_on(1, "b"));
+        let (ca, cb) = (format!("{{{a}}}c"), format!("{{{b}}}c"));
+        // Pairs in one slot each: a group per lock key, with its counter.
+        m.submit(&cmd(&[
+            "EVALSHA",
+            FENCE_DRAW.sha,
+            "4",
+            &a,
+            &b,
+            &ca,
+            &cb,
+            "t",
+        ]));
+        assert_eq!(
+            take_out(&mut m, 0),
+            cmd(&["EVALSHA", FENCE_DRAW.sha, "2", &a, &ca, "t"])
+        );
+        assert_eq!(
+            take_out(&mut m, 1),
+            cmd(&["EVALSHA", FENCE_DRAW.sha, "2", &b, &cb, "t"])
+        );
+        reply(&mut m, 0, b":3\r\n");
+        reply(&mut m, 1, b":5\r\n");
+        assert_eq!(take_ready(&mut m), b":5\r\n");
+        // A counter in another slot than its lock key: refused, never split in halves.
+        for sha in [FENCE_DRAW.sha, FENCE_RAISE.sha] {
+            m.submit(&cmd(&["EVALSHA", sha, "2", &a, &b, "t", "9"]));
+            assert!(take_out(&mut m, 0).is_empty() && take_out(&mut m, 1).is_empty());
+            assert!(take_ready(&mut m).starts_with(b"-CROSSSLOT "));
+        }
     }
 
     #[test]
