@@ -181,8 +181,10 @@ fn script_answer(mut out: &[u8], master: usize, s: &mut Script) {
                 a.extend_from_slice(b"\r\n:1\r\n");
             }
             b"EVALSHA" if args[1] == scripts::ACQUIRE_WAIT.sha.as_bytes() => {
-                // KEYS[1], then ARGV: token, ttl, the waiter's id, ...
-                let id: [u8; WAITER_ID_LEN] = args[6].try_into().expect("a waiter id");
+                // KEYS (the key, its line, its liveness set), then ARGV: token, ttl, the
+                // waiter's id, ...
+                let nkeys: usize = std::str::from_utf8(args[2]).unwrap().parse().unwrap();
+                let id: [u8; WAITER_ID_LEN] = args[3 + nkeys + 2].try_into().expect("a waiter id");
                 s.waiter = Some(id);
                 if s.grant {
                     a.extend_from_slice(b":0\r\n");

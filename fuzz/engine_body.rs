@@ -1342,34 +1342,70 @@ impl Sim {
             };
             let token_ok = argv.first().is_some_and(|t| t.len() == 32);
             assert!(token_ok, "master {master}: no token in {:?}", show(args));
+            // The keys a script declares beside each lock key (`scripts::aux_key`), after
+            // the lock keys: kinds in order, each for every lock key.
+            let beside = |lock_keys: &[Vec<u8>], rest: &[Vec<u8>], kinds: &[&[u8]]| {
+                rest.len() == lock_keys.len() * kinds.len()
+                    && rest
+                        .chunks(lock_keys.len().max(1))
+                        .zip(kinds)
+                        .all(|(names, kind)| {
+                            names.iter().zip(lock_keys).all(|(name, k)| {
+                                if *kind == scripts::OLD_FENCE_PREFIX {
+                                    name.strip_prefix(scripts::OLD_FENCE_PREFIX) == Some(&k[..])
+                                } else {
+                                    *name == scripts::aux_key(kind, k)
+                                }
+                            })
+                        })
+            };
             if s == scripts::FENCE_DRAW || s == scripts::FENCE_RAISE {
                 assert!(self.cfg.fencing, "fencing script without fencing");
-                let half = keys.len() / 2;
-                let (lock_keys, counters) = keys.split_at(half);
-                let fenced = keys.len() % 2 == 0
-                    && half > 0
+                let n = keys.len() / 3;
+                let (lock_keys, rest) = keys.split_at(n);
+                let fenced = keys.len() % 3 == 0
+                    && n > 0
                     && lock_keys.iter().all(is_resource)
                     && distinct(lock_keys)
-                    && counters
-                        .iter()
-                        .zip(lock_keys)
-                        .all(|(c, k)| c.strip_prefix(scripts::FENCE_PREFIX) == Some(&k[..]));
+                    && beside(
+                        lock_keys,
+                        rest,
+                        &[scripts::FENCE, scripts::OLD_FENCE_PREFIX],
+                    );
                 assert!(fenced, "master {master}: bad fencing keys {:?}", show(args));
+                let count = argv.last().map(|c| c == n.to_string().as_bytes());
                 if s == scripts::FENCE_DRAW {
-                    assert_eq!(argv.len(), 1, "FENCE_DRAW args: {:?}", show(args));
+                    assert!(
+                        argv.len() == 2 && count == Some(true),
+                        "FENCE_DRAW args: {:?}",
+                        show(args)
+                    );
                 } else {
                     let value: Option<u64> = argv
                         .get(1)
                         .and_then(|v| std::str::from_utf8(v).ok()?.parse().ok());
                     assert!(
-                        argv.len() == 2 && value.is_some_and(|v| v >= 1),
+                        argv.len() == 3 && value.is_some_and(|v| v >= 1) && count == Some(true),
                         "FENCE_RAISE args: {:?}",
                         show(args)
                     );
                 }
             } else {
+                // A release declares each key's line and liveness set; a waiting acquire of
+                // one key in line, its line and liveness set.
+                let kinds: &[&[u8]] =
+                    if s == scripts::RELEASE || (s == scripts::ACQUIRE_WAIT && argv.len() > 2) {
+                        &[scripts::QUEUE, scripts::ALIVE]
+                    } else {
+                        &[]
+                    };
+                let n = keys.len() / (1 + kinds.len());
+                let (keys, rest) = keys.split_at(n);
                 assert!(
-                    !keys.is_empty() && keys.iter().all(is_resource) && distinct(keys),
+                    !keys.is_empty()
+                        && keys.iter().all(is_resource)
+                        && distinct(keys)
+                        && beside(keys, rest, kinds),
                     "master {master}: bad keys in {:?}",
                     show(args)
                 );

@@ -205,9 +205,12 @@ impl Builder {
     /// of the lock's resources on a quorum, only where our key still holds our token), and
     /// a third writes it back (each counter raised to at least the token on a quorum, again
     /// only while our key is held) before the lock is returned. Counters are the keys
-    /// `redlock-mux:fence:<resource>`, one per fenced resource on every master, kept
+    /// `redlock-mux:{T}:fence:<resource>` (`T`: three characters that put the counter in
+    /// the resource's cluster slot), one per fenced resource on every master, kept
     /// forever (no TTL: no wait could restore a lost counter); lock names starting with
-    /// `redlock-mux:` are refused. A multi-resource lock's token exceeds every
+    /// `redlock-mux:` are refused. A counter of the earlier layout
+    /// (`redlock-mux:fence:<resource>`) is read too, and retired by the next write-back:
+    /// tokens keep increasing across the upgrade. A multi-resource lock's token exceeds every
     /// earlier token of each of its resources.
     ///
     /// Fencing needs masters that persist every write (`appendonly yes` and `appendfsync
@@ -249,14 +252,16 @@ impl Builder {
     /// that crashed is followed within its TTL.
     ///
     /// **Woken on release** ([`WaitMode::Notify`]): a refused call of one resource takes its
-    /// place in the resource's *line* on each master (`redlock-mux:queue:<resource>`,
+    /// place in the resource's *line* on each master (`redlock-mux:{T}:queue:<resource>`,
+    /// beside its waiters' liveness, `redlock-mux:{T}:alive:<resource>`, both in the
+    /// resource's cluster slot;
     /// ordered by the call's arrival on its client's clock, so every master orders it
     /// alike; a waiter stays in line while it keeps asking, and leaves with its release, or
     /// on every master when the call ends without the lock).
     /// The release script names the first live waiter in line and announces the release on
     /// that waiter's client's channel only (`redlock-mux:next:<client>`): one waiter is
-    /// woken, not every client with a waiter. With nobody in line (several resources, or a
-    /// user without the right to the line's keys), it announces on
+    /// woken, not every client with a waiter. With nobody in line (several resources), it
+    /// announces on
     /// `redlock-mux:released:<resource>` to every waiter, which tries once the
     /// announcements leave room for a quorum. The client listens on one more connection per
     /// master, in the same event loop, opened when a call first waits and closed 2 s after

@@ -5,9 +5,38 @@
 //! one key, `RELEASE` is the Redis page's `if get == token then del` script, plus a
 //! `PUBLISH` that wakes the waiters of the key ([`RELEASED_PREFIX`]).
 //!
-//! The fencing scripts take the lock's keys followed by as many counter keys (one per
-//! resource, [`FENCE_PREFIX`] + resource), and act only while every lock key still holds
-//! the token: a token is drawn and written back only by the lock's holder.
+//! **Every key a script touches is one of its `KEYS`, and all of a lock key's keys live in
+//! its cluster slot.** Beside lock key `K` a master may keep its line of waiters, their
+//! liveness and its fencing counter, named `redlock-mux:{T}:<kind>:K` ([`aux_key`]: `T`
+//! is [`crate::slot::tag_of`]`(K)`, three bytes whose hash is `K`'s slot, so the name's
+//! hash tag puts it in `K`'s slot whatever `K` is, braces included). The client builds
+//! these names where it encodes the requests and declares them: a Redis or Valkey Cluster
+//! then accepts every script (no key of another slot), and so does a server that refuses
+//! undeclared keys (Dragonfly). A multi-key script's keys are all in one slot only when
+//! the lock's keys are (on a cluster, grouping them by slot is the caller's work); on
+//! standalone masters any keys go in one script.
+//!
+//! **Every script starts with a `#!lua` shebang**, so that a cluster server itself refuses
+//! any cross-slot access (the read-only scripts carry `flags=no-writes`; the releases and
+//! the extension `flags=allow-oom`, so that a master out of memory still lets a lock go or
+//! keep its key, as the plain `DEL` and `PEXPIRE` they run would). Shebangs need Redis 7.0
+//! or later (Valkey 7.2 or later). **A Redis 6 master is refused** at the handshake: its
+//! `SCRIPT LOAD` fails to compile the first line, and the handshake reports that the
+//! master needs Redis 7 (`core::link`). Redis 6 is past its end of life, and keeping the
+//! sources without the shebang too would mean a second SHA1 per script chosen per
+//! connection, for a server whose scripts could still reach undeclared keys.
+//!
+//! **Fencing continuity across the change of layout.** Before it, a resource `r`'s
+//! counter was `redlock-mux:fence:<r>` ([`OLD_FENCE_PREFIX`], in another slot). On
+//! standalone masters the fencing scripts take that old counter too, as one more declared
+//! key per resource: the draw reads both, and the write-back raises the new counter to at
+//! least the old one (and the token) and deletes the old one, so that a token drawn after
+//! the upgrade is above every token drawn before it, and the old counters disappear with
+//! the first fenced lock of each resource. (A cluster never ran the old fencing: it was
+//! always `CROSSSLOT` there, so a cluster master's caller leaves the old counters out.)
+//! Clients of both layouts must not fence the same resources at once: an old client
+//! would draw from the old counter only. Mutual exclusion never depended on the layout
+//! (the lock key is the same).
 
 /// A script and its SHA1 (checked against `SCRIPT LOAD` during every handshake).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,10 +47,33 @@ pub struct Script {
     pub sha: &'static str,
 }
 
-/// The namespace of the fencing counters: resource `r`'s counter is the key
-/// `redlock-mux:fence:<r>`. Lock names starting with it are refused, so a lock key and a
-/// counter never share a name.
-pub const FENCE_PREFIX: &[u8] = b"redlock-mux:fence:";
+/// The fencing counter of resource `r` before the keys moved into their lock key's slot:
+/// `redlock-mux:fence:<r>`. Read, raised past and deleted by the fencing scripts on
+/// standalone masters (see the module's doc: fencing continuity).
+pub const OLD_FENCE_PREFIX: &[u8] = b"redlock-mux:fence:";
+
+/// The kind of key of a resource's line of waiters ([`aux_key`]): a sorted set of waiter
+/// ids scored by their arrival (the client's clock, so that every master orders them
+/// alike). Kept by [`ACQUIRE_WAIT`], read by [`RELEASE`] to name the next waiter.
+pub const QUEUE: &[u8] = b"queue";
+
+/// The kind of key of the liveness of a resource's waiters ([`aux_key`]): a sorted set of
+/// the same waiter ids as the line, each scored by the moment (the master's own clock,
+/// `TIME`, in ms) until which it is alive: set at each of its refused attempts to now plus
+/// the time until its next one. A waiter that stops asking drops out of line once that
+/// moment has passed. The line and this set hold the same waiters (a waiter enters and
+/// leaves both in one script) and their expiry is set together, to their longest-lived
+/// waiter's (an attempt only ever lengthens it, to its own liveness): they expire as a
+/// whole when nobody asks any more. (Server time in a script that writes is safe with
+/// effects replication, the only kind Redis 7 has.)
+pub const ALIVE: &[u8] = b"alive";
+
+// The request encoder writes a release's second name as a copy of its first.
+const _: () = assert!(QUEUE.len() == ALIVE.len());
+
+/// The kind of key of a resource's fencing counter ([`aux_key`]): `redlock-mux:{T}:fence:<r>`,
+/// no TTL, only ever raised.
+pub const FENCE: &[u8] = b"fence";
 
 /// The channel a release announces itself on: releasing resource `r` publishes on
 /// `redlock-mux:released:<r>` on every master where it deleted the key, so that waiting
@@ -35,22 +87,11 @@ pub const RELEASED_PREFIX: &[u8] = b"redlock-mux:released:";
 /// no capability: releasing or extending takes the whole token.
 pub const NOTICE_LEN: usize = 16;
 
-/// The line of waiters of resource `r` on a master: `redlock-mux:queue:<r>`, a sorted set of
-/// waiter ids scored by their arrival (the client's clock, so that every master orders
-/// them alike), expiring with its longest-lived waiter (an attempt only ever lengthens the
-/// line's TTL, to its own liveness). Kept by [`ACQUIRE_WAIT`], read by
-/// [`RELEASE`] to name the next waiter. A waiter in line is alive while its key
-/// [`WAITER_PREFIX`]`<id>` lives (set at each of its refused attempts, with the time until
-/// its next one): a waiter that stops asking drops out of line.
-pub const QUEUE_PREFIX: &[u8] = b"redlock-mux:queue:";
-/// See [`QUEUE_PREFIX`].
-pub const WAITER_PREFIX: &[u8] = b"redlock-mux:waiter:";
-
 /// Lock names starting with this are refused: the fencing counters, the lines of waiters
-/// and their keys live under it.
+/// and their liveness live under it.
 pub const RESERVED_PREFIX: &[u8] = b"redlock-mux:";
 
-/// Bytes of a waiter id in the line ([`QUEUE_PREFIX`]) and in a release's announcement: the
+/// Bytes of a waiter id in the line ([`QUEUE`]) and in a release's announcement: the
 /// first [`CLIENT_ID_LEN`] name the waiter's client, the rest the waiting lock call.
 pub const WAITER_ID_LEN: usize = 16;
 
@@ -62,55 +103,92 @@ pub const CLIENT_ID_LEN: usize = 8;
 /// release wakes that waiter's client only, not every client with a waiter.
 pub const NEXT_PREFIX: &[u8] = b"redlock-mux:next:";
 
-/// Compare-and-delete every key; returns 1 when all held the token, else 0. A key holds
-/// the token when its value is the token, or the token and [`WAITED`] (a waiter was
-/// refused while it was held: see [`ACQUIRE_WAIT`]). Only such a key's release looks for
-/// waiters and announces itself (an uncontended release runs `GET` and `DEL`, nothing
-/// more), with the token's first [`NOTICE_LEN`] bytes: to the first live waiter in the
-/// key's line if there is one (the waiter whose turn it is), on its client's channel
-/// [`NEXT_PREFIX`]`<first 8 bytes of its id>` with its id after the fingerprint; else to
-/// every waiter, on [`RELEASED_PREFIX`]`<key>` (with `pcall` throughout: a user without the
-/// right to publish or to the line still releases). `ARGV[2]`, if given, is the releasing
-/// lock's id in the keys' lines: it leaves them (a lock that waited, at its release or its
-/// last cleanup; whether or not it still held the key) where it may stand in them, that is
-/// wherever the key does not hold the unmarked token: a waiter in a key's line that wins
-/// the key sets it marked ([`ACQUIRE_WAIT`]), so an unmarked key held with the token was
-/// won where no line existed, and the lock never stood in one there (the lines of waiters
-/// expire as a whole, with their longest-lived waiter). Its liveness key
-/// ([`WAITER_PREFIX`]`<id>`) is left to expire: no line names it any more, and a lock call's
-/// id is never used again, so deleting it would only cost the master a command per contended
-/// release. An uncontended `lock()` therefore releases with the same `GET` and `DEL` as the
-/// compare-and-delete, nothing more; a contended one with `GET`, `ZREM`, `DEL`, `ZRANGE`,
-/// `EXISTS` and `PUBLISH`.
+/// Length of [`aux_key`]`(kind, key)`.
+pub const fn aux_key_len(kind: &[u8], key: &[u8]) -> usize {
+    // "redlock-mux:" "{TAG}" ":" kind ":" key
+    RESERVED_PREFIX.len() + 5 + 1 + kind.len() + 1 + key.len()
+}
+
+/// Append the name of the key of `kind` ([`QUEUE`], [`ALIVE`], [`FENCE`]) kept beside lock
+/// key `key`, whose slot's tag is `tag` (`crate::slot::tag_of(key)`, computed once per
+/// request by the caller): `redlock-mux:{tag}:<kind>:<key>`.
+pub fn push_aux_key(out: &mut Vec<u8>, kind: &[u8], tag: &[u8; 3], key: &[u8]) {
+    let head = [
+        b'r', b'e', b'd', b'l', b'o', b'c', b'k', b'-', b'm', b'u', b'x', b':', b'{', tag[0],
+        tag[1], tag[2], b'}', b':',
+    ];
+    out.extend_from_slice(&head);
+    out.extend_from_slice(kind);
+    out.push(b':');
+    out.extend_from_slice(key);
+}
+
+/// The name of the key of `kind` kept beside lock key `key`: `redlock-mux:{T}:<kind>:<key>`
+/// with `T` = [`crate::slot::tag_of`]`(key)`, in `key`'s cluster slot.
+pub fn aux_key(kind: &[u8], key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(aux_key_len(kind, key));
+    push_aux_key(&mut out, kind, crate::slot::tag_of(key), key);
+    out
+}
+
+/// Compare-and-delete every key: `KEYS` = the lock's n keys, then their n lines
+/// ([`QUEUE`]), then their n liveness sets ([`ALIVE`]); returns 1 when all held the token,
+/// else 0. A key holds the token when its value is the token, or the token and [`WAITED`]
+/// (a waiter was refused while it was held: see [`ACQUIRE_WAIT`]). Only such a key's
+/// release looks for waiters and announces itself (an uncontended release runs `GET` and
+/// `DEL`, nothing more), with the token's first [`NOTICE_LEN`] bytes: to the first live
+/// waiter in the key's line if there is one (the waiter whose turn it is; waiters found
+/// dead at the head on the way leave the line and the liveness set), on its client's
+/// channel [`NEXT_PREFIX`]`<first 8 bytes of its id>` with its id after the fingerprint;
+/// else to every waiter, on [`RELEASED_PREFIX`]`<key>` (with `pcall` throughout: a user
+/// without the right to publish still releases; the lines and liveness sets being
+/// declared keys, an ACL user needs the right to them, `~redlock-mux:*`, as to the lock's
+/// own keys: the server checks every declared key before it runs a script). `ARGV[2]`, if given, is
+/// the releasing lock's id in the keys' lines: it leaves them and their liveness sets (a
+/// lock that waited, at its release or its last cleanup; whether or not it still held the
+/// key) where it may stand in them, that is wherever the key does not hold the unmarked
+/// token: a waiter in a key's line that wins the key sets it marked ([`ACQUIRE_WAIT`]), so
+/// an unmarked key held with the token was won where no line existed, and the lock never
+/// stood in one there (the lines of waiters expire as a whole, with their longest-lived
+/// waiter). An uncontended `lock()` therefore releases with the same `GET` and `DEL` as
+/// the compare-and-delete, nothing more; a contended one with `GET`, `ZREM` (line and
+/// liveness), `DEL`, `ZRANGE`, `TIME`, `ZSCORE` and `PUBLISH`.
 pub const RELEASE: Script = Script {
     src: concat!(
+        "#!lua flags=allow-oom\n",
+        "local n = #KEYS / 3\n",
         "local held = 1\n",
-        "for i = 1, #KEYS do\n",
-        "  local q = 'redlock-mux:queue:' .. KEYS[i]\n",
-        "  local v = redis.call('get', KEYS[i])\n",
+        "local now\n",
+        "for i = 1, n do\n",
+        "  local k, q, a = KEYS[i], KEYS[n + i], KEYS[2 * n + i]\n",
+        "  local v = redis.call('get', k)\n",
         "  if ARGV[2] and v ~= ARGV[1] then\n",
         "    redis.pcall('zrem', q, ARGV[2])\n",
+        "    redis.pcall('zrem', a, ARGV[2])\n",
         "  end\n",
         "  if v == ARGV[1] then\n",
-        "    redis.call('del', KEYS[i])\n",
+        "    redis.call('del', k)\n",
         "  elseif v == ARGV[1] .. '+' then\n",
-        "    redis.call('del', KEYS[i])\n",
+        "    redis.call('del', k)\n",
         "    local turn\n",
         "    for _ = 1, 8 do\n",
         "      local r = redis.pcall('zrange', q, 0, 0)\n",
         "      local h = type(r) == 'table' and r[1]\n",
         "      if not h then break end\n",
-        "      if redis.pcall('exists', 'redlock-mux:waiter:' .. h) == 1 then\n",
+        "      if not now then local t = redis.call('time') now = t[1] * 1000 + math.floor(t[2] / 1000) end\n",
+        "      local d = tonumber(redis.pcall('zscore', a, h))\n",
+        "      if d and d >= now then\n",
         "        turn = h\n",
         "        break\n",
         "      end\n",
         "      redis.pcall('zrem', q, h)\n",
+        "      redis.pcall('zrem', a, h)\n",
         "    end\n",
         "    local note = string.sub(ARGV[1], 1, 16)\n",
         "    if turn then\n",
         "      redis.pcall('publish', 'redlock-mux:next:' .. string.sub(turn, 1, 8), note .. turn)\n",
         "    else\n",
-        "      redis.pcall('publish', 'redlock-mux:released:' .. KEYS[i], note)\n",
+        "      redis.pcall('publish', 'redlock-mux:released:' .. k, note)\n",
         "    end\n",
         "  else\n",
         "    held = 0\n",
@@ -118,7 +196,7 @@ pub const RELEASE: Script = Script {
         "end\n",
         "return held"
     ),
-    sha: "135d170f8c306908611ebc0d06e429c22c0e59d4",
+    sha: "b9b3d670a9d1db84805c4728751c1382090b4caa",
 };
 
 /// The mark a refused waiter appends to the value of a key held with one of this crate's
@@ -140,6 +218,7 @@ pub const WAITED: &[u8] = b"+";
 /// time, and a lock broken on a quorum (`force_release`) is never put back. Else 0.
 pub const EXTEND: Script = Script {
     src: concat!(
+        "#!lua flags=allow-oom\n",
         "local gone = false\n",
         "for i = 1, #KEYS do\n",
         "  local v = redis.call('get', KEYS[i])\n",
@@ -156,19 +235,20 @@ pub const EXTEND: Script = Script {
         "if gone then return 2 end\n",
         "return 1"
     ),
-    sha: "dfdcff0460af9a0bf9b3eda53622411ff35f9fc5",
+    sha: "ed7028c0c24869890f579f9d1b1b70efa504b977",
 };
 
 /// All-or-nothing multi-key acquire: set every key (`PX ARGV[2]`) only when none exists.
 pub const ACQUIRE_MANY: Script = Script {
     src: concat!(
+        "#!lua\n",
         "for i = 1, #KEYS do\n",
         "  if redis.call('exists', KEYS[i]) == 1 then return 0 end\n",
         "end\n",
         "for i = 1, #KEYS do redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2]) end\n",
         "return 1"
     ),
-    sha: "9354dcfccee51ca201cd5006613aa659e4837198",
+    sha: "9d860f90fc4540f804c98f19c465c815b2eae554",
 };
 
 /// The acquire of a lock that waits (`lock`, `lock_with_deadline`, `lock_many`): set every
@@ -178,43 +258,45 @@ pub const ACQUIRE_MANY: Script = Script {
 /// value}` (the fingerprint its release will publish). The waiter never sleeps past the
 /// holder's expiry, and knows which announcement frees this master.
 ///
-/// With one key and `ARGV[3..6]` (waiter id, how long it stays in line without asking
-/// again in ms, `p` for polite or empty, its arrival score): a refused waiter takes its
-/// place in the key's line ([`QUEUE_PREFIX`], keeping its place if it has one); it leaves
-/// the line with its release ([`RELEASE`]'s `ARGV[2]`), not at the grant on one master
-/// (the attempt may fail elsewhere, and its place must stay the same on every master). A
-/// polite waiter does not take a free key while another live waiter comes first in line:
-/// it is refused with `{-1, ''}` (and keeps its place), and the key being free, it tells
-/// that first waiter it is its turn ([`NEXT_PREFIX`], its token's first 16 bytes and the
-/// waiter's id, as a release does): the masters' lines may disagree on who is first (a
-/// waiter that won a master before a line existed there is not in that line), and the one
-/// first on a quorum, asleep until its retry delay, would otherwise hear from nobody while
-/// the others yield to it (the simulation's soak: live_hot_fair_without_faults seed 3810). With `ARGV[7]` = `o` the waiter
-/// stands out of line (its last attempt could not reach a quorum): it leaves the line and
-/// takes no place in it, and a polite one still yields to every live waiter in line.
-/// Otherwise `ARGV[7]` says which answer the client expects, so that the script runs the
-/// fewest commands on that path (what it does and answers never depends on it): `h` (held:
-/// this client waited on the key lately) reads the key first, and a refused waiter then
-/// needs no `EXISTS` of the line and no failing `SET NX` (not for a polite waiter, which
-/// looks at the line first); `l` (the waiter stands in line: one of its attempts was
-/// refused) looks for its own place with `ZRANK` first, which also says that the line
-/// exists and spares the `ZADD NX`, and refreshes its liveness key with `PEXPIRE` (a
-/// `SET` only when that key is gone). Absent (a first attempt), `EXISTS` of the line and
-/// `SET NX`, as an uncontended `lock()` needs. (Differences on invalid arguments only,
-/// which the client never sends: with `h` and the key held, a `PX` that `SET` would refuse
-/// is not looked at; with `l`, a liveness of 0 ms or less deletes a live waiter's key
-/// instead of being refused.)
-/// Every attempt of a waiter refreshes its liveness key and the line's expiry, the ones
-/// that take the key too: a waiter whose attempt wins here but fails the round (a split
-/// vote, a timeout elsewhere) is still asking and keeps its place. One that wins a master
-/// where a line exists takes its place there too (a waiter refused on the others and
-/// missing here made the lines disagree: each master named another first waiter, each
-/// refused the other's polite attempts, and nobody was woken until a timed retry; found by
-/// the simulation's soak, live_hot_fair_without_faults seed 3810). The
-/// line's expiry is only ever moved later (to this waiter's liveness when that is longer
-/// than what the line has left), never earlier: a waiter with a short liveness (short
-/// retry delay) must not expire a line in which a waiter with a long one is still alive
-/// and asking (issue 19, item 3).
+/// With one key, `KEYS` = that key alone, or with `ARGV[3..7]` the key, its line
+/// ([`QUEUE`]) and its liveness set ([`ALIVE`]); with several keys, `KEYS` = the lock's
+/// keys and no `ARGV[3]`.
+///
+/// `ARGV[3..6]` (waiter id, how long it stays in line without asking again in ms, `p` for
+/// polite or empty, its arrival score): a refused waiter takes its place in the key's line
+/// (keeping its place if it has one) and its liveness set; it leaves them with its release
+/// ([`RELEASE`]'s `ARGV[2]`), not at the grant on one master (the attempt may fail
+/// elsewhere, and its place must stay the same on every master). A polite waiter does not
+/// take a free key while another live waiter comes first in line: it is refused with
+/// `{-1, ''}` (and keeps its place), and the key being free, it tells that first waiter it
+/// is its turn ([`NEXT_PREFIX`], its token's first 16 bytes and the waiter's id, as a
+/// release does): the masters' lines may disagree on who is first (a waiter that won a
+/// master before a line existed there is not in that line), and the one first on a quorum,
+/// asleep until its retry delay, would otherwise hear from nobody while the others yield
+/// to it (the simulation's soak: live_hot_fair_without_faults seed 3810). With `ARGV[7]` =
+/// `o` the waiter stands out of line (its last attempt could not reach a quorum): it leaves
+/// the line and takes no place in it, and a polite one still yields to every live waiter
+/// in line. Otherwise `ARGV[7]` says which answer the client expects, so that the script
+/// runs the fewest commands on that path (what it does and answers never depends on it):
+/// `h` (held: this client waited on the key lately) reads the key first, and a refused
+/// waiter then needs no `EXISTS` of the line and no failing `SET NX` (not for a polite
+/// waiter, which looks at the line first); `l` (the waiter stands in line: one of its
+/// attempts was refused) looks for its own place with `ZRANK` first, which also says that
+/// the line exists and spares the `ZADD NX`. Absent (a first attempt), `EXISTS` of the
+/// line and `SET NX`, as an uncontended `lock()` needs. (Differences on invalid arguments
+/// only, which the client never sends: with `h` and the key held, a `PX` that `SET` would
+/// refuse is not looked at.)
+/// Every attempt of a waiter refreshes its liveness (`ZADD` of `TIME` plus its liveness to
+/// the set) and the line's expiry, the ones that take the key too: a waiter whose attempt
+/// wins here but fails the round (a split vote, a timeout elsewhere) is still asking and
+/// keeps its place. One that wins a master where a line exists takes its place there too
+/// (a waiter refused on the others and missing here made the lines disagree: each master
+/// named another first waiter, each refused the other's polite attempts, and nobody was
+/// woken until a timed retry; found by the simulation's soak, live_hot_fair_without_faults
+/// seed 3810). The line's and the liveness set's expiry is only ever moved later (to this
+/// waiter's liveness when that is longer than what the line has left), never earlier: a
+/// waiter with a short liveness (short retry delay) must not expire a line in which a
+/// waiter with a long one is still alive and asking (issue 19, item 3).
 ///
 /// A waiter refused by a key held with one of this crate's tokens marks it
 /// ([`WAITED`]: the one-key waiter that stands in a line, and every waiter on several
@@ -224,6 +306,7 @@ pub const ACQUIRE_MANY: Script = Script {
 /// compare-and-delete.
 pub const ACQUIRE_WAIT: Script = Script {
     src: concat!(
+        "#!lua\n",
         "local function mark(k)\n",
         "  local v = redis.pcall('get', k)\n",
         "  if type(v) == 'string' and #v == 32 and not string.find(v, '[^0-9a-f]') then\n",
@@ -231,23 +314,30 @@ pub const ACQUIRE_WAIT: Script = Script {
         "  end\n",
         "  return v\n",
         "end\n",
-        "if #KEYS == 1 then\n",
+        "if ARGV[3] or #KEYS == 1 then\n",
         "  local id = ARGV[3]\n",
-        "  local q = 'redlock-mux:queue:' .. KEYS[1]\n",
+        "  local q, a = KEYS[2], KEYS[3]\n",
         "  local how = ARGV[7]\n",
         "  local out = how == 'o'\n",
         "  if id and out then\n",
         "    redis.pcall('zrem', q, id)\n",
-        "    redis.pcall('del', 'redlock-mux:waiter:' .. id)\n",
+        "    redis.pcall('zrem', a, id)\n",
+        "  end\n",
+        "  local now\n",
+        "  local function clock()\n",
+        "    if not now then local t = redis.call('time') now = t[1] * 1000 + math.floor(t[2] / 1000) end\n",
+        "    return now\n",
         "  end\n",
         "  local function keep()\n",
-        "    if redis.pcall('pttl', q) < tonumber(ARGV[4]) then redis.pcall('pexpire', q, ARGV[4]) end\n",
+        "    if redis.pcall('pttl', q) < tonumber(ARGV[4]) then\n",
+        "      redis.pcall('pexpire', q, ARGV[4])\n",
+        "      redis.pcall('pexpire', a, ARGV[4])\n",
+        "    end\n",
+        "  end\n",
+        "  local function alive()\n",
+        "    redis.pcall('zadd', a, clock() + tonumber(ARGV[4]), id)\n",
         "  end\n",
         "  local v, inq = false, false\n",
-        "  local function alive()\n",
-        "    local w = 'redlock-mux:waiter:' .. id\n",
-        "    if not (inq and redis.pcall('pexpire', w, ARGV[4]) == 1) then redis.pcall('set', w, '1', 'PX', ARGV[4]) end\n",
-        "  end\n",
         "  if how == 'h' and ARGV[5] ~= 'p' then v = redis.pcall('get', KEYS[1]) end\n",
         "  if not v then\n",
         "    if id and how == 'l' then inq = type(redis.pcall('zrank', q, id)) == 'number' end\n",
@@ -258,11 +348,13 @@ pub const ACQUIRE_WAIT: Script = Script {
         "        local r = redis.pcall('zrange', q, 0, 0)\n",
         "        local h = type(r) == 'table' and r[1]\n",
         "        if not h or h == id then break end\n",
-        "        if redis.pcall('exists', 'redlock-mux:waiter:' .. h) == 1 then\n",
+        "        local d = tonumber(redis.pcall('zscore', a, h))\n",
+        "        if d and d >= clock() then\n",
         "          behind = true if redis.pcall('exists', KEYS[1]) == 0 then redis.pcall('publish', 'redlock-mux:next:' .. string.sub(h, 1, 8), string.sub(ARGV[1], 1, 16) .. h) end\n",
         "          break\n",
         "        end\n",
         "        redis.pcall('zrem', q, h)\n",
+        "        redis.pcall('zrem', a, h)\n",
         "      end\n",
         "    end\n",
         "    local val = ARGV[1]\n",
@@ -278,8 +370,8 @@ pub const ACQUIRE_WAIT: Script = Script {
         "  end\n",
         "  if id and not out then\n",
         "    if not inq then redis.pcall('zadd', q, 'NX', ARGV[6], id) end\n",
-        "    keep()\n",
         "    alive()\n",
+        "    keep()\n",
         "  end\n",
         "  local left = redis.call('pttl', KEYS[1])\n",
         "  if left == -2 then left = -1 elseif left == 0 then left = 1 end\n",
@@ -304,14 +396,17 @@ pub const ACQUIRE_WAIT: Script = Script {
         "for i = 1, #KEYS do redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2]) end\n",
         "return 0"
     ),
-    sha: "4ef795f7f5f557aecaf4d9137c6047c309ced2f6",
+    sha: "32e8cfc9481b108c7dc35ecb606ef0ceb5591d9c",
 };
 
-/// Fencing draw (read-only): `KEYS` = the lock's n keys, then their n counters. When every
-/// lock key holds the token, returns 1 + the largest counter (absent counts as 0); else 0.
+/// Fencing draw (read-only): `KEYS` = the lock's n keys, then their n counters ([`FENCE`]),
+/// then (standalone masters) their n old counters ([`OLD_FENCE_PREFIX`]); `ARGV[2]` = n.
+/// When every lock key holds the token, returns 1 + the largest counter, old or new
+/// (absent counts as 0); else 0.
 pub const FENCE_DRAW: Script = Script {
     src: concat!(
-        "local n = #KEYS / 2\n",
+        "#!lua flags=no-writes\n",
+        "local n = tonumber(ARGV[2])\n",
         "for i = 1, n do\n",
         "  local v = redis.call('get', KEYS[i])\n",
         "  if v ~= ARGV[1] and v ~= ARGV[1] .. '+' then return 0 end\n",
@@ -323,29 +418,41 @@ pub const FENCE_DRAW: Script = Script {
         "end\n",
         "return top + 1"
     ),
-    sha: "275d0d082734ba1863507f86af15bf83ef7087fa",
+    sha: "a8fc0792161c2f4fe7b946ab5fa0fd0cd3c33892",
 };
 
-/// Fencing write-back: `KEYS` as [`FENCE_DRAW`]. When every lock key holds the token,
-/// raises every counter to at least `ARGV[2]` and returns 1; else 0. Counters only grow.
+/// Fencing write-back: `KEYS` as [`FENCE_DRAW`], `ARGV[2]` the token drawn, `ARGV[3]` = n.
+/// When every lock key holds the token, raises every counter to at least `ARGV[2]` and
+/// its resource's old counter where there is one (which it then deletes: the new counter
+/// carries it on) and returns 1; else 0. Counters only grow.
 pub const FENCE_RAISE: Script = Script {
     src: concat!(
-        "local n = #KEYS / 2\n",
+        "#!lua\n",
+        "local n = tonumber(ARGV[3])\n",
         "for i = 1, n do\n",
         "  local v = redis.call('get', KEYS[i])\n",
         "  if v ~= ARGV[1] and v ~= ARGV[1] .. '+' then return 0 end\n",
         "end\n",
-        "local t = tonumber(ARGV[2])\n",
-        "for i = n + 1, #KEYS do\n",
-        "  if tonumber(redis.call('get', KEYS[i]) or '0') < t then redis.call('set', KEYS[i], ARGV[2]) end\n",
+        "for i = 1, n do\n",
+        "  local t, s = tonumber(ARGV[2]), ARGV[2]\n",
+        "  local old = KEYS[2 * n + i]\n",
+        "  if old then\n",
+        "    local o = redis.call('get', old)\n",
+        "    if o then\n",
+        "      if tonumber(o) > t then t, s = tonumber(o), o end\n",
+        "      redis.call('del', old)\n",
+        "    end\n",
+        "  end\n",
+        "  if tonumber(redis.call('get', KEYS[n + i]) or '0') < t then redis.call('set', KEYS[n + i], s) end\n",
         "end\n",
         "return 1"
     ),
-    sha: "5ed1e2804f79de9ac51a20bca4f325c19326fa85",
+    sha: "b68ba8a3681130f32a805302ebe6fe55b9003ced",
 };
 
-/// Read-only: what a master holds for resource `KEYS[1]` (`KEYS[2]` its line,
-/// [`QUEUE_PREFIX`]`<r>`, `KEYS[3]` its fencing counter, [`FENCE_PREFIX`]`<r>`), for
+/// Read-only: what a master holds for resource `KEYS[1]` (`KEYS[2]` its line, [`QUEUE`],
+/// `KEYS[3]` its liveness set, [`ALIVE`], `KEYS[4]` its fencing counter, [`FENCE`], and on
+/// standalone masters `KEYS[5]` its old counter, [`OLD_FENCE_PREFIX`]), for
 /// `Redlock::inspect` and `redlock status` / `redlock list`. `ARGV[1]`: how many waiters
 /// of the line to name. Answers `{kind, holder, lock, marked, pttl, waiters, ids, alive,
 /// counter}`: `kind` is `none`, `string` or `other` (a key of another type); `holder` the
@@ -353,11 +460,12 @@ pub const FENCE_RAISE: Script = Script {
 /// token, which is the capability to release); `lock` 1 when the value is one of this
 /// crate's tokens (32 lowercase hex digits, and [`WAITED`] or not), `marked` 1 when it
 /// carries the mark; `pttl` the key's `PTTL`; `waiters` the line's length, `ids` the first
-/// `ARGV[1]` waiter ids in line and `alive` whether each still has its liveness key
-/// ([`WAITER_PREFIX`]); `counter` the fencing counter (empty when there is none). Nothing
-/// is written.
+/// `ARGV[1]` waiter ids in line and `alive` whether each is still alive (its moment in the
+/// liveness set not passed); `counter` the fencing counter (the old one while there is no
+/// new one; empty when there is none). Nothing is written.
 pub const INSPECT: Script = Script {
     src: concat!(
+        "#!lua flags=no-writes\n",
         "local v = redis.pcall('get', KEYS[1])\n",
         "local kind = 'string'\n",
         "if not v then kind = 'none' v = ''\n",
@@ -371,42 +479,51 @@ pub const INSPECT: Script = Script {
         "if type(n) ~= 'number' then n = 0 end\n",
         "if n > 0 then\n",
         "  ids = redis.call('zrange', KEYS[2], 0, tonumber(ARGV[1]) - 1)\n",
+        "  local t = redis.call('time')\n",
+        "  local now = t[1] * 1000 + math.floor(t[2] / 1000)\n",
         "  for i = 1, #ids do\n",
-        "    alive[i] = redis.call('exists', 'redlock-mux:waiter:' .. ids[i])\n",
+        "    local d = tonumber(redis.pcall('zscore', KEYS[3], ids[i]))\n",
+        "    if d and d >= now then alive[i] = 1 else alive[i] = 0 end\n",
         "  end\n",
         "end\n",
-        "local f = redis.pcall('get', KEYS[3])\n",
+        "local f = redis.pcall('get', KEYS[4])\n",
+        "if type(f) ~= 'string' and KEYS[5] then f = redis.pcall('get', KEYS[5]) end\n",
         "if type(f) ~= 'string' then f = '' end\n",
         "return {kind, string.sub(v, 1, 16), lock, marked, redis.call('pttl', KEYS[1]), n, ids, alive, f}"
     ),
-    sha: "f458f167f546dd741e60622c2969f6e402a175a3",
+    sha: "05be400f4678bf1877f2ddc3cce40852724f9e4b",
 };
 
-/// An operator's forced release of resource `KEYS[1]` (`KEYS[2]` its line): delete the key
-/// whatever its value (a lock whose holder is gone, or must go), and announce it as
-/// [`RELEASE`] announces a marked key's release, with the value's first [`NOTICE_LEN`]
-/// bytes: to the first live waiter in line on its client's channel, else on the key's
-/// channel, so that the waiters try at once. A key of another type is an error (nothing is
-/// deleted). Answers `{holder, pttl, turn}`: the deleted value's first [`NOTICE_LEN`] bytes
-/// (empty when there was no key), the `PTTL` it had (-2: none), the id of the waiter named
-/// (empty: the key's channel, or nothing deleted).
+/// An operator's forced release of resource `KEYS[1]` (`KEYS[2]` its line, `KEYS[3]` its
+/// liveness set): delete the key whatever its value (a lock whose holder is gone, or must
+/// go), and announce it as [`RELEASE`] announces a marked key's release, with the value's
+/// first [`NOTICE_LEN`] bytes: to the first live waiter in line on its client's channel,
+/// else on the key's channel, so that the waiters try at once. A key of another type is an
+/// error (nothing is deleted). Answers `{holder, pttl, turn}`: the deleted value's first
+/// [`NOTICE_LEN`] bytes (empty when there was no key), the `PTTL` it had (-2: none), the id
+/// of the waiter named (empty: the key's channel, or nothing deleted).
 pub const FORCE_RELEASE: Script = Script {
     src: concat!(
+        "#!lua flags=allow-oom\n",
         "local v = redis.call('get', KEYS[1])\n",
         "if not v then return {'', -2, ''} end\n",
         "local left = redis.call('pttl', KEYS[1])\n",
         "redis.call('del', KEYS[1])\n",
         "local note = string.sub(v, 1, 16)\n",
         "local turn = ''\n",
+        "local now\n",
         "for _ = 1, 8 do\n",
         "  local r = redis.pcall('zrange', KEYS[2], 0, 0)\n",
         "  local h = type(r) == 'table' and r[1]\n",
         "  if not h then break end\n",
-        "  if redis.pcall('exists', 'redlock-mux:waiter:' .. h) == 1 then\n",
+        "  if not now then local t = redis.call('time') now = t[1] * 1000 + math.floor(t[2] / 1000) end\n",
+        "  local d = tonumber(redis.pcall('zscore', KEYS[3], h))\n",
+        "  if d and d >= now then\n",
         "    turn = h\n",
         "    break\n",
         "  end\n",
         "  redis.pcall('zrem', KEYS[2], h)\n",
+        "  redis.pcall('zrem', KEYS[3], h)\n",
         "end\n",
         "if turn ~= '' and #note == 16 then\n",
         "  redis.pcall('publish', 'redlock-mux:next:' .. string.sub(turn, 1, 8), note .. turn)\n",
@@ -416,7 +533,7 @@ pub const FORCE_RELEASE: Script = Script {
         "end\n",
         "return {note, left, turn}"
     ),
-    sha: "bc7b24083c25819c13160f6c7b031add115635ff",
+    sha: "8697580246d287ed6fe0c6041a7c6ddf731bec98",
 };
 
 /// The operators' scripts ([`INSPECT`], [`FORCE_RELEASE`]). Not loaded by the handshake:

@@ -2034,7 +2034,11 @@ fn run_waits_in_line_and_is_woken_by_the_release() {
     let m = masters(3);
     let s = Scratch::new();
     let key = "cli:woken";
-    let line = format!("redlock-mux:queue:{key}");
+    let line = String::from_utf8(redlock_mux::scripts::aux_key(
+        redlock_mux::scripts::QUEUE,
+        key.as_bytes(),
+    ))
+    .unwrap();
     let in_line = |i: usize| match m[i].cmd(&[b"ZCARD", line.as_bytes()]).expect("ZCARD") {
         AdminReply::Int(n) => n,
         other => panic!("ZCARD {line}: {other:?}"),
@@ -2151,12 +2155,22 @@ fn noperm_text(addr: std::net::SocketAddr, user: &str, password: &str, key: &str
 /// itself with `-NOPERM` (the handshake went through). Waiting cannot change that: `run -w
 /// 10` says so at once (64, well under 2 s), names the masters, the whole reason cut at a
 /// word, and the ACL to give. (It used to wait its whole 10 s and exit 69, "no quorum".)
+/// The user has the right to the crate's own keys (`redlock-mux:*`), which the scripts
+/// declare beside the lock's key.
 #[test]
 fn run_as_an_acl_user_without_rights_to_the_key_fails_at_once() {
     let m = masters(3);
     for i in 0..3 {
         let r = m[i].cmd(&[
-            b"ACL", b"SETUSER", b"app", b"on", b">app-pw", b"~app:*", b"&*", b"+@all",
+            b"ACL",
+            b"SETUSER",
+            b"app",
+            b"on",
+            b">app-pw",
+            b"~app:*",
+            b"~redlock-mux:*",
+            b"&*",
+            b"+@all",
         ]);
         assert!(r.unwrap().is_ok());
     }

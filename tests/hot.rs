@@ -411,26 +411,34 @@ fn subscriptions_end_after_the_last_wait() {
     });
 }
 
-/// The one waiter liveness key on master `i` (`redlock-mux:waiter:<id>`).
-fn the_waiter_key(m: &LocalMasters, i: usize) -> String {
-    match m[i].cmd(&[b"KEYS", b"redlock-mux:waiter:*"]).unwrap() {
-        AdminReply::Array(a) if a.len() == 1 => a[0].as_str().unwrap().to_string(),
-        other => panic!("one waiter key expected on master {i}: {other:?}"),
-    }
-}
-
-/// `PTTL key` on master `i`.
-fn pttl(m: &LocalMasters, i: usize, key: &str) -> i64 {
-    match m[i].cmd(&[b"PTTL", key.as_bytes()]).unwrap() {
-        AdminReply::Int(ms) => ms,
-        other => panic!("PTTL {key}: {other:?}"),
-    }
+/// How long the one waiter of `key` has left to live on master `i` (ms on the master's
+/// clock: its moment in the key's liveness set, `scripts::ALIVE`, minus `TIME`), or -1
+/// when the set names nobody.
+fn alive_left(m: &LocalMasters, i: usize, key: &str) -> i64 {
+    let a = redlock_mux::scripts::aux_key(redlock_mux::scripts::ALIVE, key.as_bytes());
+    let until = match m[i]
+        .cmd(&[b"ZRANGE", &a, b"0", b"-1", b"WITHSCORES"])
+        .unwrap()
+    {
+        AdminReply::Array(a) if a.is_empty() => return -1,
+        AdminReply::Array(a) if a.len() == 2 => a[1].as_str().unwrap().parse::<f64>().unwrap(),
+        other => panic!("one waiter expected in {key}'s liveness set on master {i}: {other:?}"),
+    };
+    let now = match m[i].cmd(&[b"TIME"]).unwrap() {
+        AdminReply::Array(t) => {
+            let s: f64 = t[0].as_str().unwrap().parse().unwrap();
+            let us: f64 = t[1].as_str().unwrap().parse().unwrap();
+            s * 1000.0 + (us / 1000.0).floor()
+        }
+        other => panic!("TIME: {other:?}"),
+    };
+    (until - now) as i64
 }
 
 /// Waiters in line on a key, by hand-counted entries of its line on master `i`.
 fn in_line(m: &LocalMasters, i: usize, key: &str) -> i64 {
-    let q = format!("redlock-mux:queue:{key}");
-    match m[i].cmd(&[b"ZCARD", q.as_bytes()]) {
+    let q = redlock_mux::scripts::aux_key(redlock_mux::scripts::QUEUE, key.as_bytes());
+    match m[i].cmd(&[b"ZCARD", &q]) {
         Ok(AdminReply::Int(n)) => n,
         other => panic!("ZCARD: {other:?}"),
     }
@@ -515,7 +523,7 @@ fn a_release_names_one_client_not_all() {
 }
 
 /// The first in line died (a client that stopped asking): it drops out of line when its
-/// waiter key expires, and the next waiter, fair or not, takes the lock within its
+/// liveness runs out, and the next waiter, fair or not, takes the lock within its
 /// fallback. (Without the expiry a fair waiter would stand behind it for ever.)
 #[test]
 fn a_dead_first_in_line_drops_out() {
@@ -525,16 +533,24 @@ fn a_dead_first_in_line_drops_out() {
         let mut holder = builder(m.urls()).build().unwrap();
         let held = holder.try_lock(key, TTL).unwrap();
         // A waiter in line at score 0 (first), alive for 600 ms, that never asks again.
-        let q = format!("redlock-mux:queue:{key}");
+        let q = redlock_mux::scripts::aux_key(redlock_mux::scripts::QUEUE, key.as_bytes());
+        let a = redlock_mux::scripts::aux_key(redlock_mux::scripts::ALIVE, key.as_bytes());
         for i in 0..3 {
-            m[i].cmd(&[b"ZADD", q.as_bytes(), b"0", b"deadbeefdeadbeef"])
-                .unwrap();
+            m[i].cmd(&[b"ZADD", &q, b"0", b"deadbeefdeadbeef"]).unwrap();
+            // Alive for 600 ms from now on the master's clock.
+            let until = match m[i].cmd(&[b"TIME"]).unwrap() {
+                AdminReply::Array(t) => {
+                    let s: u64 = t[0].as_str().unwrap().parse().unwrap();
+                    let us: u64 = t[1].as_str().unwrap().parse().unwrap();
+                    s * 1000 + us / 1000 + 600
+                }
+                other => panic!("TIME: {other:?}"),
+            };
             m[i].cmd(&[
-                b"SET",
-                b"redlock-mux:waiter:deadbeefdeadbeef",
-                b"1",
-                b"PX",
-                b"600",
+                b"ZADD",
+                &a,
+                until.to_string().as_bytes(),
+                b"deadbeefdeadbeef",
             ])
             .unwrap();
         }
@@ -584,7 +600,6 @@ fn a_waiter_winning_a_minority_keeps_its_place_in_line() {
         Duration::from_secs(5),
         || (0..3).all(|i| in_line(&m, i, key) == 1),
     );
-    let id = the_waiter_key(&m, 1);
     // Master 0 frees the key: from now on every attempt of the waiter wins there (and its
     // cleanup deletes the key again), while masters 1 and 2 refuse it.
     m[0].cmd(&[b"DEL", key.as_bytes()]).unwrap();
@@ -592,7 +607,7 @@ fn a_waiter_winning_a_minority_keeps_its_place_in_line() {
     // waiter still stands in line on master 0, alive.
     thread::sleep(4 * alive);
     wait_until("the waiter alive in line on master 0", PROMPT, || {
-        pttl(&m, 0, &id) > 0 && in_line(&m, 0, key) == 1
+        alive_left(&m, 0, key) > 0 && in_line(&m, 0, key) == 1
     });
     assert!(
         rx.try_recv().is_err(),
@@ -700,8 +715,7 @@ fn a_sleeping_waiter_stays_in_line() {
     wait_until("the waiter in line", PROMPT, || {
         (0..3).all(|i| in_line(&m, i, key) == 1)
     });
-    let id = the_waiter_key(&m, 0);
-    let pttl = |i: usize| pttl(&m, i, &id);
+    let pttl = |i: usize| alive_left(&m, i, key);
     let first = pttl(0);
     assert!((1000..=1200).contains(&first), "liveness PTTL {first} ms");
     // Through two whole sleeps (2.4 s), it never drops out of line on any master.

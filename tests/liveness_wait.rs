@@ -36,9 +36,13 @@ const FOREIGN: &str = "foreign-holder";
 /// attempts is their difference.
 const DEFAULT_MIN_DELAY: Duration = Duration::from_millis(100);
 
-/// The line of waiters of `key` (see `scripts::QUEUE_PREFIX`).
+/// The line of waiters of `key` (see `scripts::QUEUE`).
 fn queue(key: &str) -> String {
-    format!("redlock-mux:queue:{key}")
+    String::from_utf8(redlock_mux::scripts::aux_key(
+        redlock_mux::scripts::QUEUE,
+        key.as_bytes(),
+    ))
+    .unwrap()
 }
 
 /// Waiters in the line of `key` on master `i`.
@@ -49,11 +53,30 @@ fn in_line(m: &LocalMasters, i: usize, key: &str) -> i64 {
     }
 }
 
-/// The waiter liveness keys on master `i`.
-fn waiter_keys(m: &LocalMasters, i: usize) -> Vec<String> {
-    match m[i].cmd(&[b"KEYS", b"redlock-mux:waiter:*"]).unwrap() {
-        AdminReply::Array(a) => a.iter().map(|k| k.as_str().unwrap().to_string()).collect(),
-        other => panic!("KEYS on master {i}: {other:?}"),
+/// The waiters of `key` in its liveness set on master `i` (`scripts::ALIVE`), each with
+/// the time it has left (ms on the master's clock: its moment minus `TIME`).
+fn waiters(m: &LocalMasters, i: usize, key: &str) -> Vec<(String, i64)> {
+    let a = redlock_mux::scripts::aux_key(redlock_mux::scripts::ALIVE, key.as_bytes());
+    let now = match m[i].cmd(&[b"TIME"]).unwrap() {
+        AdminReply::Array(t) => {
+            let s: i64 = t[0].as_str().unwrap().parse().unwrap();
+            let us: i64 = t[1].as_str().unwrap().parse().unwrap();
+            s * 1000 + us / 1000
+        }
+        other => panic!("TIME: {other:?}"),
+    };
+    match m[i]
+        .cmd(&[b"ZRANGE", &a, b"0", b"-1", b"WITHSCORES"])
+        .unwrap()
+    {
+        AdminReply::Array(a) => a
+            .chunks(2)
+            .map(|w| {
+                let until: f64 = w[1].as_str().unwrap().parse().unwrap();
+                (w[0].as_str().unwrap().to_string(), until as i64 - now)
+            })
+            .collect(),
+        other => panic!("ZRANGE on master {i}: {other:?}"),
     }
 }
 
@@ -314,7 +337,7 @@ fn a_waiter_with_a_short_liveness_does_not_expire_the_line() {
     wait_until("A in line on every master", PROMPT, || {
         (0..3).all(|i| in_line(&m, i, key) == 1)
     });
-    let a_key = waiter_keys(&m, 0).pop().expect("A's liveness key");
+    let a_id = waiters(&m, 0, key).pop().expect("A's liveness").0;
 
     let mut b = fair(Duration::from_millis(50), Duration::from_millis(50))
         .retry_count(1)
@@ -322,9 +345,16 @@ fn a_waiter_with_a_short_liveness_does_not_expire_the_line() {
         .unwrap();
     let r = b.lock(key, TTL);
     assert!(matches!(r, Err(Error::Taken(_))), "{r:?}");
-    // The line's TTL against A's liveness key's, on every master, right after B gave up.
+    // The line's TTL against what A's liveness has left, on every master, right after B
+    // gave up.
     let ttls: Vec<(i64, i64)> = (0..3)
-        .map(|i| (pttl(&m, i, &queue(key)), pttl(&m, i, &a_key)))
+        .map(|i| {
+            let left = waiters(&m, i, key)
+                .into_iter()
+                .find(|(id, _)| *id == a_id)
+                .map_or(-2, |(_, left)| left);
+            (pttl(&m, i, &queue(key)), left)
+        })
         .collect();
     // B's 250 ms pass (bounded: where the line lives on, this only waits).
     poll_until(Duration::from_secs(1), || {
@@ -333,8 +363,8 @@ fn a_waiter_with_a_short_liveness_does_not_expire_the_line() {
 
     let c = fair(Duration::from_secs(1), FALLBACK).build().unwrap();
     let rx_c = spawn(c, "C");
-    wait_until("C in line (A's and C's liveness keys)", PROMPT, || {
-        (0..3).all(|i| waiter_keys(&m, i).len() == 2)
+    wait_until("C in line (A's and C's liveness)", PROMPT, || {
+        (0..3).all(|i| waiters(&m, i, key).len() == 2)
     });
     holder.release(held).unwrap();
     for (who, rx) in [("A", rx_a), ("C", rx_c)] {
@@ -348,9 +378,12 @@ fn a_waiter_with_a_short_liveness_does_not_expire_the_line() {
         "granted out of arrival order (line and A's liveness PTTL per master, right after \
          B gave up: {ttls:?})"
     );
+    // A's moment in the liveness set comes from `TIME` read while its script ran, the
+    // line's expiry from the time the script started (Redis keeps one per command): they
+    // may be a millisecond or two apart, which no waiter's liveness depends on.
     for (i, (line, alive)) in ttls.iter().enumerate() {
         assert!(
-            line >= alive,
+            line + 3 >= *alive,
             "master {i}: the line expires in {line} ms, A's place in it lives {alive} ms"
         );
     }

@@ -168,7 +168,11 @@ fn two_waiters_in_line(
     shared: &redlock_mux::SharedRedlock,
     resource: &'static str,
 ) -> Vec<thread::JoinHandle<Result<Told, Error>>> {
-    let line = format!("redlock-mux:queue:{resource}");
+    let line = String::from_utf8(redlock_mux::scripts::aux_key(
+        redlock_mux::scripts::QUEUE,
+        resource.as_bytes(),
+    ))
+    .unwrap();
     let first = waiter(shared, resource);
     wait_until("the first waiter in line", Duration::from_secs(20), || {
         (0..m.len()).all(|i| zcard(m, i, &line) == 1)
@@ -585,7 +589,11 @@ mod cli {
             .cmd(&[b"HSET", b"ops:hash", b"f", b"v"])
             .is_ok_and(|r| r == AdminReply::Int(1)));
         assert!(m[1]
-            .cmd(&[b"SET", b"redlock-mux:fence:ops:cli", b"7"])
+            .cmd(&[
+                b"SET",
+                &redlock_mux::scripts::aux_key(redlock_mux::scripts::FENCE, key.as_bytes()),
+                b"7",
+            ])
             .unwrap()
             .is_ok());
 
@@ -769,7 +777,11 @@ mod cli {
             .spawn()
             .expect("spawn redlock run");
         let _kill = KillOnDrop(waiter.id());
-        let line = format!("redlock-mux:queue:{key}");
+        let line = String::from_utf8(redlock_mux::scripts::aux_key(
+            redlock_mux::scripts::QUEUE,
+            key.as_bytes(),
+        ))
+        .unwrap();
         wait_until("run waiting in line", Duration::from_secs(15), || {
             (0..3).all(|i| m[i].cmd(&[b"ZCARD", line.as_bytes()]).unwrap() == AdminReply::Int(1))
         });

@@ -385,10 +385,10 @@ fn del_by_hand(m: &LocalMasters, i: usize, key: &str) {
     m[i].cmd(&[b"DEL", key.as_bytes()]).unwrap();
 }
 
-/// Waiters in the line of `key` on master `i` (see `scripts::QUEUE_PREFIX`).
+/// Waiters in the line of `key` on master `i` (see `scripts::QUEUE`).
 fn in_line(m: &LocalMasters, i: usize, key: &str) -> i64 {
-    let q = format!("redlock-mux:queue:{key}");
-    match m[i].cmd(&[b"ZCARD", q.as_bytes()]) {
+    let q = redlock_mux::scripts::aux_key(redlock_mux::scripts::QUEUE, key.as_bytes());
+    match m[i].cmd(&[b"ZCARD", &q]) {
         Ok(AdminReply::Int(n)) => n,
         other => panic!("ZCARD: {other:?}"),
     }

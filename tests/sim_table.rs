@@ -159,6 +159,9 @@ enum Cmp {
     /// Exact against the modelled server (Redis 7.0); not compared against another, where
     /// the answer differs for a documented reason (an input the client never sends).
     ModelOnly,
+    /// A bulk string on both (its value not compared: a score on the server's clock,
+    /// which the simulated clock does not follow), or a null on both.
+    Present,
 }
 
 enum Step {
@@ -291,6 +294,10 @@ impl Steps {
         argv: &[&str],
         cmp: Cmp,
     ) -> &mut Steps {
+        // The keys a client declares beside the lock keys (see `declared`).
+        let (keys, argv) = declared(s, keys, argv);
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
         let n = keys.len().to_string();
         let mut args: Vec<&[u8]> = if by_sha {
             vec![b"EVALSHA", s.sha.as_bytes()]
@@ -336,6 +343,46 @@ impl Steps {
     }
 }
 
+/// What the client sends for a script on lock keys `keys`: the keys it declares beside
+/// them (`scripts::aux_key`: the lines and liveness sets of a release, of a waiting acquire
+/// with a line, of the operators' scripts; `INSPECT`'s counter and old counter) and, for
+/// the fencing scripts given `[lock keys.., counters..]` with the arguments before the
+/// count, the count of lock keys. Keys already naming one of the crate's keys, and
+/// argument lists of another length, are sent as given (the cases of invalid requests).
+fn declared(s: Script, keys: &[&str], argv: &[&str]) -> (Vec<String>, Vec<String>) {
+    let mut k: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+    let mut a: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
+    let raw = keys.iter().any(|k| k.starts_with("redlock-mux:"));
+    let beside = |kinds: &[&[u8]]| -> Vec<String> {
+        kinds
+            .iter()
+            .flat_map(|kind| keys.iter().map(move |key| aux(kind, key)))
+            .collect()
+    };
+    if raw {
+        return (k, a);
+    }
+    if s == scripts::RELEASE
+        || (s == scripts::ACQUIRE_WAIT && keys.len() == 1 && argv.len() > 2)
+        || (s == scripts::FORCE_RELEASE && keys.len() == 1)
+    {
+        k.extend(beside(&[scripts::QUEUE, scripts::ALIVE]));
+    } else if s == scripts::INSPECT && keys.len() == 1 {
+        k.extend(beside(&[scripts::QUEUE, scripts::ALIVE, scripts::FENCE]));
+        k.push(format!("redlock-mux:fence:{}", keys[0]));
+    } else if (s == scripts::FENCE_DRAW && argv.len() == 1)
+        || (s == scripts::FENCE_RAISE && argv.len() == 2)
+    {
+        a.push((keys.len() / 2).to_string());
+    }
+    (k, a)
+}
+
+/// `scripts::aux_key(kind, key)` as a string.
+fn aux(kind: &[u8], key: &str) -> String {
+    String::from_utf8(scripts::aux_key(kind, key.as_bytes())).unwrap()
+}
+
 fn case(name: &'static str, kind: Kind, conns: usize, steps: &mut Steps) -> Case {
     Case {
         name,
@@ -356,18 +403,19 @@ const TW3: &str = "e3e3e3e3e3e3e3e3eeeeeeeeeeeeeeee";
 const W1: &str = "cli1aaaacall0001";
 const W2: &str = "cli2bbbbcall0002";
 const W3: &str = "cli3cccccall0003";
-const Q: &str = "redlock-mux:queue:k";
+/// The line of `k` (`scripts::aux_key(QUEUE, "k")`: "068" is the tag of `k`'s slot).
+const Q: &str = "redlock-mux:{068}:queue:k";
+/// The liveness set of `k`'s waiters.
+const A: &str = "redlock-mux:{068}:alive:k";
+/// A moment on the server's clock (ms) that no run reaches: alive for good.
+const FOREVER: &str = "9000000000000000";
 const RELEASED_K: &str = "redlock-mux:released:k";
 
 fn next(id: &str) -> String {
     format!("redlock-mux:next:{}", &id[..8])
 }
 
-fn alive_key(id: &str) -> String {
-    format!("redlock-mux:waiter:{id}")
-}
-
-/// A line of `dead` waiters without liveness keys (scores 1..), then a live one
+/// A line of `dead` waiters without liveness (scores 1..), then a live one
 /// (`liveclntcall0099`, score 99). Built with ZADD: standing in line through ACQUIRE_WAIT
 /// with a short liveness would make the line's own TTL short too, and on a loaded machine
 /// the line could expire between two steps (the simulated clock does not move there).
@@ -379,10 +427,8 @@ fn line_of_dead(s: &mut Steps, dead: usize) {
     }
     zadd.extend(["99".into(), "liveclntcall0099".into()]);
     let zadd: Vec<&str> = zadd.iter().map(String::as_str).collect();
-    s.c(0, &zadd).c(
-        0,
-        &["SET", &alive_key("liveclntcall0099"), "1", "PX", "60000"],
-    );
+    s.c(0, &zadd)
+        .c(0, &["ZADD", A, FOREVER, "liveclntcall0099"]);
 }
 
 fn cases() -> Vec<Case> {
@@ -667,12 +713,13 @@ fn cases() -> Vec<Case> {
         .wait("k", TW2, W2, "60000", false, "200")
         .c(0, &["ZRANGE", Q, "0", "-1", "WITHSCORES"])
         .ttl(0, &["PTTL", Q])
-        .ttl(0, &["PTTL", &alive_key(W1)])
-        .c(0, &["GET", &alive_key(W1)])
+        .ttl(0, &["PTTL", A])
+        .cmp(0, &["ZSCORE", A, W1], Cmp::Present)
         // The first live waiter's client hears it, with the waiter's id after the note.
         .sha(0, scripts::RELEASE, &["k"], &[TH])
         .c(0, &["ZRANGE", Q, "0", "-1"])
-        .c(0, &["EXISTS", &alive_key(W1), &alive_key(W2)]);
+        .cmp(0, &["ZSCORE", A, W1], Cmp::Present)
+        .cmp(0, &["ZSCORE", A, W2], Cmp::Present);
     v.push(case(
         "release_names_the_first_live_waiter",
         Kind::Plain,
@@ -686,7 +733,8 @@ fn cases() -> Vec<Case> {
         .wait("k", TW1, W1, "40", false, "100")
         .wait("k", TW2, W2, "60000", false, "200")
         .sleep(80)
-        .c(0, &["EXISTS", &alive_key(W1), &alive_key(W2)])
+        .cmp(0, &["ZSCORE", A, W1], Cmp::Present)
+        .cmp(0, &["ZSCORE", A, W2], Cmp::Present)
         .sha(0, scripts::RELEASE, &["k"], &[TH])
         .c(0, &["ZRANGE", Q, "0", "-1", "WITHSCORES"]);
     v.push(case("release_skips_a_dead_waiter", Kind::Plain, 3, s));
@@ -722,7 +770,7 @@ fn cases() -> Vec<Case> {
         .wait("k", TW2, W2, "60000", false, "200")
         // W1 gives up: its release (not holding) leaves the line and drops its liveness.
         .sha(0, scripts::RELEASE, &["k"], &[TW1, W1])
-        .c(0, &["EXISTS", &alive_key(W1)])
+        .cmp(0, &["ZSCORE", A, W1], Cmp::Present)
         .c(0, &["ZRANGE", Q, "0", "-1"])
         .sha(0, scripts::RELEASE, &["k"], &[TH])
         .wait("k", TW2, W2, "60000", false, "200")
@@ -730,9 +778,10 @@ fn cases() -> Vec<Case> {
         // W2 releases and leaves first: the turn is W3's.
         .sha(0, scripts::RELEASE, &["k"], &[TW2, W2])
         .c(0, &["ZRANGE", Q, "0", "-1"])
-        .c(0, &["EXISTS", &alive_key(W2)])
+        .cmp(0, &["ZSCORE", A, W2], Cmp::Present)
         .sha(0, scripts::RELEASE, &["k"], &[TW3, W3])
-        .c(0, &["EXISTS", Q, &alive_key(W3)])
+        .c(0, &["EXISTS", Q])
+        .cmp(0, &["ZSCORE", A, W3], Cmp::Present)
         .sha(0, scripts::RELEASE, &["k"], &[TW3, ""])
         .c(0, &["ZADD", Q, "1", W1])
         .c(0, &["SET", "k", TH, "PX", "60000"])
@@ -967,7 +1016,8 @@ fn cases() -> Vec<Case> {
         .sha(0, scripts::ACQUIRE_WAIT, &["z"], &[TA, "100"])
         // A refused waiter without the rest of its line arguments: the pcalls fail quietly.
         .sha_ttl(0, scripts::ACQUIRE_WAIT, &["k"], &[TB, "100", W1])
-        .c(0, &["EXISTS", Q, &alive_key(W1)]);
+        .c(0, &["EXISTS", Q])
+        .cmp(0, &["ZSCORE", A, W1], Cmp::Present);
     v.push(case("acquire_wait_one_key", Kind::Plain, 1, s));
 
     s.load_all(0)
@@ -975,11 +1025,11 @@ fn cases() -> Vec<Case> {
         .wait("k", TW1, W1, "60000", false, "1700000000000100")
         .c(0, &["ZRANGE", Q, "0", "-1", "WITHSCORES"])
         .ttl(0, &["PTTL", Q])
-        .ttl(0, &["PTTL", &alive_key(W1)])
+        .ttl(0, &["PTTL", A])
         // Asking again keeps its place (ZADD NX).
         .wait("k", TW1, W1, "50000", false, "999")
         .c(0, &["ZSCORE", Q, W1])
-        .ttl(0, &["PTTL", &alive_key(W1)])
+        .ttl(0, &["PTTL", A])
         .wait("k", TW2, W2, "60000", false, "1.5")
         .wait("k", TW3, W3, "60000", false, "notanumber")
         .c(0, &["ZRANGE", Q, "0", "-1", "WITHSCORES"])
@@ -987,7 +1037,9 @@ fn cases() -> Vec<Case> {
         // W1, alive for a minute, keeps its place after W3's 40 ms ran out.
         .wait("k", TW3, W3, "40", false, "300")
         .sleep(80)
-        .c(0, &["EXISTS", Q, &alive_key(W1), &alive_key(W3)]);
+        .c(0, &["EXISTS", Q])
+        .cmp(0, &["ZSCORE", A, W1], Cmp::Present)
+        .cmp(0, &["ZSCORE", A, W3], Cmp::Present);
     v.push(case("acquire_wait_stands_in_line", Kind::Plain, 1, s));
 
     // A waiter whose last attempt could not reach a quorum stands out of line (issue 19
@@ -1003,7 +1055,8 @@ fn cases() -> Vec<Case> {
         .c(0, &["ZRANGE", Q, "0", "-1"])
         .sha_ttl(0, scripts::ACQUIRE_WAIT, &["k"], &out(TW1, W1, false))
         .c(0, &["ZRANGE", Q, "0", "-1"])
-        .c(0, &["EXISTS", &alive_key(W1), &alive_key(W2)])
+        .cmp(0, &["ZSCORE", A, W1], Cmp::Present)
+        .cmp(0, &["ZSCORE", A, W2], Cmp::Present)
         .c(0, &["DEL", "k"])
         // Free, W2 live and first: the polite W1, out of line, is refused and takes no place.
         .sha(0, scripts::ACQUIRE_WAIT, &["k"], &out(TW1, W1, true))
@@ -1013,7 +1066,7 @@ fn cases() -> Vec<Case> {
         .sha(0, scripts::ACQUIRE_WAIT, &["k"], &out(TW1, W1, false))
         .c(0, &["GET", "k"])
         .c(0, &["ZRANGE", Q, "0", "-1"])
-        .c(0, &["EXISTS", &alive_key(W1)])
+        .cmp(0, &["ZSCORE", A, W1], Cmp::Present)
         // Its next attempt in line rejoins at its own score.
         .sha(0, scripts::RELEASE, &["k"], &[TW1])
         .c(0, &["SET", "k", TH, "PX", "60000"])
@@ -1045,12 +1098,17 @@ fn cases() -> Vec<Case> {
         .c(0, &["GET", "k"])
         // The holder still holds it: extend and fencing read the marked value as its.
         .sha(0, scripts::EXTEND, &["k"], &[TH, "90000"])
-        .sha(0, scripts::FENCE_DRAW, &["k", "redlock-mux:fence:k"], &[TH])
+        .sha(
+            0,
+            scripts::FENCE_DRAW,
+            &["k", &aux(scripts::FENCE, "k")],
+            &[TH, "1"],
+        )
         .sha(
             0,
             scripts::FENCE_RAISE,
-            &["k", "redlock-mux:fence:k"],
-            &[TH, "4"],
+            &["k", &aux(scripts::FENCE, "k")],
+            &[TH, "4", "1"],
         )
         .sha(0, scripts::EXTEND, &["k"], &[TW1, "90000"])
         // Its release announces (to W1, first in line).
@@ -1105,7 +1163,7 @@ fn cases() -> Vec<Case> {
         .wait("k", TW2, W2, "60000", true, "200")
         .c(0, &["GET", "k"])
         .c(0, &["ZRANGE", Q, "0", "-1"])
-        .ttl(0, &["PTTL", &alive_key(W2)])
+        .ttl(0, &["PTTL", A])
         // Not polite: takes it anyway.
         .wait("k", TW3, W3, "60000", false, "300")
         .c(0, &["GET", "k"])
@@ -1114,7 +1172,7 @@ fn cases() -> Vec<Case> {
         // W1 is first: takes it; its liveness and the line's TTL are refreshed.
         .wait("k", TW1, W1, "50000", true, "100")
         .c(0, &["GET", "k"])
-        .ttl(0, &["PTTL", &alive_key(W1)])
+        .ttl(0, &["PTTL", A])
         .ttl(0, &["PTTL", Q])
         .c(0, &["ZRANGE", Q, "0", "-1"]);
     v.push(case("acquire_wait_polite", Kind::Plain, 3, s));
@@ -1128,7 +1186,7 @@ fn cases() -> Vec<Case> {
         // The dead W1 is dropped; the live W2 is ahead.
         .wait("k", TW3, W3, "60000", true, "300")
         .c(0, &["ZRANGE", Q, "0", "-1"])
-        .c(0, &["DEL", &alive_key(W2)])
+        .c(0, &["ZREM", A, W2])
         .wait("k", TW3, W3, "60000", true, "300")
         .c(0, &["GET", "k"])
         .c(0, &["ZRANGE", Q, "0", "-1"]);
@@ -1148,7 +1206,7 @@ fn cases() -> Vec<Case> {
         s.wait("k", TW3, W3, "60000", true, "300")
             .c(0, &["GET", "k"])
             .c(0, &["ZRANGE", Q, "0", "-1"])
-            .c(0, &["EXISTS", &alive_key(W3)]);
+            .cmp(0, &["ZSCORE", A, W3], Cmp::Present);
         v.push(case(name, Kind::Plain, 1, s));
     }
 
@@ -1157,19 +1215,20 @@ fn cases() -> Vec<Case> {
         .wait("k", TW1, W1, "60000", false, "100")
         .c(0, &["DEL", "k"])
         .wait("k", TW1, W1, "90000", false, "100")
-        .ttl(0, &["PTTL", &alive_key(W1)])
+        .ttl(0, &["PTTL", A])
         .ttl(0, &["PTTL", Q])
         .c(0, &["ZRANGE", Q, "0", "-1"])
         // Never in line: the grant touches no line.
         .wait("k2", TW2, W2, "60000", true, "200")
-        .c(0, &["EXISTS", &alive_key(W2), "redlock-mux:queue:k2"])
+        .cmp(0, &["ZSCORE", &aux(scripts::ALIVE, "k2"), W2], Cmp::Present)
+        .c(0, &["EXISTS", &aux(scripts::QUEUE, "k2")])
         // The line is not a sorted set: polite or not, the pcalls fail quietly.
-        .c(0, &["SET", "redlock-mux:queue:k3", "junk"])
+        .c(0, &["SET", &aux(scripts::QUEUE, "k3"), "junk"])
         .wait("k3", TW1, W1, "60000", true, "100")
         .wait("k3", TW2, W2, "70000", true, "200")
-        .ttl(0, &["PTTL", "redlock-mux:queue:k3"])
-        .c(0, &["GET", "redlock-mux:queue:k3"])
-        .ttl(0, &["PTTL", &alive_key(W2)]);
+        .ttl(0, &["PTTL", &aux(scripts::QUEUE, "k3")])
+        .c(0, &["GET", &aux(scripts::QUEUE, "k3")])
+        .ttl(0, &["PTTL", &aux(scripts::ALIVE, "k3")]);
     v.push(case(
         "acquire_wait_grant_refreshes_the_waiter",
         Kind::Plain,
@@ -1199,7 +1258,7 @@ fn cases() -> Vec<Case> {
         .c(0, &["GET", "k"])
         .c(0, &["ZRANGE", Q, "0", "-1", "WITHSCORES"])
         .ttl(0, &["PTTL", Q])
-        .ttl(0, &["PTTL", &alive_key(W1)])
+        .ttl(0, &["PTTL", A])
         .sha_ttl(
             0,
             scripts::ACQUIRE_WAIT,
@@ -1216,17 +1275,17 @@ fn cases() -> Vec<Case> {
         )
         .c(0, &["ZRANGE", Q, "0", "-1", "WITHSCORES"])
         .ttl(0, &["PTTL", Q])
-        .ttl(0, &["PTTL", &alive_key(W1)])
+        .ttl(0, &["PTTL", A])
         // In line with its liveness key gone (it expired): PEXPIRE finds nothing, SET makes it.
-        .c(0, &["DEL", &alive_key(W2)])
+        .c(0, &["ZREM", A, W2])
         .sha_ttl(
             0,
             scripts::ACQUIRE_WAIT,
             &["k"],
             &how(TW2, W2, "65000", false, "200", "l"),
         )
-        .ttl(0, &["PTTL", &alive_key(W2)])
-        .c(0, &["GET", &alive_key(W2)])
+        .ttl(0, &["PTTL", A])
+        .cmp(0, &["ZSCORE", A, W2], Cmp::Present)
         // "In line" but not (W3 never stood there): it takes its place.
         .sha_ttl(
             0,
@@ -1246,11 +1305,11 @@ fn cases() -> Vec<Case> {
         .c(0, &["GET", "k"])
         .c(0, &["ZRANGE", Q, "0", "-1", "WITHSCORES"])
         .ttl(0, &["PTTL", Q])
-        .ttl(0, &["PTTL", &alive_key(W1)])
+        .ttl(0, &["PTTL", A])
         // Its release leaves the line and names W2; W1's liveness key is left to expire.
         .sha(0, scripts::RELEASE, &["k"], &[TW1, W1])
         .c(0, &["ZRANGE", Q, "0", "-1"])
-        .ttl(0, &["PTTL", &alive_key(W1)])
+        .ttl(0, &["PTTL", A])
         // "Held" but free, with a line: W3 takes it marked and keeps its place (not polite).
         .sha(
             0,
@@ -1269,7 +1328,7 @@ fn cases() -> Vec<Case> {
             &how(TW1, W1, "60000", false, "100", "h"),
         )
         .c(0, &["GET", "n"])
-        .c(0, &["EXISTS", "redlock-mux:queue:n"])
+        .c(0, &["EXISTS", &aux(scripts::QUEUE, "n")])
         // "In line" but free and no line: the same.
         .sha(
             0,
@@ -1278,7 +1337,7 @@ fn cases() -> Vec<Case> {
             &how(TW1, W1, "60000", false, "100", "l"),
         )
         .c(0, &["GET", "n2"])
-        .c(0, &["EXISTS", "redlock-mux:queue:n2"])
+        .c(0, &["EXISTS", &aux(scripts::QUEUE, "n2")])
         // Held by another application: refused, never marked; a key of another type: the
         // holder unnamed.
         .c(0, &["SET", "f", "foreign-holder", "PX", "60000"])
@@ -1302,7 +1361,7 @@ fn cases() -> Vec<Case> {
             &["z"],
             &how(TW2, W2, "60000", false, "200", "l"),
         )
-        .c(0, &["ZRANGE", "redlock-mux:queue:z", "0", "-1"])
+        .c(0, &["ZRANGE", &aux(scripts::QUEUE, "z"), "0", "-1"])
         // A polite waiter expecting a held key looks at the line first, as without: W2 is
         // behind the live W3 on the free key, refused and W3 told.
         .c(0, &["DEL", "k"])
@@ -1322,7 +1381,7 @@ fn cases() -> Vec<Case> {
         )
         .c(0, &["EXISTS", "k"])
         // The line is not a sorted set: "in line" falls back to EXISTS, the pcalls fail.
-        .c(0, &["SET", "redlock-mux:queue:k3", "junk"])
+        .c(0, &["SET", &aux(scripts::QUEUE, "k3"), "junk"])
         .sha(
             0,
             scripts::ACQUIRE_WAIT,
@@ -1336,7 +1395,7 @@ fn cases() -> Vec<Case> {
             &["k3"],
             &how(TW2, W2, "60000", false, "200", "h"),
         )
-        .c(0, &["GET", "redlock-mux:queue:k3"])
+        .c(0, &["GET", &aux(scripts::QUEUE, "k3")])
         // Arguments the client never sends: with the key held, "held" does not look at the
         // PX (SET would refuse it); free, SET does.
         .sha_ttl(
@@ -1445,6 +1504,70 @@ fn cases() -> Vec<Case> {
         .sha(0, scripts::FENCE_RAISE, &["zc", "c"], &[TA, "1"]);
     v.push(case("fence_draw_and_raise", Kind::Plain, 1, s));
 
+    // The counters of the layout before (`redlock-mux:fence:<r>`, declared after the new
+    // ones on standalone masters): read by the draw, carried into the new counter and
+    // deleted by the write-back.
+    let (new_k, old_k) = (aux(scripts::FENCE, "k"), "redlock-mux:fence:k".to_string());
+    let (new_k2, old_k2) = (
+        aux(scripts::FENCE, "k2"),
+        "redlock-mux:fence:k2".to_string(),
+    );
+    let fence4 = ["k", new_k.as_str(), old_k.as_str()];
+    let fence6 = [
+        "k",
+        "k2",
+        new_k.as_str(),
+        new_k2.as_str(),
+        old_k.as_str(),
+        old_k2.as_str(),
+    ];
+    s.load_all(0)
+        .c(0, &["SET", "k", TA, "PX", "60000"])
+        .c(0, &["SET", "k2", TA, "PX", "60000"])
+        // Only the old counter: the draw is above it; the raise moves it to the new name.
+        .c(0, &["SET", &old_k, "7"])
+        .sha(0, scripts::FENCE_DRAW, &fence4, &[TA, "1"])
+        .sha(0, scripts::FENCE_DRAW, &fence4, &[TB, "1"])
+        .sha(0, scripts::FENCE_RAISE, &fence4, &[TB, "8", "1"])
+        .c(0, &["EXISTS", &old_k])
+        .sha(0, scripts::FENCE_RAISE, &fence4, &[TA, "8", "1"])
+        .c(0, &["GET", &new_k])
+        .c(0, &["EXISTS", &old_k])
+        // Both, the old one above the token written back (a master outside the draw's
+        // quorum): the new counter takes the old one's value, as it was written.
+        .c(0, &["SET", &old_k, "0020"])
+        .sha(0, scripts::FENCE_DRAW, &fence4, &[TA, "1"])
+        .sha(0, scripts::FENCE_RAISE, &fence4, &[TA, "9", "1"])
+        .c(0, &["GET", &new_k])
+        .c(0, &["EXISTS", &old_k])
+        // The old one below the new one: deleted, the new one kept.
+        .c(0, &["SET", &old_k, "3"])
+        .sha(0, scripts::FENCE_RAISE, &fence4, &[TA, "5", "1"])
+        .c(0, &["GET", &new_k])
+        .c(0, &["EXISTS", &old_k])
+        // Two resources, each with its own old counter.
+        .c(0, &["SET", &old_k2, "40"])
+        .sha(0, scripts::FENCE_DRAW, &fence6, &[TA, "2"])
+        .sha(0, scripts::FENCE_RAISE, &fence6, &[TA, "41", "2"])
+        .c(0, &["MGET", &new_k, &new_k2, &old_k, &old_k2])
+        // An old counter that is not a number: the comparison raises.
+        .c(0, &["SET", &old_k, "abc"])
+        .sha(0, scripts::FENCE_DRAW, &fence4, &[TA, "1"])
+        .sha(0, scripts::FENCE_RAISE, &fence4, &[TA, "50", "1"])
+        // ...or of another type.
+        .c(0, &["DEL", &old_k])
+        .c(0, &["ZADD", &old_k, "1", "a"])
+        .sha(0, scripts::FENCE_RAISE, &fence4, &[TA, "50", "1"])
+        // A count that is no number; a count above the keys.
+        .sha(0, scripts::FENCE_DRAW, &fence4, &[TA, "x"])
+        .sha(0, scripts::FENCE_RAISE, &fence4, &[TA, "50", "3"]);
+    v.push(case(
+        "fence_reads_and_retires_the_old_counters",
+        Kind::Plain,
+        1,
+        s,
+    ));
+
     // ---- the wire ----------------------------------------------------------------------------
     s.raw(0, b"*abc\r\n", true)
         .raw(1, b"*2\r\n:1\r\n", true)
@@ -1496,8 +1619,9 @@ fn cases() -> Vec<Case> {
     ));
 
     // ---- INSPECT (operators, read-only) -----------------------------------------------------
-    let fence_k = "redlock-mux:fence:k";
-    let inspect_keys = ["k", Q, fence_k];
+    // `k` alone: `declared` adds its line, liveness set, counter and old counter.
+    let (fence_k, new_fence_k) = ("redlock-mux:fence:k", aux(scripts::FENCE, "k"));
+    let inspect_keys = ["k"];
     let marked = format!("{TH}+");
     let upper = TA.to_ascii_uppercase();
     let long = format!("{TA}x");
@@ -1518,7 +1642,10 @@ fn cases() -> Vec<Case> {
         .sha_ttl(0, scripts::INSPECT, &inspect_keys, &["4"])
         .c(0, &["SET", "k", TA])
         .sha(0, scripts::INSPECT, &inspect_keys, &["4"])
+        // The old counter while there is no new one; then the new one.
         .c(0, &["SET", fence_k, "41"])
+        .sha_ttl(0, scripts::INSPECT, &inspect_keys, &["4"])
+        .c(0, &["SET", &new_fence_k, "45"])
         .c(0, &["SET", "k", TH, "PX", "60000"])
         // Two waiters in line (the first one's liveness runs out), the holder marked.
         .wait("k", TW1, W1, "40", false, "100")
@@ -1548,10 +1675,15 @@ fn cases() -> Vec<Case> {
         .c(0, &["ZADD", "k", "1", "a"])
         .c(0, &["SET", Q, "junk"])
         .c(0, &["ZADD", fence_k, "1", "a"])
+        .c(0, &["ZADD", &new_fence_k, "1", "a"])
+        .c(0, &["SET", A, "junk"])
         .sha(0, scripts::INSPECT, &inspect_keys, &["4"])
         // No keys at all: the last redis.call gets a nil argument and raises.
         .sha(0, scripts::INSPECT, &[], &["4"])
-        .sha(0, scripts::INSPECT, &["k"], &["4"]);
+        // Without the liveness set and counters (nil keys), and a line of waiters.
+        .c(0, &["DEL", Q])
+        .c(0, &["ZADD", Q, "1", W1])
+        .sha(0, scripts::INSPECT, &["k", Q], &["4"]);
     v.push(case(
         "inspect_reads_key_line_and_counter",
         Kind::Plain,
@@ -1560,7 +1692,8 @@ fn cases() -> Vec<Case> {
     ));
 
     // ---- FORCE_RELEASE (operators) -----------------------------------------------------------
-    let force_keys = ["k", Q];
+    // `k` alone: `declared` adds its line and liveness set.
+    let force_keys = ["k"];
     s.load_all(0)
         .c(1, &["SUBSCRIBE", RELEASED_K, &next(W1), &next(W2)])
         .sha(0, scripts::FORCE_RELEASE, &force_keys, &[])
@@ -1600,7 +1733,12 @@ fn cases() -> Vec<Case> {
         .sha(0, scripts::FORCE_RELEASE, &force_keys, &[])
         .c(0, &["EXISTS", "k"])
         .sha(0, scripts::FORCE_RELEASE, &[], &[])
-        .sha(0, scripts::FORCE_RELEASE, &["nokey"], &[]);
+        .sha(0, scripts::FORCE_RELEASE, &["nokey"], &[])
+        // Without its liveness set (a nil key): the pcalls fail quietly, nobody is named.
+        .c(0, &["SET", "k", TA, "PX", "60000"])
+        .c(0, &["DEL", Q])
+        .c(0, &["ZADD", Q, "1", W1])
+        .sha_ttl(0, scripts::FORCE_RELEASE, &["k", Q], &[]);
     v.push(case("force_release_deletes_and_wakes", Kind::Plain, 2, s));
     s.load_all(0)
         .c(
@@ -1849,6 +1987,16 @@ fn compare(cmp: Cmp, real: &Val, sim: &Val, cx: &mut Ctx) -> Result<(), String> 
         Cmp::Ttl => {
             if !ttl_eq(real, sim, cx.slack_ms) {
                 return fail(&format!("differ (TTLs within -{} .. +1 ms)", cx.slack_ms));
+            }
+        }
+        Cmp::Present => {
+            let present = |v: &Val| match v {
+                Val::Bulk(_) => Some(true),
+                Val::Null => Some(false),
+                _ => None,
+            };
+            if present(real).is_none() || present(real) != present(sim) {
+                return fail("differ (present or not)");
             }
         }
         Cmp::Sorted => {
@@ -2163,8 +2311,10 @@ fn pipeline() -> Vec<u8> {
     out.extend(encode(&[
         b"EVALSHA",
         aw,
-        b"1",
+        b"3",
         b"k",
+        Q.as_bytes(),
+        A.as_bytes(),
         TW1.as_bytes(),
         b"30000",
         W1.as_bytes(),
@@ -2175,15 +2325,19 @@ fn pipeline() -> Vec<u8> {
     out.extend(encode(&[
         b"EVALSHA",
         scripts::RELEASE.sha.as_bytes(),
-        b"1",
+        b"3",
         b"k",
+        Q.as_bytes(),
+        A.as_bytes(),
         TH.as_bytes(),
     ]));
     out.extend(encode(&[
         b"EVALSHA",
         aw,
-        b"1",
+        b"3",
         b"k",
+        Q.as_bytes(),
+        A.as_bytes(),
         TW1.as_bytes(),
         b"30000",
         W1.as_bytes(),
@@ -2194,8 +2348,10 @@ fn pipeline() -> Vec<u8> {
     out.extend(encode(&[
         b"EVALSHA",
         scripts::RELEASE.sha.as_bytes(),
-        b"1",
+        b"3",
         b"k",
+        Q.as_bytes(),
+        A.as_bytes(),
         TW1.as_bytes(),
         W1.as_bytes(),
     ]));

@@ -11,15 +11,12 @@
 
 use std::time::{Duration, Instant};
 
-use smallvec::SmallVec;
-
 use super::ops::{Op, OpId, OpState};
 use super::task::{Done, Kind};
 use super::{Core, Phase, TaskId};
 use crate::inspect::{ForcedRelease, Inspection, View, NAMED_WAITERS};
 use crate::resp::Frame;
 use crate::rules::Request;
-use crate::scripts::{FENCE_PREFIX, QUEUE_PREFIX};
 
 /// How long an operator's round waits for the masters beyond the connect timeout (its
 /// connection may have to be opened first, its handshake answered, and the script sent
@@ -80,23 +77,13 @@ impl Core {
         } else {
             Request::ForceRelease
         };
-        let name = |prefix: &[u8]| {
-            let mut k: SmallVec<[u8; 64]> = SmallVec::new();
-            k.extend_from_slice(prefix);
-            k.extend_from_slice(resource);
-            k
-        };
-        let (line, counter) = (name(QUEUE_PREFIX), name(FENCE_PREFIX));
+        // Its line, liveness and counters are named where the request is encoded.
         let timeout = self.admin_timeout();
         let op = self.rounds.start(
             req,
             |a| {
                 a.keys.clear();
                 a.keys.push(resource);
-                a.keys.push(&line);
-                if req == Request::Inspect {
-                    a.keys.push(&counter);
-                }
                 a.token = None;
                 a.ttl_ms = 0;
                 a.value = NAMED_WAITERS as u64;

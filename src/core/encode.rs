@@ -1,5 +1,10 @@
 //! Request encoding: the RESP bytes of each request of an op, the hot ones from constant
 //! pieces.
+//!
+//! An op's arguments name the lock's keys only; the keys a script keeps beside each of
+//! them (its line, its waiters' liveness, its fencing counters: `scripts::aux_key`, in the
+//! lock key's cluster slot) are named here, as the request is written, and declared in its
+//! `KEYS` (see `scripts`): no allocation, one slot lookup per lock key.
 
 use smallvec::SmallVec;
 
@@ -7,7 +12,8 @@ use super::ops::OpArgs;
 use super::wait::Expect;
 use crate::resp::{self, Arg};
 use crate::rules::Request;
-use crate::scripts::{self, Script};
+use crate::scripts::{self, Script, ALIVE, FENCE, OLD_FENCE_PREFIX, QUEUE};
+use crate::slot::tag_of;
 use crate::token::TOKEN_LEN;
 
 /// Encode one request of an op. Single-key acquire is `SET key token NX PX ttl`; the rest
@@ -29,28 +35,50 @@ pub(super) fn encode_request(out: &mut Vec<u8>, req: Request, args: &OpArgs, eva
                 push_bulk_uint(out, args.ttl_ms);
                 return;
             }
-            Request::Release | Request::Extend => {
-                let (head, sha) = if req == Request::Release {
-                    (&b"*5\r\n$7\r\nEVALSHA\r\n$40\r\n"[..], scripts::RELEASE.sha)
-                } else {
-                    (&b"*6\r\n$7\r\nEVALSHA\r\n$40\r\n"[..], scripts::EXTEND.sha)
-                };
-                out.extend_from_slice(head);
-                out.extend_from_slice(sha.as_bytes());
+            Request::Release => {
+                // `KEYS`: the key, its line, its waiters' liveness.
+                out.extend_from_slice(b"*7\r\n$7\r\nEVALSHA\r\n$40\r\n");
+                out.extend_from_slice(scripts::RELEASE.sha.as_bytes());
+                out.extend_from_slice(b"\r\n$1\r\n3\r\n");
+                push_bulk(out, key);
+                // The two names differ in their kind only, of one length: the second is a
+                // copy of the first with the kind written over.
+                let first = out.len();
+                push_aux_bulk(out, QUEUE, tag_of(key), key);
+                let kind_at = out.len() - 2 - key.len() - 1 - QUEUE.len();
+                let len = out.len() - first;
+                out.extend_from_within(first..);
+                out[kind_at + len..kind_at + len + ALIVE.len()].copy_from_slice(ALIVE);
+                out.extend_from_slice(b"$32\r\n");
+                out.extend_from_slice(token);
+                out.extend_from_slice(b"\r\n");
+                return;
+            }
+            Request::Extend => {
+                out.extend_from_slice(b"*6\r\n$7\r\nEVALSHA\r\n$40\r\n");
+                out.extend_from_slice(scripts::EXTEND.sha.as_bytes());
                 out.extend_from_slice(b"\r\n$1\r\n1\r\n");
                 push_bulk(out, key);
                 out.extend_from_slice(b"$32\r\n");
                 out.extend_from_slice(token);
                 out.extend_from_slice(b"\r\n");
-                if req == Request::Extend {
-                    push_bulk_uint(out, args.ttl_ms);
-                }
+                push_bulk_uint(out, args.ttl_ms);
                 return;
             }
             _ => {}
         }
     }
     encode_request_general(out, req, args, eval, token, nkeys);
+}
+
+/// The name of the key of `kind` kept beside lock key `key` (slot tag `tag`) as a bulk
+/// string: `$<len>\r\nredlock-mux:{tag}:<kind>:<key>\r\n`.
+fn push_aux_bulk(out: &mut Vec<u8>, kind: &[u8], tag: &[u8; 3], key: &[u8]) {
+    out.push(b'$');
+    push_decimal(out, scripts::aux_key_len(kind, key) as u64);
+    out.extend_from_slice(b"\r\n");
+    scripts::push_aux_key(out, kind, tag, key);
+    out.extend_from_slice(b"\r\n");
 }
 
 /// `$<len>\r\n<bytes>\r\n`.
@@ -131,7 +159,6 @@ fn encode_request_general(
     token: &[u8],
     nkeys: usize,
 ) {
-    let mut v: SmallVec<[Arg<'_>; 16]> = SmallVec::new();
     let script: Script = match req {
         Request::Acquire if nkeys == 1 => {
             let key = args.keys.iter().next().unwrap_or(&[]);
@@ -157,58 +184,131 @@ fn encode_request_general(
         Request::Inspect => scripts::INSPECT,
         Request::ForceRelease => scripts::FORCE_RELEASE,
     };
-    if eval {
-        v.push(Arg::Bytes(b"EVAL"));
-        v.push(Arg::Bytes(script.src.as_bytes()));
-    } else {
-        v.push(Arg::Bytes(b"EVALSHA"));
-        v.push(Arg::Bytes(script.sha.as_bytes()));
-    }
-    v.push(Arg::Uint(nkeys as u64));
-    v.extend(args.keys.iter().map(Arg::Bytes));
+    // The keys kept beside each lock key that the script declares after the lock keys, by
+    // kind, in this order (`KEYS` = the lock keys, then every lock key's first kind, ...).
+    let aux: &[Aux] = match req {
+        Request::AcquireWait if args.line.is_some() => &[Aux::Kind(QUEUE), Aux::Kind(ALIVE)],
+        Request::Release => &[Aux::Kind(QUEUE), Aux::Kind(ALIVE)],
+        // The old counters: see `scripts`, fencing continuity.
+        Request::FenceDraw | Request::FenceWriteBack => {
+            &[Aux::Kind(FENCE), Aux::Old(OLD_FENCE_PREFIX)]
+        }
+        Request::Inspect => &[
+            Aux::Kind(QUEUE),
+            Aux::Kind(ALIVE),
+            Aux::Kind(FENCE),
+            Aux::Old(OLD_FENCE_PREFIX),
+        ],
+        Request::ForceRelease => &[Aux::Kind(QUEUE), Aux::Kind(ALIVE)],
+        _ => &[],
+    };
+    let mut v: SmallVec<[Argv<'_>; 8]> = SmallVec::new();
     match req {
+        Request::FenceDraw => {
+            v.push(Argv::Bytes(token));
+            v.push(Argv::Uint(nkeys as u64));
+        }
         Request::FenceWriteBack => {
-            v.push(Arg::Bytes(token));
-            v.push(Arg::Uint(args.value));
+            v.push(Argv::Bytes(token));
+            v.push(Argv::Uint(args.value));
+            v.push(Argv::Uint(nkeys as u64));
         }
         Request::AcquireWait => {
-            v.push(Arg::Bytes(token));
-            v.push(Arg::Uint(args.ttl_ms));
+            v.push(Argv::Bytes(token));
+            v.push(Argv::Uint(args.ttl_ms));
             if let Some(line) = &args.line {
-                v.push(Arg::Bytes(&line.id));
-                v.push(Arg::Uint(line.alive_ms));
-                v.push(Arg::Bytes(if line.polite { b"p" } else { b"" }));
-                v.push(Arg::Uint(line.score));
+                v.push(Argv::Bytes(&line.id));
+                v.push(Argv::Uint(line.alive_ms));
+                v.push(Argv::Bytes(if line.polite { b"p" } else { b"" }));
+                v.push(Argv::Uint(line.score));
                 match (line.out, line.expect) {
-                    (true, _) => v.push(Arg::Bytes(b"o")),
-                    (false, Expect::Held) => v.push(Arg::Bytes(b"h")),
-                    (false, Expect::InLine) => v.push(Arg::Bytes(b"l")),
+                    (true, _) => v.push(Argv::Bytes(b"o")),
+                    (false, Expect::Held) => v.push(Argv::Bytes(b"h")),
+                    (false, Expect::InLine) => v.push(Argv::Bytes(b"l")),
                     (false, Expect::Free) => {}
                 }
             }
         }
         Request::Release if args.leave.is_some() => {
-            v.push(Arg::Bytes(token));
+            v.push(Argv::Bytes(token));
             if let Some(id) = &args.leave {
-                v.push(Arg::Bytes(id));
+                v.push(Argv::Bytes(id));
             }
         }
-        Request::Release | Request::FenceDraw => v.push(Arg::Bytes(token)),
-        // `KEYS`: the resource, its line, its fencing counter; `ARGV[1]`: waiters to name.
-        Request::Inspect => v.push(Arg::Uint(args.value)),
-        // `KEYS`: the resource, its line.
+        Request::Release => v.push(Argv::Bytes(token)),
+        // `ARGV[1]`: waiters to name.
+        Request::Inspect => v.push(Argv::Uint(args.value)),
         Request::ForceRelease => {}
         Request::Extend if args.put => {
-            v.push(Arg::Bytes(token));
-            v.push(Arg::Uint(args.ttl_ms));
-            v.push(Arg::Bytes(b"put"));
+            v.push(Argv::Bytes(token));
+            v.push(Argv::Uint(args.ttl_ms));
+            v.push(Argv::Bytes(b"put"));
         }
         _ => {
-            v.push(Arg::Bytes(token));
-            v.push(Arg::Uint(args.ttl_ms));
+            v.push(Argv::Bytes(token));
+            v.push(Argv::Uint(args.ttl_ms));
         }
     }
-    resp::encode_command(out, &v);
+    let declared = nkeys * (1 + aux.len());
+    out.push(b'*');
+    push_decimal(out, (3 + declared + v.len()) as u64);
+    out.extend_from_slice(b"\r\n");
+    if eval {
+        push_bulk(out, b"EVAL");
+        push_bulk(out, script.src.as_bytes());
+    } else {
+        push_bulk(out, b"EVALSHA");
+        push_bulk(out, script.sha.as_bytes());
+    }
+    push_bulk_uint(out, declared as u64);
+    for k in args.keys.iter() {
+        push_bulk(out, k);
+    }
+    if !aux.is_empty() {
+        // One slot lookup for a one-key lock; several keys look theirs up per kind (no
+        // storage: a lock on many keys never allocates here).
+        let first = tag_of(args.keys.iter().next().unwrap_or(&[]));
+        for a in aux {
+            for k in args.keys.iter() {
+                match *a {
+                    Aux::Kind(kind) => {
+                        let tag = if nkeys == 1 { first } else { tag_of(k) };
+                        push_aux_bulk(out, kind, tag, k)
+                    }
+                    Aux::Old(prefix) => {
+                        out.push(b'$');
+                        push_decimal(out, (prefix.len() + k.len()) as u64);
+                        out.extend_from_slice(b"\r\n");
+                        out.extend_from_slice(prefix);
+                        out.extend_from_slice(k);
+                        out.extend_from_slice(b"\r\n");
+                    }
+                }
+            }
+        }
+    }
+    for a in &v {
+        match *a {
+            Argv::Bytes(b) => push_bulk(out, b),
+            Argv::Uint(n) => push_bulk_uint(out, n),
+        }
+    }
+}
+
+/// A script argument (`ARGV`).
+#[derive(Clone, Copy)]
+enum Argv<'a> {
+    Bytes(&'a [u8]),
+    Uint(u64),
+}
+
+/// A key a script declares beside each lock key.
+#[derive(Clone, Copy)]
+enum Aux {
+    /// `scripts::aux_key(kind, key)`, in the key's slot.
+    Kind(&'static [u8]),
+    /// The layout before: prefix and key (standalone masters only; see `scripts`).
+    Old(&'static [u8]),
 }
 
 /// `AUTH [user] password` when the master URL has a password; whether it was queued.
@@ -275,9 +375,13 @@ mod tests {
         assert_eq!(String::from_utf8(out.clone()).unwrap(), want);
         out.clear();
         encode_request(&mut out, Request::Release, &a, false);
+        let (q, alive) = (scripts::aux_key(QUEUE, b"k"), scripts::aux_key(ALIVE, b"k"));
+        assert_eq!(q, b"redlock-mux:{068}:queue:k"); // "068" hashes to the slot of "k"
         let want = format!(
-            "*5\r\n$7\r\nEVALSHA\r\n$40\r\n{}\r\n$1\r\n1\r\n$1\r\nk\r\n$32\r\n{}\r\n",
+            "*7\r\n$7\r\nEVALSHA\r\n$40\r\n{}\r\n$1\r\n3\r\n$1\r\nk\r\n$25\r\n{}\r\n$25\r\n{}\r\n$32\r\n{}\r\n",
             scripts::RELEASE.sha,
+            String::from_utf8(q).unwrap(),
+            String::from_utf8(alive).unwrap(),
             tok.as_str()
         );
         assert_eq!(String::from_utf8(out.clone()).unwrap(), want);

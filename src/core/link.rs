@@ -358,6 +358,15 @@ pub(super) fn interpret(setup: Setup, frame: &Frame<'_>) -> SetupReply {
             Frame::Bulk(_) => SetupReply::Done(Err(Fault::Handshake(ErrorText::new(
                 b"SCRIPT LOAD returned an unexpected SHA1",
             )))),
+            // A server before Redis 7.0 cannot compile the `#!lua` line the scripts start
+            // with (see `scripts`): say what it lacks rather than quote the Lua error.
+            Frame::Error(m) | Frame::BulkError(m)
+                if m.windows(9).any(|w| w.eq_ignore_ascii_case(b"compiling")) =>
+            {
+                SetupReply::Done(Err(Fault::Handshake(ErrorText::new(
+                    b"SCRIPT LOAD: the scripts (#!lua) need Redis 7.0 or later",
+                ))))
+            }
             f => SetupReply::Done(Err(refused(f))),
         },
         Setup::Info => match frame {
@@ -470,5 +479,30 @@ mod tests {
         assert_eq!(&id, b"0123456789abcdef0123456789abcdef01234567");
         assert_eq!(parse_info(b"# Server\r\nuptime_in_seconds:x\r\n"), None);
         assert_eq!(parse_info(b"run_id:short\r\nuptime_in_seconds:1\r\n"), None);
+    }
+
+    #[test]
+    fn a_server_that_cannot_compile_the_shebang_is_told_it_needs_redis_7() {
+        // Redis 6.2's answer to `SCRIPT LOAD "#!lua\n..."`.
+        let refusal = Frame::Error(
+            b"ERR Error compiling script (new function): user_script:1: unexpected symbol near '#'",
+        );
+        let SetupReply::Done(Err(Fault::Handshake(text))) =
+            interpret(Setup::ScriptLoad(0), &refusal)
+        else {
+            panic!("a handshake fault expected");
+        };
+        let text = String::from_utf8_lossy(text.as_bytes()).into_owned();
+        assert!(
+            text.contains("Redis 7.0") && text.contains("#!lua"),
+            "{text}"
+        );
+        // Any other refusal is quoted as it came.
+        let SetupReply::Done(Err(Fault::Handshake(text))) =
+            interpret(Setup::ScriptLoad(0), &Frame::Error(b"NOPERM no scripts"))
+        else {
+            panic!("a handshake fault expected");
+        };
+        assert_eq!(text.as_bytes(), b"NOPERM no scripts");
     }
 }

@@ -173,8 +173,6 @@ pub struct Core {
     pub(crate) track_finished: bool,
     tokens: TokenSource,
     rng: fastrand::Rng,
-    /// Scratch for the fencing rounds' key list (lock keys, then their counters).
-    fence_keys: KeyList,
     /// Notify mode: per channel (by slot), the tasks waiting on it in arrival order.
     waitlists: Vec<SmallVec<[TaskId; 4]>>,
     /// The next lock task's arrival number.
@@ -219,7 +217,6 @@ impl Core {
             track_finished: false,
             tokens,
             rng: fastrand::Rng::with_seed(seed),
-            fence_keys: KeyList::default(),
             waitlists: Vec::new(),
             next_seq: 0,
             client_id: [0; crate::scripts::CLIENT_ID_LEN],

@@ -14,7 +14,7 @@ use crate::core::{fingerprint, ChanId, Fingerprint, KeyList, Line, OpId};
 use crate::error::{Error, Operation, Report};
 use crate::lock::Lock;
 use crate::rules::{self, AcquireVerdict, Decision, Outcome, Request};
-use crate::scripts::{self, CLIENT_ID_LEN, WAITER_ID_LEN};
+use crate::scripts::{CLIENT_ID_LEN, WAITER_ID_LEN};
 use crate::token::Token;
 
 /// What a finished task produced. (Moved out at once; boxing the lock would cost an
@@ -458,22 +458,14 @@ impl Core {
     /// still only while our key is held). A later holder's draw meets that quorum, after
     /// this lock ended, so its token is larger.
     fn start_fence_round(&mut self, id: TaskId, req: Request, now: Instant) {
-        let mut fk = std::mem::take(&mut self.fence_keys);
         let t = &self.tasks[id.slot as usize];
-        fk.assign(&t.keys);
-        let mut counter: SmallVec<[u8; 64]> = SmallVec::new();
-        for k in t.keys.iter() {
-            counter.clear();
-            counter.extend_from_slice(scripts::FENCE_PREFIX);
-            counter.extend_from_slice(k);
-            fk.push(&counter);
-        }
+        // The counters are named where the request is encoded (`encode`, `scripts::FENCE`).
         let timeout = self.timeout(t.ttl, t.deadline, now);
         let (token, ttl_ms, value) = (t.token, t.ttl.as_millis() as u64, t.fence.unwrap_or(0));
         let op = self.rounds.start(
             req,
             |a| {
-                a.set(fk.iter(), token, ttl_ms);
+                a.set(t.keys.iter(), token, ttl_ms);
                 a.value = value;
             },
             timeout,
@@ -481,7 +473,6 @@ impl Core {
             |_| true,
             Some(id.owner()),
         );
-        self.fence_keys = fk;
         let t = &mut self.tasks[id.slot as usize];
         t.op = Some(op);
         t.phase = if req == Request::FenceDraw {

@@ -543,19 +543,19 @@ impl World {
     /// part), scores, and whether each is alive.
     fn lines(&self, key: &[u8]) -> String {
         let t = self.t;
-        let q = [redlock_mux::scripts::QUEUE_PREFIX, key].concat();
+        let q = redlock_mux::scripts::aux_key(redlock_mux::scripts::QUEUE, key);
+        let a = redlock_mux::scripts::aux_key(redlock_mux::scripts::ALIVE, key);
         let mut out = String::new();
         for (s, m) in self.masters.iter().enumerate() {
             let now = m.clock_ms(t);
+            let until = m.server.zset(0, &a, now);
             let line: Vec<String> = m
                 .server
                 .zset(0, &q, now)
                 .iter()
                 .map(|(id, score)| {
-                    let alive = m
-                        .server
-                        .get(0, &[redlock_mux::scripts::WAITER_PREFIX, id].concat(), now)
-                        .is_some();
+                    // The server's clock is `now` (its `TIME`, in ms).
+                    let alive = until.iter().any(|(w, d)| w == id && *d >= now as f64);
                     format!(
                         "{}@{score}{}",
                         String::from_utf8_lossy(id),

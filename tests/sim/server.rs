@@ -309,6 +309,7 @@ const COMMANDS: &[Cmd] = &[
     cmd("zscore", 3),
     cmd("zrank", 3),
     cmd("zcard", 2),
+    cmd("time", 1),
 ];
 
 /// Subcommands of the container commands: (container, name, arity).
@@ -1294,6 +1295,10 @@ impl SimRedis {
                     .map_or(Reply::Nil, |i| Reply::Int(i as i64)),
                 Some(_) => err(WRONGTYPE),
             },
+            "time" => Reply::Array(vec![
+                Reply::Bulk(now.div_euclid(1000).to_string().into_bytes()),
+                Reply::Bulk((now.rem_euclid(1000) * 1000).to_string().into_bytes()),
+            ]),
             "zcard" => match self.lookup(db, args[1], now) {
                 None => Reply::Int(0),
                 Some(Entry {
@@ -1538,155 +1543,211 @@ impl SimRedis {
 
     /// `scripts::RELEASE`.
     fn lua_release(&mut self, x: &Run<'_>) -> Result<Reply, Raised> {
-        // L1: local held = 1
+        // L2: local n = #KEYS / 3   (a Lua number: fractional unless #KEYS is a multiple of 3)
+        let n = x.nkeys() as f64 / 3.0;
+        // L3: local held = 1
         let mut held = 1;
-        // L2: for i = 1, #KEYS do
-        for i in 1..=x.nkeys() {
-            let key = x.key(i as f64);
-            // L3: local q = 'redlock-mux:queue:' .. KEYS[i]
-            let q = cat(b"redlock-mux:queue:", key.unwrap_or_default());
-            // L4: local v = redis.call('get', KEYS[i])
-            let v = self.call(x, 4, &[Some(b"get"), key])?;
-            // L5: if ARGV[2] and v ~= ARGV[1] then
+        // L4: local now
+        let mut now: Option<f64> = None;
+        // L5: for i = 1, n do
+        let mut i = 1.0;
+        while i <= n {
+            // L6: local k, q, a = KEYS[i], KEYS[n + i], KEYS[2 * n + i]
+            let (key, q, a) = (x.key(i), x.key(n + i), x.key(2.0 * n + i));
+            // L7: local v = redis.call('get', k)
+            let v = self.call(x, 7, &[Some(b"get"), key])?;
+            // L8: if ARGV[2] and v ~= ARGV[1] then
             if let Some(id) = x.arg(2) {
                 if !lua_eq(&v, x.arg(1)) {
-                    // L6: redis.pcall('zrem', q, ARGV[2])
-                    self.pcall(x, &[Some(b"zrem"), Some(&q), Some(id)]);
+                    // L9: redis.pcall('zrem', q, ARGV[2])
+                    self.pcall(x, &[Some(b"zrem"), q, Some(id)]);
+                    // L10: redis.pcall('zrem', a, ARGV[2])
+                    self.pcall(x, &[Some(b"zrem"), a, Some(id)]);
                 }
             }
-            // L8: if v == ARGV[1] then
+            // L12: if v == ARGV[1] then
             if lua_eq(&v, x.arg(1)) {
-                // L9: redis.call('del', KEYS[i])
-                self.call(x, 9, &[Some(b"del"), key])?;
-            // L10: elseif v == ARGV[1] .. '+' then
-            } else if lua_eq(&v, Some(&lua_concat(x, 10, x.arg(1), b"+")?)) {
-                // L11: redis.call('del', KEYS[i])
-                self.call(x, 11, &[Some(b"del"), key])?;
-                // L12: local turn
+                // L13: redis.call('del', k)
+                self.call(x, 13, &[Some(b"del"), key])?;
+            // L14: elseif v == ARGV[1] .. '+' then
+            } else if lua_eq(&v, Some(&lua_concat(x, 14, x.arg(1), b"+")?)) {
+                // L15: redis.call('del', k)
+                self.call(x, 15, &[Some(b"del"), key])?;
+                // L16: local turn
                 let mut turn: Option<Vec<u8>> = None;
-                // L13: for _ = 1, 8 do
+                // L17: for _ = 1, 8 do
                 for _ in 1..=8 {
-                    // L14: local r = redis.pcall('zrange', q, 0, 0)
-                    let r = self.pcall(x, &[Some(b"zrange"), Some(&q), Some(b"0"), Some(b"0")]);
-                    // L15: local h = type(r) == 'table' and r[1]
-                    // L16: if not h then break end
+                    // L18: local r = redis.pcall('zrange', q, 0, 0)
+                    let r = self.pcall(x, &[Some(b"zrange"), q, Some(b"0"), Some(b"0")]);
+                    // L19: local h = type(r) == 'table' and r[1]
+                    // L20: if not h then break end
                     let Some(h) = first_string(&r) else {
                         break;
                     };
-                    // L17: if redis.pcall('exists', 'redlock-mux:waiter:' .. h) == 1 then
-                    let live = cat(b"redlock-mux:waiter:", &h);
-                    if self.pcall(x, &[Some(b"exists"), Some(&live)]) == Reply::Int(1) {
-                        // L18: turn = h
-                        // L19: break
+                    // L21: if not now then local t = redis.call('time') now = t[1] * 1000 + math.floor(t[2] / 1000) end
+                    let t = match now {
+                        Some(t) => t,
+                        None => *now.insert(self.lua_time(x, 21)?),
+                    };
+                    // L22: local d = tonumber(redis.pcall('zscore', a, h))
+                    let d = lua_tonumber_reply(&self.pcall(x, &[Some(b"zscore"), a, Some(&h)]));
+                    // L23: if d and d >= now then
+                    if d.is_some_and(|d| d >= t) {
+                        // L24: turn = h
+                        // L25: break
                         turn = Some(h);
                         break;
                     }
-                    // L21: redis.pcall('zrem', q, h)
-                    self.pcall(x, &[Some(b"zrem"), Some(&q), Some(&h)]);
+                    // L27: redis.pcall('zrem', q, h)
+                    self.pcall(x, &[Some(b"zrem"), q, Some(&h)]);
+                    // L28: redis.pcall('zrem', a, h)
+                    self.pcall(x, &[Some(b"zrem"), a, Some(&h)]);
                 }
-                // L23: local note = string.sub(ARGV[1], 1, 16)
+                // L30: local note = string.sub(ARGV[1], 1, 16)
                 // (ARGV[1] is a string here: it equalled a value.)
                 let note = lua_sub(x.arg(1).unwrap_or_default(), 1, 16);
                 match turn {
-                    // L24: if turn then
-                    // L25: redis.pcall('publish', 'redlock-mux:next:' .. string.sub(turn, 1, 8), note .. turn)
+                    // L31: if turn then
+                    // L32: redis.pcall('publish', 'redlock-mux:next:' .. string.sub(turn, 1, 8), note .. turn)
                     Some(turn) => {
                         let channel = cat(b"redlock-mux:next:", lua_sub(&turn, 1, 8));
                         let payload = cat(note, &turn);
                         self.pcall(x, &[Some(b"publish"), Some(&channel), Some(&payload)]);
                     }
-                    // L27: redis.pcall('publish', 'redlock-mux:released:' .. KEYS[i], note)
+                    // L34: redis.pcall('publish', 'redlock-mux:released:' .. k, note)
                     None => {
-                        let channel = cat(b"redlock-mux:released:", key.unwrap_or_default());
+                        let Some(k) = key else {
+                            return Err(lua_concat_nil(x, 34, "k"));
+                        };
+                        let channel = cat(b"redlock-mux:released:", k);
                         self.pcall(x, &[Some(b"publish"), Some(&channel), Some(note)]);
                     }
                 }
             } else {
-                // L30: held = 0
+                // L37: held = 0
                 held = 0;
             }
+            i += 1.0;
         }
-        // L33: return held
+        // L40: return held
         Ok(Reply::Int(held))
+    }
+
+    /// `local t = redis.call('time') now = t[1] * 1000 + math.floor(t[2] / 1000)` on Lua
+    /// line `line`: the server's clock in ms.
+    fn lua_time(&mut self, x: &Run<'_>, line: u32) -> Result<f64, Raised> {
+        match self.call(x, line, &[Some(b"time")])? {
+            Reply::Array(t) => match (t.first(), t.get(1)) {
+                (Some(Reply::Bulk(s)), Some(Reply::Bulk(us))) => {
+                    let (s, us) = (
+                        lua_tonumber(s).unwrap_or_default(),
+                        lua_tonumber(us).unwrap_or_default(),
+                    );
+                    Ok(s * 1000.0 + (us / 1000.0).floor())
+                }
+                _ => unreachable!("TIME answers two strings"),
+            },
+            _ => unreachable!("TIME answers an array"),
+        }
     }
 
     /// `scripts::EXTEND`.
     fn lua_extend(&mut self, x: &Run<'_>) -> Result<Reply, Raised> {
-        // L1: local gone = false
+        // L2: local gone = false
         let mut gone = false;
-        // L2: for i = 1, #KEYS do
+        // L3: for i = 1, #KEYS do
         for i in 1..=x.nkeys() {
-            // L3: local v = redis.call('get', KEYS[i])
-            let v = self.call(x, 3, &[Some(b"get"), x.key(i as f64)])?;
-            // L4: if not v then gone = true
+            // L4: local v = redis.call('get', KEYS[i])
+            let v = self.call(x, 4, &[Some(b"get"), x.key(i as f64)])?;
+            // L5: if not v then gone = true
             if matches!(v, Reply::Nil) {
                 gone = true;
-            // L5: elseif v ~= ARGV[1] and v ~= ARGV[1] .. '+' then return 0 end
-            } else if !lua_holds(x, 5, &v)? {
+            // L6: elseif v ~= ARGV[1] and v ~= ARGV[1] .. '+' then return 0 end
+            } else if !lua_holds(x, 6, &v)? {
                 return Ok(Reply::Int(0));
             }
         }
-        // L7: local ttl = tonumber(ARGV[2])
+        // L8: local ttl = tonumber(ARGV[2])
         let ttl = x.arg(2).and_then(lua_tonumber);
-        // L8: for i = 1, #KEYS do
+        // L9: for i = 1, #KEYS do
         for i in 1..=x.nkeys() {
             let key = x.key(i as f64);
-            // L9: local left = redis.call('pttl', KEYS[i])
-            let left = lua_number(&self.call(x, 9, &[Some(b"pttl"), key])?);
-            // L10: if left == -2 then
+            // L10: local left = redis.call('pttl', KEYS[i])
+            let left = lua_number(&self.call(x, 10, &[Some(b"pttl"), key])?);
+            // L11: if left == -2 then
             if left == Some(-2.0) {
-                // L11: if ARGV[3] == 'put' then redis.call('set', KEYS[i], ARGV[1], 'PX', ttl) end
+                // L12: if ARGV[3] == 'put' then redis.call('set', KEYS[i], ARGV[1], 'PX', ttl) end
                 if x.arg(3) == Some(&b"put"[..]) {
                     let ms = ttl.map(lua_num_arg);
                     self.call(
                         x,
-                        11,
+                        12,
                         &[Some(b"set"), key, x.arg(1), Some(b"PX"), ms.as_deref()],
                     )?;
                 }
-            // L12: elseif left < ttl then redis.call('pexpire', KEYS[i], ttl) end
-            } else if lua_lt(x, 12, left, ttl)? {
+            // L13: elseif left < ttl then redis.call('pexpire', KEYS[i], ttl) end
+            } else if lua_lt(x, 13, left, ttl)? {
                 let ms = lua_num_arg(ttl.unwrap_or_default());
-                self.call(x, 12, &[Some(b"pexpire"), key, Some(&ms)])?;
+                self.call(x, 13, &[Some(b"pexpire"), key, Some(&ms)])?;
             }
         }
-        // L14: if gone then return 2 end
+        // L15: if gone then return 2 end
         if gone {
             return Ok(Reply::Int(2));
         }
-        // L15: return 1
+        // L16: return 1
         Ok(Reply::Int(1))
     }
 
-    /// ACQUIRE_WAIT's `alive()` (L21-L24): the waiter's liveness key lives `ARGV[4]` ms
-    /// from now; a waiter known in line (`inq`) first tries `PEXPIRE` of the key it has.
-    fn lua_alive(&mut self, x: &Run<'_>, id: &[u8], inq: bool) {
-        // L22: local w = 'redlock-mux:waiter:' .. id
-        let w = cat(b"redlock-mux:waiter:", id);
-        // L23: if not (inq and redis.pcall('pexpire', w, ARGV[4]) == 1) then
-        //   redis.pcall('set', w, '1', 'PX', ARGV[4]) end
-        if !(inq && self.pcall(x, &[Some(b"pexpire"), Some(&w), x.arg(4)]) == Reply::Int(1)) {
-            self.pcall(
-                x,
-                &[Some(b"set"), Some(&w), Some(b"1"), Some(b"PX"), x.arg(4)],
-            );
+    /// ACQUIRE_WAIT's `alive()` (L29-L31): the waiter is alive until `ARGV[4]` ms from now
+    /// (the server's clock) in the liveness set `a`.
+    fn lua_alive(
+        &mut self,
+        x: &Run<'_>,
+        a: Option<&[u8]>,
+        id: &[u8],
+        now: &mut Option<f64>,
+    ) -> Result<(), Raised> {
+        // L30: redis.pcall('zadd', a, clock() + tonumber(ARGV[4]), id)
+        let t = self.lua_clock(x, now)?;
+        let Some(ms) = x.arg(4).and_then(lua_tonumber) else {
+            return Err(Raised(
+                format!(
+                    "ERR user_script:30: attempt to perform arithmetic on a nil value script: {}, on @user_script:30.",
+                    x.sha
+                )
+                .into_bytes(),
+            ));
+        };
+        let score = lua_num_arg(t + ms);
+        self.pcall(x, &[Some(b"zadd"), a, Some(&score), Some(id)]);
+        Ok(())
+    }
+
+    /// ACQUIRE_WAIT's `clock()` (L19-L22): `TIME` once per run, in ms.
+    fn lua_clock(&mut self, x: &Run<'_>, now: &mut Option<f64>) -> Result<f64, Raised> {
+        // L20: if not now then local t = redis.call('time') now = t[1] * 1000 + math.floor(t[2] / 1000) end
+        // L21: return now
+        match *now {
+            Some(t) => Ok(t),
+            None => Ok(*now.insert(self.lua_time(x, 20)?)),
         }
     }
 
-    /// ACQUIRE_WAIT's `keep()` (L17-L19): lengthen the line's expiry to this waiter's
-    /// liveness, never shorten it.
-    fn lua_keep(&mut self, x: &Run<'_>, q: &[u8]) -> Result<(), Raised> {
-        // L18: if redis.pcall('pttl', q) < tonumber(ARGV[4]) then redis.pcall('pexpire', q, ARGV[4]) end
-        let pttl = self.pcall(x, &[Some(b"pttl"), Some(q)]);
+    /// ACQUIRE_WAIT's `keep()` (L23-L28): lengthen the line's and the liveness set's expiry
+    /// to this waiter's liveness, never shorten them.
+    fn lua_keep(&mut self, x: &Run<'_>, q: Option<&[u8]>, a: Option<&[u8]>) -> Result<(), Raised> {
+        // L24: if redis.pcall('pttl', q) < tonumber(ARGV[4]) then
+        let pttl = self.pcall(x, &[Some(b"pttl"), q]);
         let limit = x.arg(4).and_then(lua_tonumber);
         let below = match pttl {
-            Reply::Int(n) => lua_lt(x, 18, Some(n as f64), limit)?,
+            Reply::Int(n) => lua_lt(x, 24, Some(n as f64), limit)?,
             // An error table compared with a number (or nil) raises.
             _ => {
                 let ty = if limit.is_some() { "number" } else { "nil" };
                 return Err(Raised(
                     format!(
-                        "ERR user_script:18: attempt to compare table with {ty} script: {}, on @user_script:18.",
+                        "ERR user_script:24: attempt to compare table with {ty} script: {}, on @user_script:24.",
                         x.sha
                     )
                     .into_bytes(),
@@ -1694,21 +1755,24 @@ impl SimRedis {
             }
         };
         if below {
-            self.pcall(x, &[Some(b"pexpire"), Some(q), x.arg(4)]);
+            // L25: redis.pcall('pexpire', q, ARGV[4])
+            self.pcall(x, &[Some(b"pexpire"), q, x.arg(4)]);
+            // L26: redis.pcall('pexpire', a, ARGV[4])
+            self.pcall(x, &[Some(b"pexpire"), a, x.arg(4)]);
         }
         Ok(())
     }
 
     /// `scripts::ACQUIRE_MANY`.
     fn lua_acquire_many(&mut self, x: &Run<'_>) -> Result<Reply, Raised> {
-        // L1: for i = 1, #KEYS do
+        // L2: for i = 1, #KEYS do
         for i in 1..=x.nkeys() {
-            // L2: if redis.call('exists', KEYS[i]) == 1 then return 0 end
-            if self.call(x, 2, &[Some(b"exists"), x.key(i as f64)])? == Reply::Int(1) {
+            // L3: if redis.call('exists', KEYS[i]) == 1 then return 0 end
+            if self.call(x, 3, &[Some(b"exists"), x.key(i as f64)])? == Reply::Int(1) {
                 return Ok(Reply::Int(0));
             }
         }
-        // L4: for i = 1, #KEYS do redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2]) end
+        // L5: for i = 1, #KEYS do redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2]) end
         for i in 1..=x.nkeys() {
             let args = [
                 Some(&b"set"[..]),
@@ -1717,76 +1781,79 @@ impl SimRedis {
                 Some(b"PX"),
                 x.arg(2),
             ];
-            self.call(x, 4, &args)?;
+            self.call(x, 5, &args)?;
         }
-        // L5: return 1
+        // L6: return 1
         Ok(Reply::Int(1))
     }
 
     /// `scripts::ACQUIRE_WAIT`.
     fn lua_acquire_wait(&mut self, x: &Run<'_>) -> Result<Reply, Raised> {
-        // L1-L7: local function mark(k) ... end   (see `lua_mark`)
-        // L8: if #KEYS == 1 then
-        if x.nkeys() == 1 {
+        // L2-L8: local function mark(k) ... end   (see `lua_mark`)
+        // L9: if ARGV[3] or #KEYS == 1 then
+        if x.arg(3).is_some() || x.nkeys() == 1 {
             let key = x.key(1.0);
-            // L9: local id = ARGV[3]
+            // L10: local id = ARGV[3]
             let id = x.arg(3);
-            // L10: local q = 'redlock-mux:queue:' .. KEYS[1]
-            let q = cat(b"redlock-mux:queue:", key.unwrap_or_default());
-            // L11: local how = ARGV[7]
+            // L11: local q, a = KEYS[2], KEYS[3]
+            let (q, a) = (x.key(2.0), x.key(3.0));
+            // L12: local how = ARGV[7]
             let how = x.arg(7);
-            // L12: local out = how == 'o'
+            // L13: local out = how == 'o'
             let out = how == Some(b"o");
-            // L13: if id and out then
+            // L14: if id and out then
             if let (Some(id), true) = (id, out) {
-                // L14: redis.pcall('zrem', q, id)
-                self.pcall(x, &[Some(b"zrem"), Some(&q), Some(id)]);
-                // L15: redis.pcall('del', 'redlock-mux:waiter:' .. id)
-                let live = cat(b"redlock-mux:waiter:", id);
-                self.pcall(x, &[Some(b"del"), Some(&live)]);
+                // L15: redis.pcall('zrem', q, id)
+                self.pcall(x, &[Some(b"zrem"), q, Some(id)]);
+                // L16: redis.pcall('zrem', a, id)
+                self.pcall(x, &[Some(b"zrem"), a, Some(id)]);
             }
-            // L17-L19: local function keep() ... end   (see `lua_keep`)
-            // L21-L24: local function alive() ... end   (see `lua_alive`)
-            // L20: local v, inq = false, false
+            // L18: local now
+            let mut now: Option<f64> = None;
+            // L19-L22: local function clock() ... end   (see `lua_clock`)
+            // L23-L28: local function keep() ... end   (see `lua_keep`)
+            // L29-L31: local function alive() ... end   (see `lua_alive`)
+            // L32: local v, inq = false, false
             // (`v`: `None` is Lua's `false`, the key not read; else what GET answered.)
             let mut v: Option<Reply> = None;
             let mut inq = false;
-            // L25: if how == 'h' and ARGV[5] ~= 'p' then v = redis.pcall('get', KEYS[1]) end
+            // L33: if how == 'h' and ARGV[5] ~= 'p' then v = redis.pcall('get', KEYS[1]) end
             if how == Some(b"h") && x.arg(5) != Some(b"p") {
                 // A nil reply is Lua's `false`: as if not read.
                 v = Some(self.pcall(x, &[Some(b"get"), key])).filter(|r| *r != Reply::Nil);
             }
-            // L26: if not v then
+            // L34: if not v then
             if v.is_none() {
-                // L27: if id and how == 'l' then inq = type(redis.pcall('zrank', q, id)) == 'number' end
+                // L35: if id and how == 'l' then inq = type(redis.pcall('zrank', q, id)) == 'number' end
                 if let (Some(id), true) = (id, how == Some(b"l")) {
-                    inq = matches!(
-                        self.pcall(x, &[Some(b"zrank"), Some(&q), Some(id)]),
-                        Reply::Int(_)
-                    );
+                    inq = matches!(self.pcall(x, &[Some(b"zrank"), q, Some(id)]), Reply::Int(_));
                 }
-                // L28: local lined = inq or (id and redis.pcall('exists', q) == 1)
-                let lined = inq
-                    || (id.is_some()
-                        && self.pcall(x, &[Some(b"exists"), Some(&q)]) == Reply::Int(1));
-                // L29: local behind = false
+                // L36: local lined = inq or (id and redis.pcall('exists', q) == 1)
+                let lined =
+                    inq || (id.is_some() && self.pcall(x, &[Some(b"exists"), q]) == Reply::Int(1));
+                // L37: local behind = false
                 let mut behind = false;
-                // L30: if lined and ARGV[5] == 'p' then
+                // L38: if lined and ARGV[5] == 'p' then
                 if lined && x.arg(5) == Some(b"p") {
-                    // L31: for _ = 1, 8 do
+                    // L39: for _ = 1, 8 do
                     for _ in 1..=8 {
-                        // L32: local r = redis.pcall('zrange', q, 0, 0)
-                        let r = self.pcall(x, &[Some(b"zrange"), Some(&q), Some(b"0"), Some(b"0")]);
-                        // L33: local h = type(r) == 'table' and r[1]
-                        // L34: if not h or h == id then break end
+                        // L40: local r = redis.pcall('zrange', q, 0, 0)
+                        let r = self.pcall(x, &[Some(b"zrange"), q, Some(b"0"), Some(b"0")]);
+                        // L41: local h = type(r) == 'table' and r[1]
+                        // L42: if not h or h == id then break end
                         let h = match first_string(&r) {
                             Some(h) if Some(h.as_slice()) != id => h,
                             _ => break,
                         };
-                        // L35: if redis.pcall('exists', 'redlock-mux:waiter:' .. h) == 1 then
-                        let live = cat(b"redlock-mux:waiter:", &h);
-                        if self.pcall(x, &[Some(b"exists"), Some(&live)]) == Reply::Int(1) {
-                            // L36: behind = true if redis.pcall('exists', KEYS[1]) == 0 then
+                        // L43: local d = tonumber(redis.pcall('zscore', a, h))
+                        let d = lua_tonumber_reply(&self.pcall(x, &[Some(b"zscore"), a, Some(&h)]));
+                        // L44: if d and d >= clock() then
+                        let live = match d {
+                            Some(d) => d >= self.lua_clock(x, &mut now)?,
+                            None => false,
+                        };
+                        if live {
+                            // L45: behind = true if redis.pcall('exists', KEYS[1]) == 0 then
                             //   redis.pcall('publish', 'redlock-mux:next:' .. string.sub(h, 1, 8),
                             //   string.sub(ARGV[1], 1, 16) .. h) end
                             behind = true;
@@ -1796,22 +1863,24 @@ impl SimRedis {
                                 let payload = cat(note, &h);
                                 self.pcall(x, &[Some(b"publish"), Some(&channel), Some(&payload)]);
                             }
-                            // L37: break
+                            // L46: break
                             break;
                         }
-                        // L39: redis.pcall('zrem', q, h)
-                        self.pcall(x, &[Some(b"zrem"), Some(&q), Some(&h)]);
+                        // L48: redis.pcall('zrem', q, h)
+                        self.pcall(x, &[Some(b"zrem"), q, Some(&h)]);
+                        // L49: redis.pcall('zrem', a, h)
+                        self.pcall(x, &[Some(b"zrem"), a, Some(&h)]);
                     }
                 }
-                // L42: local val = ARGV[1]
-                // L43: if lined then val = val .. '+' end
+                // L52: local val = ARGV[1]
+                // L53: if lined then val = val .. '+' end
                 let val: Option<Vec<u8>> = if lined {
                     match x.arg(1) {
                         Some(t) => Some(cat(t, b"+")),
                         None => {
                             return Err(Raised(
                                 format!(
-                                    "ERR user_script:43: attempt to concatenate local 'val' (a nil value) script: {}, on @user_script:43.",
+                                    "ERR user_script:53: attempt to concatenate local 'val' (a nil value) script: {}, on @user_script:53.",
                                     x.sha
                                 )
                                 .into_bytes(),
@@ -1821,7 +1890,7 @@ impl SimRedis {
                 } else {
                     x.arg(1).map(<[u8]>::to_vec)
                 };
-                // L44: if not behind and redis.call('set', KEYS[1], val, 'NX', 'PX', ARGV[2]) then
+                // L54: if not behind and redis.call('set', KEYS[1], val, 'NX', 'PX', ARGV[2]) then
                 if !behind {
                     let args = [
                         Some(&b"set"[..]),
@@ -1831,103 +1900,97 @@ impl SimRedis {
                         Some(b"PX"),
                         x.arg(2),
                     ];
-                    if self.call(x, 44, &args)? != Reply::Nil {
-                        // L45: if lined and not out then
+                    if self.call(x, 54, &args)? != Reply::Nil {
+                        // L55: if lined and not out then
                         if let (Some(id), true, false) = (id, lined, out) {
-                            // L46: if not inq then redis.pcall('zadd', q, 'NX', ARGV[6], id) end
+                            // L56: if not inq then redis.pcall('zadd', q, 'NX', ARGV[6], id) end
                             if !inq {
-                                self.pcall(
-                                    x,
-                                    &[Some(b"zadd"), Some(&q), Some(b"NX"), x.arg(6), Some(id)],
-                                );
+                                self.pcall(x, &[Some(b"zadd"), q, Some(b"NX"), x.arg(6), Some(id)]);
                             }
-                            // L47: alive()
-                            self.lua_alive(x, id, inq);
-                            // L48: keep()
-                            self.lua_keep(x, &q)?;
+                            // L57: alive()
+                            self.lua_alive(x, a, id, &mut now)?;
+                            // L58: keep()
+                            self.lua_keep(x, q, a)?;
                         }
-                        // L50: return 0
+                        // L60: return 0
                         return Ok(Reply::Int(0));
                     }
                 }
             }
-            // L53: if id and not out then
+            // L63: if id and not out then
             if let (Some(id), false) = (id, out) {
-                // L54: if not inq then redis.pcall('zadd', q, 'NX', ARGV[6], id) end
+                // L64: if not inq then redis.pcall('zadd', q, 'NX', ARGV[6], id) end
                 if !inq {
-                    self.pcall(
-                        x,
-                        &[Some(b"zadd"), Some(&q), Some(b"NX"), x.arg(6), Some(id)],
-                    );
+                    self.pcall(x, &[Some(b"zadd"), q, Some(b"NX"), x.arg(6), Some(id)]);
                 }
-                // L55: keep()
-                self.lua_keep(x, &q)?;
-                // L56: alive()
-                self.lua_alive(x, id, inq);
+                // L65: alive()
+                self.lua_alive(x, a, id, &mut now)?;
+                // L66: keep()
+                self.lua_keep(x, q, a)?;
             }
-            // L58: local left = redis.call('pttl', KEYS[1])
-            let mut left = match self.call(x, 58, &[Some(b"pttl"), key])? {
+            // L68: local left = redis.call('pttl', KEYS[1])
+            let mut left = match self.call(x, 68, &[Some(b"pttl"), key])? {
                 Reply::Int(n) => n,
                 _ => 0,
             };
-            // L59: if left == -2 then left = -1 elseif left == 0 then left = 1 end
+            // L69: if left == -2 then left = -1 elseif left == 0 then left = 1 end
             if left == -2 {
                 left = -1;
             } else if left == 0 {
                 left = 1;
             }
             let v = match v {
-                // L60: if not v then
-                // L61: if id then v = mark(KEYS[1]) else v = redis.pcall('get', KEYS[1]) end
+                // L70: if not v then
+                // L71: if id then v = mark(KEYS[1]) else v = redis.pcall('get', KEYS[1]) end
                 None if id.is_some() => self.lua_mark(x, key),
                 None => self.pcall(x, &[Some(b"get"), key]),
-                // L62: elseif id and type(v) == 'string' and #v == 32 and not string.find(v, '[^0-9a-f]') then
+                // L72: elseif id and type(v) == 'string' and #v == 32 and not string.find(v, '[^0-9a-f]') then
                 Some(v) => {
                     if id.is_some() && is_token(&v) {
-                        // L63: redis.pcall('append', KEYS[1], '+')
+                        // L73: redis.pcall('append', KEYS[1], '+')
                         self.pcall(x, &[Some(b"append"), key, Some(b"+")]);
                     }
                     v
                 }
             };
-            // L65: if type(v) ~= 'string' then v = '' end
+            // L75: if type(v) ~= 'string' then v = '' end
             let v = match v {
                 Reply::Bulk(v) => v,
                 _ => Vec::new(),
             };
-            // L66: return {left, string.sub(v, 1, 16)}
+            // L76: return {left, string.sub(v, 1, 16)}
             return Ok(Reply::Array(vec![
                 Reply::Int(left),
                 Reply::Bulk(lua_sub(&v, 1, 16).to_vec()),
             ]));
         }
-        // L68: local left = 0
+        // L78: local left = 0
         let mut left: i64 = 0;
-        // L69: for i = 1, #KEYS do
+        // L79: for i = 1, #KEYS do
         for i in 1..=x.nkeys() {
-            // L70: local t = redis.call('pttl', KEYS[i])
-            let t = match self.call(x, 70, &[Some(b"pttl"), x.key(i as f64)])? {
+            // L80: local t = redis.call('pttl', KEYS[i])
+            let t = match self.call(x, 80, &[Some(b"pttl"), x.key(i as f64)])? {
                 Reply::Int(n) => n,
                 _ => 0,
             };
-            // L71: if t == -1 then left = -1
-            // L72: elseif t >= 0 and left >= 0 then left = math.max(left, t, 1) end
+            // L81: if t == -1 then left = -1
+            // L82: elseif t >= 0 and left >= 0 then left = math.max(left, t, 1) end
             if t == -1 {
                 left = -1;
             } else if t >= 0 && left >= 0 {
                 left = left.max(t).max(1);
             }
         }
-        // L74: if left ~= 0 then
+        // L84: if left ~= 0 then
         if left != 0 {
-            // L75: for i = 1, #KEYS do mark(KEYS[i]) end
+            // L85: for i = 1, #KEYS do mark(KEYS[i]) end
             for i in 1..=x.nkeys() {
                 self.lua_mark(x, x.key(i as f64));
             }
-            // L76: return left
+            // L86: return left
             return Ok(Reply::Int(left));
         }
-        // L78: for i = 1, #KEYS do redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2]) end
+        // L88: for i = 1, #KEYS do redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2]) end
         for i in 1..=x.nkeys() {
             let args = [
                 Some(&b"set"[..]),
@@ -1936,117 +1999,148 @@ impl SimRedis {
                 Some(b"PX"),
                 x.arg(2),
             ];
-            self.call(x, 78, &args)?;
+            self.call(x, 88, &args)?;
         }
-        // L79: return 0
+        // L89: return 0
         Ok(Reply::Int(0))
     }
 
-    /// ACQUIRE_WAIT's `mark(k)` (L1-L7): a key held with one of our tokens, unmarked, gets
+    /// ACQUIRE_WAIT's `mark(k)` (L2-L8): a key held with one of our tokens, unmarked, gets
     /// the waiter's mark; the value read is the answer.
     fn lua_mark(&mut self, x: &Run<'_>, k: Option<&[u8]>) -> Reply {
-        // L2: local v = redis.pcall('get', k)
+        // L3: local v = redis.pcall('get', k)
         let v = self.pcall(x, &[Some(b"get"), k]);
-        // L3: if type(v) == 'string' and #v == 32 and not string.find(v, '[^0-9a-f]') then
+        // L4: if type(v) == 'string' and #v == 32 and not string.find(v, '[^0-9a-f]') then
         if is_token(&v) {
-            // L4: redis.pcall('append', k, '+')
+            // L5: redis.pcall('append', k, '+')
             self.pcall(x, &[Some(b"append"), k, Some(b"+")]);
         }
-        // L6: return v
+        // L7: return v
         v
+    }
+
+    /// `for i = 1, n do` (line `line`): a limit that is not a number raises.
+    fn lua_for_limit(x: &Run<'_>, line: u32, n: Option<f64>) -> Result<f64, Raised> {
+        n.ok_or_else(|| {
+            Raised(
+                format!(
+                    "ERR user_script:{line}: 'for' limit must be a number script: {}, on @user_script:{line}.",
+                    x.sha
+                )
+                .into_bytes(),
+            )
+        })
     }
 
     /// `scripts::FENCE_DRAW`.
     fn lua_fence_draw(&mut self, x: &Run<'_>) -> Result<Reply, Raised> {
-        // L1: local n = #KEYS / 2   (a Lua number: 1.5 for three keys)
-        let n = x.nkeys() as f64 / 2.0;
-        // L2: for i = 1, n do
+        // L2: local n = tonumber(ARGV[2])
+        // L3: for i = 1, n do
+        let n = Self::lua_for_limit(x, 3, x.arg(2).and_then(lua_tonumber))?;
         let mut i = 1.0;
         while i <= n {
-            // L3: local v = redis.call('get', KEYS[i])
-            let v = self.call(x, 3, &[Some(b"get"), x.key(i)])?;
-            // L4: if v ~= ARGV[1] and v ~= ARGV[1] .. '+' then return 0 end
-            if !lua_holds(x, 4, &v)? {
+            // L4: local v = redis.call('get', KEYS[i])
+            let v = self.call(x, 4, &[Some(b"get"), x.key(i)])?;
+            // L5: if v ~= ARGV[1] and v ~= ARGV[1] .. '+' then return 0 end
+            if !lua_holds(x, 5, &v)? {
                 return Ok(Reply::Int(0));
             }
             i += 1.0;
         }
-        // L6: local top = 0
+        // L7: local top = 0
         let mut top = 0.0;
-        // L7: for i = n + 1, #KEYS do
+        // L8: for i = n + 1, #KEYS do
         let mut i = n + 1.0;
         while i <= x.nkeys() as f64 {
-            // L8: local c = tonumber(redis.call('get', KEYS[i]) or '0')
-            let c = match self.call(x, 8, &[Some(b"get"), x.key(i)])? {
+            // L9: local c = tonumber(redis.call('get', KEYS[i]) or '0')
+            let c = match self.call(x, 9, &[Some(b"get"), x.key(i)])? {
                 Reply::Bulk(v) => lua_tonumber(&v),
                 _ => lua_tonumber(b"0"),
             };
-            // L9: if c > top then top = c end   (Lua evaluates `top < c`)
-            if lua_lt(x, 9, Some(top), c)? {
+            // L10: if c > top then top = c end   (Lua evaluates `top < c`)
+            if lua_lt(x, 10, Some(top), c)? {
                 top = c.unwrap_or_default();
             }
             i += 1.0;
         }
-        // L11: return top + 1   (a Lua number; Redis replies with its integer part)
+        // L12: return top + 1   (a Lua number; Redis replies with its integer part)
         Ok(Reply::Int((top + 1.0) as i64))
     }
 
     /// `scripts::FENCE_RAISE`.
     fn lua_fence_raise(&mut self, x: &Run<'_>) -> Result<Reply, Raised> {
-        // L1: local n = #KEYS / 2
-        let n = x.nkeys() as f64 / 2.0;
-        // L2: for i = 1, n do
+        // L2: local n = tonumber(ARGV[3])
+        // L3: for i = 1, n do
+        let n = Self::lua_for_limit(x, 3, x.arg(3).and_then(lua_tonumber))?;
         let mut i = 1.0;
         while i <= n {
-            // L3: local v = redis.call('get', KEYS[i])
-            let v = self.call(x, 3, &[Some(b"get"), x.key(i)])?;
-            // L4: if v ~= ARGV[1] and v ~= ARGV[1] .. '+' then return 0 end
-            if !lua_holds(x, 4, &v)? {
+            // L4: local v = redis.call('get', KEYS[i])
+            let v = self.call(x, 4, &[Some(b"get"), x.key(i)])?;
+            // L5: if v ~= ARGV[1] and v ~= ARGV[1] .. '+' then return 0 end
+            if !lua_holds(x, 5, &v)? {
                 return Ok(Reply::Int(0));
             }
             i += 1.0;
         }
-        // L6: local t = tonumber(ARGV[2])
-        let t = x.arg(2).and_then(lua_tonumber);
-        // L7: for i = n + 1, #KEYS do
-        let mut i = n + 1.0;
-        while i <= x.nkeys() as f64 {
-            // L8: if tonumber(redis.call('get', KEYS[i]) or '0') < t then redis.call('set', KEYS[i], ARGV[2]) end
-            let c = match self.call(x, 8, &[Some(b"get"), x.key(i)])? {
+        // L7: for i = 1, n do
+        let mut i = 1.0;
+        while i <= n {
+            // L8: local t, s = tonumber(ARGV[2]), ARGV[2]
+            let (mut t, mut s) = (
+                x.arg(2).and_then(lua_tonumber),
+                x.arg(2).map(<[u8]>::to_vec),
+            );
+            // L9: local old = KEYS[2 * n + i]
+            // L10: if old then
+            if let Some(old) = x.key(2.0 * n + i) {
+                // L11: local o = redis.call('get', old)
+                // L12: if o then
+                if let Reply::Bulk(o) = self.call(x, 11, &[Some(b"get"), Some(old)])? {
+                    // L13: if tonumber(o) > t then t, s = tonumber(o), o end   (Lua: `t < o`)
+                    let on = lua_tonumber(&o);
+                    if lua_lt(x, 13, t, on)? {
+                        (t, s) = (on, Some(o));
+                    }
+                    // L14: redis.call('del', old)
+                    self.call(x, 14, &[Some(b"del"), Some(old)])?;
+                }
+            }
+            // L17: if tonumber(redis.call('get', KEYS[n + i]) or '0') < t then redis.call('set', KEYS[n + i], s) end
+            let c = match self.call(x, 17, &[Some(b"get"), x.key(n + i)])? {
                 Reply::Bulk(v) => lua_tonumber(&v),
                 _ => lua_tonumber(b"0"),
             };
-            if lua_lt(x, 8, c, t)? {
-                self.call(x, 8, &[Some(b"set"), x.key(i), x.arg(2)])?;
+            if lua_lt(x, 17, c, t)? {
+                self.call(x, 17, &[Some(b"set"), x.key(n + i), s.as_deref()])?;
             }
             i += 1.0;
         }
-        // L10: return 1
+        // L19: return 1
         Ok(Reply::Int(1))
     }
 
     /// `scripts::INSPECT`.
     fn lua_inspect(&mut self, x: &Run<'_>) -> Result<Reply, Raised> {
-        // L1: local v = redis.pcall('get', KEYS[1])
+        // L2: local v = redis.pcall('get', KEYS[1])
         let got = self.pcall(x, &[Some(b"get"), x.key(1.0)]);
-        // L2: local kind = 'string'
-        // L3: if not v then kind = 'none' v = ''
-        // L4: elseif type(v) ~= 'string' then kind = 'other' v = '' end
+        // L3: local kind = 'string'
+        // L4: if not v then kind = 'none' v = ''
+        // L5: elseif type(v) ~= 'string' then kind = 'other' v = '' end
         let (kind, v): (&[u8], Vec<u8>) = match got {
             Reply::Nil => (b"none", Vec::new()),
             Reply::Bulk(v) => (b"string", v),
             _ => (b"other", Vec::new()),
         };
-        // L5: local lock, marked = 0, 0
+        // L6: local lock, marked = 0, 0
         let (mut lock, mut marked) = (0, 0);
-        // L6: local body = v
+        // L7: local body = v
         let mut body: &[u8] = &v;
-        // L7: if #v == 33 and string.sub(v, 33) == '+' then body = string.sub(v, 1, 32) marked = 1 end
+        // L8: if #v == 33 and string.sub(v, 33) == '+' then body = string.sub(v, 1, 32) marked = 1 end
         if v.len() == 33 && lua_sub(&v, 33, 33) == b"+" {
             body = lua_sub(&v, 1, 32);
             marked = 1;
         }
-        // L8: if #body == 32 and not string.find(body, '[^0-9a-f]') then lock = 1 else marked = 0 end
+        // L9: if #body == 32 and not string.find(body, '[^0-9a-f]') then lock = 1 else marked = 0 end
         if body.len() == 32
             && body
                 .iter()
@@ -2056,19 +2150,19 @@ impl SimRedis {
         } else {
             marked = 0;
         }
-        // L9: local n = redis.pcall('zcard', KEYS[2])
+        // L10: local n = redis.pcall('zcard', KEYS[2])
         let n = self.pcall(x, &[Some(b"zcard"), x.key(2.0)]);
-        // L10: local ids, alive = {}, {}
+        // L11: local ids, alive = {}, {}
         let (mut ids, mut alive) = (Vec::new(), Vec::new());
-        // L11: if type(n) ~= 'number' then n = 0 end
+        // L12: if type(n) ~= 'number' then n = 0 end
         let n = lua_number(&n).unwrap_or(0.0);
-        // L12: if n > 0 then
+        // L13: if n > 0 then
         if n > 0.0 {
-            // L13: ids = redis.call('zrange', KEYS[2], 0, tonumber(ARGV[1]) - 1)
+            // L14: ids = redis.call('zrange', KEYS[2], 0, tonumber(ARGV[1]) - 1)
             let Some(count) = x.arg(1).and_then(lua_tonumber) else {
                 return Err(Raised(
                     format!(
-                        "ERR user_script:13: attempt to perform arithmetic on a nil value script: {}, on @user_script:13.",
+                        "ERR user_script:14: attempt to perform arithmetic on a nil value script: {}, on @user_script:14.",
                         x.sha
                     )
                     .into_bytes(),
@@ -2077,28 +2171,38 @@ impl SimRedis {
             let stop = lua_num_arg(count - 1.0);
             let r = self.call(
                 x,
-                13,
+                14,
                 &[Some(b"zrange"), x.key(2.0), Some(b"0"), Some(&stop)],
             )?;
             if let Reply::Array(items) = r {
                 ids = items;
             }
-            // L14: for i = 1, #ids do
+            // L15: local t = redis.call('time')
+            // L16: local now = t[1] * 1000 + math.floor(t[2] / 1000)
+            let now = self.lua_time(x, 15)?;
+            // L17: for i = 1, #ids do
             for id in &ids {
-                // L15: alive[i] = redis.call('exists', 'redlock-mux:waiter:' .. ids[i])
                 let Reply::Bulk(id) = id else { continue };
-                let live = cat(b"redlock-mux:waiter:", id);
-                alive.push(self.call(x, 15, &[Some(b"exists"), Some(&live)])?);
+                // L18: local d = tonumber(redis.pcall('zscore', KEYS[3], ids[i]))
+                let d =
+                    lua_tonumber_reply(&self.pcall(x, &[Some(b"zscore"), x.key(3.0), Some(id)]));
+                // L19: if d and d >= now then alive[i] = 1 else alive[i] = 0 end
+                alive.push(Reply::Int(d.is_some_and(|d| d >= now) as i64));
             }
         }
-        // L18: local f = redis.pcall('get', KEYS[3])
-        // L19: if type(f) ~= 'string' then f = '' end
-        let f = match self.pcall(x, &[Some(b"get"), x.key(3.0)]) {
+        // L22: local f = redis.pcall('get', KEYS[4])
+        let mut f = self.pcall(x, &[Some(b"get"), x.key(4.0)]);
+        // L23: if type(f) ~= 'string' and KEYS[5] then f = redis.pcall('get', KEYS[5]) end
+        if !matches!(f, Reply::Bulk(_)) && x.key(5.0).is_some() {
+            f = self.pcall(x, &[Some(b"get"), x.key(5.0)]);
+        }
+        // L24: if type(f) ~= 'string' then f = '' end
+        let f = match f {
             Reply::Bulk(f) => f,
             _ => Vec::new(),
         };
-        // L20: return {kind, string.sub(v, 1, 16), lock, marked, redis.call('pttl', KEYS[1]), n, ids, alive, f}
-        let pttl = self.call(x, 20, &[Some(b"pttl"), x.key(1.0)])?;
+        // L25: return {kind, string.sub(v, 1, 16), lock, marked, redis.call('pttl', KEYS[1]), n, ids, alive, f}
+        let pttl = self.call(x, 25, &[Some(b"pttl"), x.key(1.0)])?;
         Ok(Reply::Array(vec![
             Reply::Bulk(kind.to_vec()),
             Reply::Bulk(lua_sub(&v, 1, 16).to_vec()),
@@ -2115,9 +2219,9 @@ impl SimRedis {
     /// `scripts::FORCE_RELEASE`.
     fn lua_force_release(&mut self, x: &Run<'_>) -> Result<Reply, Raised> {
         let key = x.key(1.0);
-        // L1: local v = redis.call('get', KEYS[1])
-        // L2: if not v then return {'', -2, ''} end
-        let v = match self.call(x, 1, &[Some(b"get"), key])? {
+        // L2: local v = redis.call('get', KEYS[1])
+        // L3: if not v then return {'', -2, ''} end
+        let v = match self.call(x, 2, &[Some(b"get"), key])? {
             Reply::Bulk(v) => v,
             _ => {
                 return Ok(Reply::Array(vec![
@@ -2127,48 +2231,58 @@ impl SimRedis {
                 ]))
             }
         };
-        // L3: local left = redis.call('pttl', KEYS[1])
-        let left = self.call(x, 3, &[Some(b"pttl"), key])?;
-        // L4: redis.call('del', KEYS[1])
-        self.call(x, 4, &[Some(b"del"), key])?;
-        // L5: local note = string.sub(v, 1, 16)
+        // L4: local left = redis.call('pttl', KEYS[1])
+        let left = self.call(x, 4, &[Some(b"pttl"), key])?;
+        // L5: redis.call('del', KEYS[1])
+        self.call(x, 5, &[Some(b"del"), key])?;
+        // L6: local note = string.sub(v, 1, 16)
         let note = lua_sub(&v, 1, 16).to_vec();
-        // L6: local turn = ''
+        // L7: local turn = ''
         let mut turn: Vec<u8> = Vec::new();
-        // L7: for _ = 1, 8 do
+        // L8: local now
+        let mut now: Option<f64> = None;
+        // L9: for _ = 1, 8 do
         for _ in 1..=8 {
-            // L8: local r = redis.pcall('zrange', KEYS[2], 0, 0)
+            // L10: local r = redis.pcall('zrange', KEYS[2], 0, 0)
             let r = self.pcall(x, &[Some(b"zrange"), x.key(2.0), Some(b"0"), Some(b"0")]);
-            // L9: local h = type(r) == 'table' and r[1]
-            // L10: if not h then break end
+            // L11: local h = type(r) == 'table' and r[1]
+            // L12: if not h then break end
             let Some(h) = first_string(&r) else {
                 break;
             };
-            // L11: if redis.pcall('exists', 'redlock-mux:waiter:' .. h) == 1 then
-            let live = cat(b"redlock-mux:waiter:", &h);
-            if self.pcall(x, &[Some(b"exists"), Some(&live)]) == Reply::Int(1) {
-                // L12: turn = h
-                // L13: break
+            // L13: if not now then local t = redis.call('time') now = t[1] * 1000 + math.floor(t[2] / 1000) end
+            let t = match now {
+                Some(t) => t,
+                None => *now.insert(self.lua_time(x, 13)?),
+            };
+            // L14: local d = tonumber(redis.pcall('zscore', KEYS[3], h))
+            let d = lua_tonumber_reply(&self.pcall(x, &[Some(b"zscore"), x.key(3.0), Some(&h)]));
+            // L15: if d and d >= now then
+            if d.is_some_and(|d| d >= t) {
+                // L16: turn = h
+                // L17: break
                 turn = h;
                 break;
             }
-            // L15: redis.pcall('zrem', KEYS[2], h)
+            // L19: redis.pcall('zrem', KEYS[2], h)
             self.pcall(x, &[Some(b"zrem"), x.key(2.0), Some(&h)]);
+            // L20: redis.pcall('zrem', KEYS[3], h)
+            self.pcall(x, &[Some(b"zrem"), x.key(3.0), Some(&h)]);
         }
-        // L17: if turn ~= '' and #note == 16 then
+        // L22: if turn ~= '' and #note == 16 then
         if !turn.is_empty() && note.len() == 16 {
-            // L18: redis.pcall('publish', 'redlock-mux:next:' .. string.sub(turn, 1, 8), note .. turn)
+            // L23: redis.pcall('publish', 'redlock-mux:next:' .. string.sub(turn, 1, 8), note .. turn)
             let channel = cat(b"redlock-mux:next:", lua_sub(&turn, 1, 8));
             let payload = cat(&note, &turn);
             self.pcall(x, &[Some(b"publish"), Some(&channel), Some(&payload)]);
         } else {
-            // L20: turn = ''
+            // L25: turn = ''
             turn.clear();
-            // L21: redis.pcall('publish', 'redlock-mux:released:' .. KEYS[1], note)
+            // L26: redis.pcall('publish', 'redlock-mux:released:' .. KEYS[1], note)
             let channel = cat(b"redlock-mux:released:", key.unwrap_or_default());
             self.pcall(x, &[Some(b"publish"), Some(&channel), Some(&note)]);
         }
-        // L23: return {note, left, turn}
+        // L28: return {note, left, turn}
         Ok(Reply::Array(vec![
             Reply::Bulk(note),
             left,
@@ -2516,6 +2630,25 @@ fn first_string(r: &Reply) -> Option<Vec<u8>> {
         },
         _ => None,
     }
+}
+
+/// `tonumber(r)` of a reply: a string's number (a nil reply, `false`, or a table: nil).
+fn lua_tonumber_reply(r: &Reply) -> Option<f64> {
+    match r {
+        Reply::Bulk(s) => lua_tonumber(s),
+        _ => None,
+    }
+}
+
+/// Concatenating a nil local `name` raises.
+fn lua_concat_nil(x: &Run<'_>, line: u32, name: &str) -> Raised {
+    Raised(
+        format!(
+            "ERR user_script:{line}: attempt to concatenate local '{name}' (a nil value) script: {}, on @user_script:{line}.",
+            x.sha
+        )
+        .into_bytes(),
+    )
 }
 
 /// An integer reply as a Lua number (other replies: not a number).
