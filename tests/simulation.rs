@@ -137,6 +137,9 @@ fn base(seed: u64) -> Config {
         late_max: 0,
         cron_every: 0,
         watch_bound: None,
+        cluster_shards: Vec::new(),
+        migrate_len: (MS, ttl),
+        failover_loss: 0.0,
     }
 }
 
@@ -568,6 +571,91 @@ fn dishonest_holders(seed: u64) -> Config {
 }
 
 // ---------------------------------------------------------------------------------------
+// Issue 22: cluster masters (`tests/sim/cluster.rs`)
+// ---------------------------------------------------------------------------------------
+
+/// Cluster masters beside standalone ones: 3 or 5 masters, each a cluster of 1-3 nodes or
+/// standalone (at least one cluster); plain, waiting and multi-resource locks (their names
+/// in several slots); slot migrations (ASK, then MOVED) at random times, most of a hot
+/// slot; node crashes; failovers to a replica that has every write (a new run id); the
+/// base's faults on every node. Within the assumptions: no violation.
+fn cluster_masters(seed: u64) -> Config {
+    let mut c = within_model(seed);
+    let mut r = rng(seed ^ 22);
+    c.masters = [3, 3, 3, 5][r.usize(..4)];
+    c.cluster_shards = (0..c.masters)
+        .map(|_| [0, 1, 2, 3, 3][r.usize(..5)])
+        .collect();
+    if c.cluster_shards.iter().all(|&k| k == 0) {
+        c.cluster_shards[r.usize(..c.masters)] = r.usize(1..=3);
+    }
+    c.resources = [1, 2, 3][r.usize(..3)];
+    c.faults = r.usize(2..=12);
+    c.mix.migrate = 5;
+    c.mix.failover = 1;
+    c.migrate_len = (MS, c.ttl.0 * 2);
+    c.failover_loss = 0.0;
+    c
+}
+
+/// Hot resources on cluster masters: many waiting calls, (vii) bounded attempts and
+/// (viii) progress, while hot slots migrate.
+fn cluster_hot(seed: u64) -> Config {
+    let mut c = hot(seed);
+    let mut r = rng(seed ^ 23);
+    c.masters = [3, 3, 5][r.usize(..3)];
+    c.cluster_shards = (0..c.masters).map(|_| [0, 2, 3][r.usize(..3)]).collect();
+    if c.cluster_shards.iter().all(|&k| k == 0) {
+        c.cluster_shards[0] = 3;
+    }
+    c.faults = r.usize(1..=6);
+    c.mix.migrate = 4;
+    c.migrate_len = (MS, c.ttl.0);
+    c.progress_bound = Some(liveness_bound(&c));
+    c
+}
+
+/// Restarts of nodes lose their keys, failovers lose half of a node's keys (a replica
+/// behind), but the amnesia guard keeps such a master out of every quorum for `max_ttl`.
+fn cluster_guarded_amnesia(seed: u64) -> Config {
+    let mut c = cluster_masters(seed);
+    c.persistent = false;
+    c.durable = false;
+    c.amnesia_guard = Some(c.ttl.1 * 2);
+    c.extend_ttl = (0.5, 1.0);
+    c.mix.restart = 3;
+    c.mix.failover = 4;
+    c.failover_loss = 0.5;
+    c.downtime = (0, 2 * MS);
+    c.faults = c.faults.max(4);
+    c
+}
+
+/// Outside the assumptions: failovers to replicas that lack every write, no amnesia
+/// guard, every master a cluster.
+fn cluster_failover_unguarded(seed: u64) -> Config {
+    let mut c = base(seed);
+    let mut r = rng(seed ^ 24);
+    c.masters = 3;
+    c.cluster_shards = (0..3).map(|_| r.usize(1..=3)).collect();
+    c.persistent = false;
+    c.durable = false;
+    c.amnesia_guard = None;
+    c.resources = 1;
+    c.mix = FaultMix {
+        failover: 1,
+        ..FaultMix::default()
+    };
+    c.failover_loss = 1.0;
+    c.faults = 8;
+    c.work = (c.ttl.0 / 2, c.ttl.0 * 3 / 2);
+    for k in &mut c.clients {
+        k.fencing = false;
+    }
+    c
+}
+
+// ---------------------------------------------------------------------------------------
 // Running families
 // ---------------------------------------------------------------------------------------
 
@@ -874,4 +962,96 @@ fn issue19_9_an_outage_does_not_make_waiters_hammer() {
         issue19_9_outage,
         SEEDS,
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// Issue 22
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn issue22_cluster_masters_are_safe_under_migrations_crashes_and_failovers() {
+    let s = expect_safe(
+        "issue22_cluster_masters_are_safe_under_migrations_crashes_and_failovers",
+        cluster_masters,
+        SEEDS,
+    );
+    if !replaying() {
+        assert!(
+            s.grants > 500 && s.migrations > 500 && s.failovers > 10,
+            "{s:?}"
+        );
+        assert!(
+            s.moved > 100 && s.asked > 10 && s.keys_migrated > 100,
+            "{s:?}"
+        );
+    }
+}
+
+#[test]
+fn issue22_cluster_masters_hot_resources_progress() {
+    let s = expect_safe(
+        "issue22_cluster_masters_hot_resources_progress",
+        cluster_hot,
+        SEEDS,
+    );
+    if !replaying() {
+        assert!(
+            s.grants > 500 && s.moved > 100 && s.announcements > 500,
+            "{s:?}"
+        );
+    }
+}
+
+#[test]
+fn issue22_cluster_failover_amnesia_is_guarded() {
+    let s = expect_safe(
+        "issue22_cluster_failover_amnesia_is_guarded",
+        cluster_guarded_amnesia,
+        SEEDS,
+    );
+    if !replaying() {
+        assert!(s.grants > 300 && s.failovers > 100, "{s:?}");
+    }
+}
+
+#[test]
+fn hazard_cluster_failover_without_guard_breaks_mutual_exclusion() {
+    expect_hazard(
+        "hazard_cluster_failover_without_guard_breaks_mutual_exclusion",
+        cluster_failover_unguarded,
+        500,
+        Property::MutualExclusion,
+    );
+}
+
+/// The model's `CLUSTER SHARDS` and `CLUSTER SLOTS` are Redis 7.0's, byte for byte (the
+/// replies captured from a real 3-primary cluster, `tests/data/cluster-*.bin`).
+#[test]
+fn issue22_cluster_model_answers_the_map_as_redis_7_0() {
+    // The captured cluster: ports 17100..17102, listed in the order 0, 2, 1.
+    let ids = [
+        "eeac1f0f044c036072fb5b332dfe215e430cac5a",
+        "997f3f1cfe7b70a65d846bd10eb6874fc39ff1bc",
+        "198b77375d7cab972f96b29b9e2bf259f0a2dead",
+    ];
+    let base = sim::cluster::BASE_PORT as usize;
+    let servers = [17100 - base, 17102 - base, 17101 - base];
+    let mut map = sim::cluster::Map::new(
+        servers
+            .iter()
+            .zip(ids)
+            .map(|(&s, id)| (s, id.to_string()))
+            .collect(),
+    );
+    for slot in 0..16384usize {
+        map.owner[slot] = match slot {
+            0..=5460 => 0,
+            5461..=10922 => 2,
+            _ => 1,
+        };
+    }
+    let data = |f: &str| std::fs::read(format!("tests/data/{f}")).expect("captured reply");
+    assert_eq!(map.shards(false), data("cluster-shards-redis7-resp2.bin"));
+    assert_eq!(map.shards(true), data("cluster-shards-redis7-resp3.bin"));
+    assert_eq!(map.slots(true), data("cluster-slots-redis7-resp3.bin"));
 }

@@ -493,10 +493,7 @@ impl World {
             let free: Vec<bool> = self
                 .listed
                 .iter()
-                .map(|&s| {
-                    let m = &self.masters[s];
-                    m.down_until.is_none() && m.server.get(0, &key, m.clock_ms(t)).is_none()
-                })
+                .map(|&s| !self.master_down(s) && self.master_get(s, &key).is_none())
                 .collect();
             let held = self
                 .held
@@ -513,12 +510,10 @@ impl World {
                     let reach = (0..self.listed.len())
                         .filter(|&i| {
                             let s = self.listed[i];
-                            self.cut_until(c, s, t).is_none()
+                            !self.master_cut(c, s, t)
                                 && self.calls[call].res.iter().all(|&x| {
                                     let k = World::resource_name(x);
-                                    let m = &self.masters[s];
-                                    m.down_until.is_none()
-                                        && m.server.get(0, &k, m.clock_ms(t)).is_none()
+                                    !self.master_down(s) && self.master_get(s, &k).is_none()
                                 })
                         })
                         .count();
@@ -688,6 +683,14 @@ impl World {
                     continue;
                 }
                 let client = self.token_client.get(&token).copied();
+                if self.left_by_lost_cluster_connection(s, &token) {
+                    self.stats.keys_left_ttl += 1;
+                    continue;
+                }
+                if self.left_by_split_redirect(s, &key, &token) {
+                    self.stats.split_left += 1;
+                    continue;
+                }
                 if let Some(c) = client {
                     if !self.clients[c].cfg.shared && self.clients[c].owed_at_drop {
                         self.stats.keys_left_ttl += 1;

@@ -78,9 +78,7 @@ impl Client {
     pub fn new(w: &World, c: usize) -> Client {
         let cfg = w.cfg.clients[c].clone();
         let n = w.listed.len();
-        let urls: Vec<String> = (0..n)
-            .map(|i| format!("redis://127.0.0.1:{}", 7000 + i))
-            .collect();
+        let urls: Vec<String> = (0..n).map(|i| w.master_url(i)).collect();
         let mut b = Redlock::builder()
             .masters(&urls)
             .retry_count(cfg.retry_count)
@@ -341,6 +339,11 @@ impl World {
             };
             match a {
                 redlock_mux::core::Action::Connect(LinkId(l)) => {
+                    // A cluster's links from `2 n` on, as the driver's `connect` makes room.
+                    if self.clients[c].links.len() <= l {
+                        self.clients[c].links.resize(l + 1, None);
+                        self.clients[c].up.resize(l + 1, false);
+                    }
                     if let Some(old) = self.clients[c].links[l].take() {
                         self.close_conn(old, false);
                     }
@@ -349,10 +352,13 @@ impl World {
                     self.clients[c].up[l] = false;
                 }
                 redlock_mux::core::Action::Close { link, reset } => {
-                    if let Some(old) = self.clients[c].links[link.0].take() {
+                    if let Some(old) = self.clients[c].links.get_mut(link.0).and_then(Option::take)
+                    {
                         self.close_conn(old, !reset);
                     }
-                    self.clients[c].up[link.0] = false;
+                    if let Some(up) = self.clients[c].up.get_mut(link.0) {
+                        *up = false;
+                    }
                 }
             }
         }
@@ -365,8 +371,11 @@ impl World {
     }
 
     fn flush(&mut self, c: usize) {
+        if self.clustered() {
+            return self.flush_with(c);
+        }
         let (lock, sub) = self.clients[c].core.flush_wanted();
-        let links = self.clients[c].links.len();
+        let links = super::link_count(&self.clients[c]);
         let n = links / 2;
         for l in 0..links {
             let (Some(conn), true) = (self.clients[c].links[l], self.clients[c].up[l]) else {
@@ -388,6 +397,28 @@ impl World {
             }
         }
         self.clients[c].core.flushed();
+        self.apply_actions(c);
+    }
+
+    /// The driver's flush as it runs it (`Core::flush_with`): what a cluster master needs
+    /// (its lock link's requests go to its shards' links on the way).
+    fn flush_with(&mut self, c: usize) {
+        let now = self.instant(self.t);
+        let mut writes: Vec<(usize, Vec<u8>)> = Vec::new();
+        let cl = &mut self.clients[c];
+        let (links, up) = (&cl.links, &cl.up);
+        cl.core.flush_with(now, |l, bytes| {
+            match (links.get(l.0).copied().flatten(), up.get(l.0)) {
+                (Some(conn), Some(true)) => {
+                    writes.push((conn, bytes.to_vec()));
+                    Ok(bytes.len())
+                }
+                _ => Ok(0),
+            }
+        });
+        for (conn, bytes) in writes {
+            self.send(conn, &bytes);
+        }
         self.apply_actions(c);
     }
 

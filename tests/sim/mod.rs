@@ -39,6 +39,7 @@
 
 pub mod check;
 mod client;
+pub mod cluster;
 pub mod server;
 mod watch;
 
@@ -47,7 +48,7 @@ use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::io::ErrorKind;
 use std::time::{Duration, Instant};
 
-use redlock_mux::core::{Action, Core, LinkId, IDLE_SHIFT_MIN};
+use redlock_mux::core::{Action, LinkId, IDLE_SHIFT_MIN};
 use redlock_mux::resp::{self, Frame, Limits, Status};
 use redlock_mux::rules::Fault;
 use redlock_mux::scripts;
@@ -142,6 +143,10 @@ pub struct FaultMix {
     pub evict: u32,
     /// Issue 21: `FLUSHALL` on a master (an invalidation with a null).
     pub flush: u32,
+    /// Issue 22 (`cluster.rs`): a slot of a cluster master migrates to another node.
+    pub migrate: u32,
+    /// Issue 22: a cluster node fails over to a replica (see `Config::failover_loss`).
+    pub failover: u32,
 }
 
 /// A run's settings.
@@ -219,6 +224,13 @@ pub struct Config {
     pub cron_every: Us,
     /// Check (xii) no spurious loss and (xiii) a loss reported within this bound.
     pub watch_bound: Option<Us>,
+    /// Issue 22 (`cluster.rs`): server i (i < `masters`) is a cluster of this many nodes
+    /// (0 or absent: a standalone master).
+    pub cluster_shards: Vec<usize>,
+    /// How long a slot migration takes (its ASK phase).
+    pub migrate_len: (Us, Us),
+    /// The share of a node's keys its replica lacks when it takes over (amnesia).
+    pub failover_loss: f64,
 }
 
 impl Config {
@@ -238,6 +250,8 @@ enum Ev {
         bytes: Vec<u8>,
         seq: u64,
     },
+    /// A cluster's own event (a migration's steps).
+    Cluster(cluster::ClusterEv),
     /// The client's connect reaches the server (SYN).
     Syn { conn: usize, seq: u64 },
     /// The client's close reaches the server.
@@ -312,6 +326,10 @@ enum FaultEv {
         server: usize,
     },
     Flush {
+        server: usize,
+    },
+    Migrate,
+    Failover {
         server: usize,
     },
 }
@@ -404,6 +422,19 @@ pub struct Stats {
     pub owed: u64,
     pub owed_met: u64,
     pub owed_excused: u64,
+    /// Issue 22: slot migrations, keys moved, failovers; redirections the nodes answered
+    /// (MOVED, ASK, TRYAGAIN, CROSSSLOT) and script calls they refused.
+    pub migrations: u64,
+    pub keys_migrated: u64,
+    pub failovers: u64,
+    pub moved: u64,
+    pub asked: u64,
+    pub tryagain: u64,
+    pub crossslot: u64,
+    pub script_refused: u64,
+    /// Keys a split release left after a redirection (a known bug, see
+    /// `cluster.rs`, `left_by_split_redirect`).
+    pub split_left: u64,
 }
 
 impl Stats {
@@ -431,6 +462,15 @@ impl Stats {
         self.owed += o.owed;
         self.owed_met += o.owed_met;
         self.owed_excused += o.owed_excused;
+        self.migrations += o.migrations;
+        self.keys_migrated += o.keys_migrated;
+        self.failovers += o.failovers;
+        self.moved += o.moved;
+        self.asked += o.asked;
+        self.tryagain += o.tryagain;
+        self.crossslot += o.crossslot;
+        self.script_refused += o.script_refused;
+        self.split_left += o.split_left;
     }
 }
 
@@ -521,6 +561,8 @@ pub struct World {
     /// Tokens whose keys an operator took from a quorum: the hold counts as ended then
     /// ((i) is about the client's rules, not an operator's `DEL`).
     stolen: BTreeMap<Vec<u8>, Us>,
+    /// Issue 22: the cluster masters.
+    cl: cluster::Clusters,
 }
 
 /// What the clients write: arrays of bulk strings (the scripts are a few KiB).
@@ -616,8 +658,10 @@ impl World {
             pauses: Vec::new(),
             downs: Vec::new(),
             stolen: BTreeMap::new(),
+            cl: Default::default(),
             cfg,
         };
+        w.build_clusters();
         for c in 0..w.cfg.clients.len() {
             let client = Client::new(&w, c);
             w.clients.push(client);
@@ -751,6 +795,7 @@ impl World {
             self.quiet_network();
             self.final_checks();
         }
+        self.cluster_stats();
     }
 
     fn drain_bound(&self) -> Us {
@@ -874,6 +919,7 @@ impl World {
                 }
             }
             Ev::WatchDue { rec, since } => self.watch_due(rec, since),
+            Ev::Cluster(e) => self.cluster_event(e),
         }
     }
 
@@ -881,8 +927,11 @@ impl World {
 
     /// Client `c` opens link `l`'s connection.
     pub(crate) fn open_conn(&mut self, c: usize, l: usize) -> usize {
-        let n = self.listed.len();
-        let server = self.listed[l % n];
+        let server = self.link_server(c, l);
+        if self.clustered() {
+            let m = self.clients[c].core.link_master(LinkId(l));
+            self.log(|| format!("  client {c} link {l} (master {m}) connects to server {server}"));
+        }
         let id = self.conns.len();
         self.conns.push(Conn {
             client: c,
@@ -1022,6 +1071,7 @@ impl World {
 
     /// Send what server `server` wrote to its connections.
     fn flush_server(&mut self, server: usize) {
+        self.cluster_bus(server);
         let with = self.masters[server].server.with_output();
         for s in with {
             let out = self.masters[server].server.take_output(s);
@@ -1080,7 +1130,15 @@ impl World {
             self.seen.insert((client, server));
         }
         if let Item::Bytes(b) = &item {
-            if self.conns[conn].link >= self.listed.len() {
+            // A cluster node's run id, heard on a shard link (the merged INFO).
+            if self.conns[conn].link >= 2 * self.listed.len()
+                && b.windows(7).any(|w| w == b"run_id:")
+            {
+                self.seen.insert((client, server));
+            }
+        }
+        if let Item::Bytes(b) = &item {
+            if self.is_sub_link(conn) {
                 self.conns[conn].heard.extend_from_slice(b);
                 self.parse_heard(conn);
             }
@@ -1092,6 +1150,8 @@ impl World {
 
     /// Reset one connection: both ends learn it.
     fn reset_conn(&mut self, conn: usize) {
+        let (client, server, t) = (self.conns[conn].client, self.conns[conn].server, self.t);
+        self.cl.resets.push((client, server, t));
         let c = &mut self.conns[conn];
         if let Some(s) = c.sconn.take() {
             self.masters[c.server].server.close(s);
@@ -1125,7 +1185,7 @@ impl World {
             let ev = self.pending.remove(&seq).expect("an event");
             if matches!(
                 ev,
-                Ev::Monitor | Ev::Fault(_) | Ev::Cron { .. } | Ev::WatchDue { .. }
+                Ev::Monitor | Ev::Fault(_) | Ev::Cron { .. } | Ev::WatchDue { .. } | Ev::Cluster(_)
             ) {
                 continue;
             }
@@ -1151,12 +1211,15 @@ impl World {
             m.steal,
             m.evict,
             m.flush,
+            m.migrate,
+            m.failover,
         ];
         let total: u32 = weights.iter().sum();
         if total == 0 {
             return;
         }
-        let (ns, nc) = (self.cfg.masters, self.cfg.clients.len());
+        // Every server: a cluster's nodes too.
+        let (ns, nc) = (self.masters.len(), self.cfg.clients.len());
         for _ in 0..self.cfg.faults {
             let at = self.rng.u64(..self.cfg.horizon.max(1));
             let mut pick = self.rng.u32(..total);
@@ -1199,6 +1262,8 @@ impl World {
                 },
                 10 => FaultEv::Evict { server },
                 11 => FaultEv::Flush { server },
+                12 => FaultEv::Migrate,
+                13 => FaultEv::Failover { server },
                 _ => {
                     let (a, b) = self.cfg.clock_jump;
                     FaultEv::ClockJump {
@@ -1283,8 +1348,10 @@ impl World {
                 };
                 // A server that has run for long elsewhere and never saw a lock key.
                 let now_ms = self.masters[server].clock_ms(t);
+                let role = self.masters[server].server.cluster.take();
                 self.masters[server].server =
                     SimRedis::new(scfg, now_ms.saturating_sub(36_000_000));
+                self.masters[server].server.cluster = role;
             }
             FaultEv::ScriptFlush { server } => self.masters[server].server.script_flush(),
             FaultEv::LinkReset { client, server } => {
@@ -1303,6 +1370,8 @@ impl World {
             }
             FaultEv::Steal { overwrite } => self.steal(overwrite),
             FaultEv::Evict { server } => self.evict(server),
+            FaultEv::Migrate => self.start_migration(),
+            FaultEv::Failover { server } => self.failover(server),
             FaultEv::Flush { server } => {
                 if self.masters[server].down_until.is_none() {
                     self.operator(server, &[b"FLUSHALL"]);
@@ -1347,6 +1416,7 @@ impl World {
                 self.master_up(s);
             }
         }
+        self.cluster_heal();
         // Bytes held by a cut go now.
         let held: Vec<u64> = self.pending.keys().copied().collect();
         let _ = held;
@@ -1406,7 +1476,8 @@ impl World {
             };
             self.conns[conn].wire_at += used;
             let (client, link) = (self.conns[conn].client, self.conns[conn].link);
-            if link < n {
+            // Lock links, and a cluster's links (its shards carry its lock link).
+            if link < n || link >= 2 * n {
                 self.note_command(client, link, &args);
             }
         }
@@ -1560,12 +1631,11 @@ impl World {
             .listed
             .iter()
             .filter(|&&s| {
-                let m = &self.masters[s];
                 // A master the client cannot reach now is in its way too.
-                if m.down_until.is_some() || self.cut_until(client, s, t).is_some() {
+                if self.master_down(s) || self.master_cut(client, s, t) {
                     return true;
                 }
-                match m.server.get(0, key, m.clock_ms(t)) {
+                match self.master_get(s, key) {
                     Some(v) => {
                         let v = v.strip_suffix(b"+").unwrap_or(&v);
                         self.token_client.get(v) != Some(&client)
@@ -1589,9 +1659,10 @@ impl World {
     }
 }
 
-/// Run every link's pending writes of a core (the driver's flush).
-pub(crate) fn link_count(core: &Core) -> usize {
-    2 * core.masters()
+/// The links a client's core has: `2 n`, and a cluster's links from `2 n` on as the core
+/// asked to connect them.
+pub(crate) fn link_count(c: &client::Client) -> usize {
+    c.links.len().max(2 * c.core.masters())
 }
 
 /// The fault a link's close carries to the core.

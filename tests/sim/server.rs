@@ -182,9 +182,34 @@ struct Conn {
     caching: bool,
 }
 
+/// A cluster node's role (`tests/sim/cluster.rs`): asked before each command runs.
+pub trait ClusterRole: std::fmt::Debug {
+    /// What answers the command instead (a redirection, `CLUSTER ...`, `ASKING`'s `+OK`:
+    /// RESP bytes), or `None`: it runs here. `has_key`: whether a key lives here.
+    fn gate(
+        &mut self,
+        conn: u32,
+        args: &[Vec<u8>],
+        resp3: bool,
+        has_key: &dyn Fn(&[u8]) -> bool,
+    ) -> Option<Vec<u8>>;
+    /// A script's `redis.call` of `key` (`here`: it lives on this node; `declared`: the
+    /// script's first `KEYS`; `strict`: a script with a shebang, no cross-slot access):
+    /// the error that refuses it.
+    fn script_key(
+        &self,
+        key: &[u8],
+        here: bool,
+        declared: Option<&[u8]>,
+        strict: bool,
+    ) -> Option<&'static str>;
+}
+
 /// A simulated `redis-server`. See the module documentation.
 #[derive(Debug)]
 pub struct SimRedis {
+    /// A cluster node's role (`None`: standalone).
+    pub cluster: Option<Box<dyn ClusterRole>>,
     cfg: Config,
     dbs: Vec<Db>,
     /// `cached[i]`: `known_script(i)` is in the script cache.
@@ -365,6 +390,7 @@ impl SimRedis {
         let run_id = new_run_id(&mut rng);
         let process_id = cfg.process_id;
         SimRedis {
+            cluster: None,
             cfg,
             dbs: vec![Db::new(); DATABASES],
             cached: vec![false; known_scripts().count()],
@@ -619,6 +645,24 @@ impl SimRedis {
         self.dbs[db].insert(key.to_vec(), entry);
     }
 
+    /// A cluster's `MIGRATE` of one key of database 0 (`tests/sim/cluster.rs`): it leaves
+    /// this server (trackers hear so) and lives on `to` with the TTL it had left. `false`:
+    /// no such live key.
+    pub fn migrate_key(&mut self, key: &[u8], now_ms: u64, to: &mut SimRedis, to_ms: u64) -> bool {
+        let now = now_ms as i64;
+        let Some(e) = self.dbs[0].remove(key) else {
+            return false;
+        };
+        if !alive(&e, now) {
+            return false;
+        }
+        self.signal_modified(key);
+        let expire_at = e.expire_at.map(|at| to_ms as i64 + (at - now));
+        to.dbs[0].insert(key.to_vec(), Entry { expire_at, ..e });
+        to.signal_modified(key);
+        true
+    }
+
     // ----- connection plumbing ---------------------------------------------------------------
 
     fn server_close(&mut self, id: u32) {
@@ -662,6 +706,15 @@ impl SimRedis {
         if name == "quit" {
             self.reply(id, &ok());
             return false;
+        }
+        if let Some(mut role) = self.cluster.take() {
+            let resp3 = self.conns.get(&id).is_some_and(|c| c.resp3);
+            let out = role.gate(id, &args, resp3, &|k| self.pttl(0, k, now as u64) != -2);
+            self.cluster = Some(role);
+            if let (Some(out), Some(c)) = (out, self.conns.get_mut(&id)) {
+                c.output.extend_from_slice(&out);
+                return true;
+            }
         }
         let Some(command) = COMMANDS.iter().find(|c| c.name == name) else {
             let r = Reply::Error(unknown_command(&args));
@@ -1451,6 +1504,16 @@ impl SimRedis {
         let n = args.len() as i32;
         if (command.arity > 0 && n != command.arity) || n < -command.arity {
             return err("ERR Wrong number of args calling Redis command from script");
+        }
+        if let (Some(role), Some(&key), true) =
+            (&self.cluster, args.get(1), command_has_key(args[0]))
+        {
+            let here = self.pttl(0, key, run.now as u64) != -2;
+            let first = run.keys.first().map(Vec::as_slice);
+            let strict = known_scripts().any(|s| s.sha == run.sha && s.src.starts_with("#!"));
+            if let Some(e) = role.script_key(key, here, first, strict) {
+                return err(e);
+            }
         }
         let r = self.data(run.db, &args, run.now);
         self.remember_reads(&args);
@@ -2515,6 +2578,15 @@ impl SimRedis {
 
 /// `redis.call('get', k) == s` in Lua: a string reply equal to a string argument (`false`,
 /// the nil reply, never equals; nor does anything equal a nil argument).
+/// Whether a script's `redis.call` names a key in its second argument.
+fn command_has_key(name: &[u8]) -> bool {
+    ![
+        "publish", "info", "config", "script", "client", "ping", "select", "keys", "dbsize",
+    ]
+    .iter()
+    .any(|c| name.eq_ignore_ascii_case(c.as_bytes()))
+}
+
 fn lua_eq(v: &Reply, s: Option<&[u8]>) -> bool {
     matches!((v, s), (Reply::Bulk(a), Some(b)) if a.as_slice() == b)
 }

@@ -27,7 +27,7 @@ impl World {
     pub(crate) fn push_faults(&mut self, conn: usize, out: Vec<u8>) -> Vec<u8> {
         let faults = self.cfg.push_lost + self.cfg.push_late > 0.0;
         if (!faults && self.watches.is_empty())
-            || self.conns[conn].link >= self.listed.len()
+            || self.is_sub_link(conn)
             || (!out.starts_with(b">") && !out.windows(3).any(|w| w == b"\n>2"))
         {
             return out;
@@ -159,14 +159,13 @@ impl World {
     pub(crate) fn truth_mask(&self, rec: &WatchRec) -> u64 {
         let t = self.t;
         let mut mask = 0;
+        let _ = t;
         for (i, &s) in self.listed.iter().enumerate() {
-            let m = &self.masters[s];
-            if m.down_until.is_some() {
+            if self.master_down(s) {
                 continue;
             }
-            let now = m.clock_ms(t);
             let all = rec.keys.iter().all(|k| {
-                m.server.get(0, k, now).is_some_and(|v| {
+                self.master_get(s, k).is_some_and(|v| {
                     let v = v.strip_suffix(b"+").unwrap_or(&v);
                     v == rec.token.as_slice()
                 })
