@@ -687,10 +687,6 @@ impl World {
                     self.stats.keys_left_ttl += 1;
                     continue;
                 }
-                if self.left_by_split_redirect(s, &key, &token) {
-                    self.stats.split_left += 1;
-                    continue;
-                }
                 if let Some(c) = client {
                     if !self.clients[c].cfg.shared && self.clients[c].owed_at_drop {
                         self.stats.keys_left_ttl += 1;

@@ -740,36 +740,4 @@ impl World {
             .iter()
             .any(|&(c, s, t)| c == a.client && nodes.contains(&s) && a.at <= t && t <= until)
     }
-
-    /// (xi)'s excuse for a known bug of `ShardMux` (seed 450 of issue22_cluster_masters):
-    /// a multi-resource lock's release is split by slot, and a group's `-MOVED`/`-ASK` is
-    /// not followed (`push_split`: "its answer is the error"), so after its slot migrated
-    /// the key stays on the node that now serves it until its TTL (the master's answer is
-    /// an error, no release is owed). Excused only for a key of a lock whose keys lie in
-    /// several slots, in a slot that migrated; counted in `Stats::split_left`.
-    pub(crate) fn left_by_split_redirect(&self, server: usize, key: &[u8], token: &[u8]) -> bool {
-        let Some(Some((ci, _))) = self.cl.of_server.get(server).copied() else {
-            return false;
-        };
-        let Some(a) = self.attempts.iter().find(|a| a.token == token) else {
-            return false;
-        };
-        let slot = key_slot(key);
-        let lock_keys = self
-            .granted
-            .get(&token[..token.len().min(16)])
-            .map(|r| {
-                r.iter()
-                    .map(|&r| World::resource_name(r))
-                    .collect::<Vec<_>>()
-            })
-            .unwrap_or_else(|| a.keys.clone());
-        // Or (after slotkeys: a release declares its key's line and liveness set) a
-        // release on the migration's source while some of those keys had moved:
-        // `-TRYAGAIN`, a no vote the mux does not retry (seed 36 of
-        // issue22_cluster_masters_hot): the key is left until its TTL too.
-        let released = self.release_tokens.contains(token);
-        (released || lock_keys.iter().any(|k| key_slot(k) != slot))
-            && self.cl.migrated.contains(&(ci, slot))
-    }
 }

@@ -432,9 +432,6 @@ pub struct Stats {
     pub tryagain: u64,
     pub crossslot: u64,
     pub script_refused: u64,
-    /// Keys a split release left after a redirection (a known bug, see
-    /// `cluster.rs`, `left_by_split_redirect`).
-    pub split_left: u64,
 }
 
 impl Stats {
@@ -470,7 +467,6 @@ impl Stats {
         self.tryagain += o.tryagain;
         self.crossslot += o.crossslot;
         self.script_refused += o.script_refused;
-        self.split_left += o.split_left;
     }
 }
 

@@ -1007,6 +1007,8 @@ impl SimRedis {
         let s = known_script(index);
         let result = if s == scripts::RELEASE {
             self.lua_release(&run)
+        } else if s == scripts::RELEASE_PLAIN {
+            self.lua_release_plain(&run)
         } else if s == scripts::EXTEND {
             self.lua_extend(&run)
         } else if s == scripts::ACQUIRE_MANY {
@@ -1542,6 +1544,28 @@ impl SimRedis {
     // a number, an array/status/error reply a table.
 
     /// `scripts::RELEASE`.
+    /// `scripts::RELEASE_PLAIN`: the compare-and-delete alone.
+    fn lua_release_plain(&mut self, x: &Run<'_>) -> Result<Reply, Raised> {
+        // L2: local held = 1
+        let mut held = 1;
+        // L3: for i = 1, #KEYS do
+        for i in 1..=x.nkeys() {
+            let key = x.key(i as f64);
+            // L4: local v = redis.call('get', KEYS[i])
+            let v = self.call(x, 4, &[Some(b"get"), key])?;
+            // L5: if v == ARGV[1] or v == ARGV[1] .. '+' then
+            if lua_eq(&v, x.arg(1)) || lua_eq(&v, Some(&lua_concat(x, 5, x.arg(1), b"+")?)) {
+                // L6: redis.call('del', KEYS[i])
+                self.call(x, 6, &[Some(b"del"), key])?;
+            } else {
+                // L8: held = 0
+                held = 0;
+            }
+        }
+        // L11: return held
+        Ok(Reply::Int(held))
+    }
+
     fn lua_release(&mut self, x: &Run<'_>) -> Result<Reply, Raised> {
         // L2: local n = #KEYS / 3   (a Lua number: fractional unless #KEYS is a multiple of 3)
         let n = x.nkeys() as f64 / 3.0;
@@ -2862,7 +2886,10 @@ fn insert_sorted(z: &mut Vec<(f64, Vec<u8>)>, score: f64, member: Vec<u8>) {
 /// Every script the server runs natively: the handshake's (`scripts::ALL`), then the
 /// operators' (`scripts::ADMIN`, sent with `EVALSHA` and `EVAL` only).
 fn known_scripts() -> impl Iterator<Item = Script> {
-    scripts::ALL.into_iter().chain(scripts::ADMIN)
+    scripts::ALL
+        .into_iter()
+        .chain(scripts::ADMIN)
+        .chain([scripts::RELEASE_PLAIN])
 }
 
 /// The `i`th of [`known_scripts`].
