@@ -356,12 +356,22 @@ fn channels_of(node: &redlock_mux::local::LocalMaster, key: &str) -> usize {
 
 #[test]
 fn a_waiter_on_cluster_masters_is_woken_by_the_release() {
+    woken_by_the_release(false);
+}
+
+#[test]
+fn a_fair_waiter_on_cluster_masters_is_woken_by_the_release() {
+    woken_by_the_release(true);
+}
+
+fn woken_by_the_release(fair: bool) {
     // The release runs on the key's shard; its announcement crosses the cluster bus to the
     // node the waiter's subscription connection is on (the first seed).
     let clusters: Vec<LocalCluster> = (0..3).map(|_| cluster()).collect();
     let fallback = Duration::from_secs(10);
     let build = || {
         Redlock::builder()
+            .fairness(fair)
             .masters(clusters.iter().map(LocalCluster::seed_url))
             .node_timeout(ROUND)
             .retry_delay(fallback)
