@@ -481,6 +481,9 @@ struct Conn {
     reply_at: Vec<u64>,
     messages: usize,
     noscripts: usize,
+    /// Other error replies (the plain release and the waiting acquire out of line follow
+    /// one).
+    errors: usize,
     evals: usize,
 }
 
@@ -501,6 +504,7 @@ impl Conn {
             reply_at: Vec::new(),
             messages: 0,
             noscripts: 0,
+            errors: 0,
             evals: 0,
         }
     }
@@ -540,8 +544,11 @@ fn script_of(c: &[Vec<u8>]) -> Option<(Script, bool)> {
             .into_iter()
             .find(|s| s.sha.as_bytes().eq_ignore_ascii_case(what))
             .map(|s| (s, false)),
+        // `RELEASE_PLAIN`, the fallback of a release refused for its lines' keys, is only
+        // ever sent with `EVAL`.
         b"EVAL" => scripts::ALL
             .into_iter()
+            .chain([scripts::RELEASE_PLAIN])
             .find(|s| s.src.as_bytes() == &what[..])
             .map(|s| (s, true)),
         _ => None,
@@ -1393,6 +1400,7 @@ impl Sim {
             } else {
                 // A release declares each key's line and liveness set; a waiting acquire of
                 // one key in line, its line and liveness set.
+                // (The plain release, a fallback, declares the lock keys alone.)
                 let kinds: &[&[u8]] =
                     if s == scripts::RELEASE || (s == scripts::ACQUIRE_WAIT && argv.len() > 2) {
                         &[scripts::QUEUE, scripts::ALIVE]
@@ -1415,6 +1423,13 @@ impl Sim {
                         "RELEASE args: {:?}",
                         show(args)
                     );
+                } else if s == scripts::RELEASE_PLAIN {
+                    // After a release refused with an error (-NOPERM for its lines' keys).
+                    assert!(argv.len() == 1, "RELEASE_PLAIN args: {:?}", show(args));
+                    assert!(
+                        self.conns[c].errors > 0,
+                        "master {master}: a plain release without a refused release before it"
+                    );
                 } else if s == scripts::EXTEND {
                     assert!(
                         argv.len() == 2 && argv[1] == ttl2_ms,
@@ -1429,7 +1444,9 @@ impl Sim {
                     );
                     acquire_token = Some(argv[0].clone());
                 } else if s == scripts::ACQUIRE_WAIT {
-                    let line = !self.cfg.poll && keys.len() == 1;
+                    // Sent again out of any line (`EVAL`, no line arguments) after a -NOPERM.
+                    let out_of_line = eval && argv.len() == 2 && self.conns[c].errors > 0;
+                    let line = !self.cfg.poll && keys.len() == 1 && !out_of_line;
                     // A waiter out of line (its last attempt could not reach a quorum) adds
                     // `o` (issue 19 item 1); one in line may add what it expects, `h` (the
                     // key held) or `l` (its place in line), which orders the script's
@@ -1447,7 +1464,10 @@ impl Sim {
                     acquire_token = Some(argv[0].clone());
                 }
             }
-            if eval {
+            // The fallbacks after an error are `EVAL`s of their own (not -NOSCRIPT retries).
+            let fallback = s == scripts::RELEASE_PLAIN
+                || (s == scripts::ACQUIRE_WAIT && argv.len() == 2 && self.conns[c].errors > 0);
+            if eval && !fallback {
                 let conn = &mut self.conns[c];
                 conn.evals += 1;
                 assert!(
@@ -1461,13 +1481,15 @@ impl Sim {
         if let Some(token) = acquire_token {
             if !self.acquired.insert((master, token.clone())) {
                 let conn = &self.conns[c];
+                // A -NOSCRIPT retry, or a waiting acquire sent again out of line after an
+                // error (-NOPERM).
                 let retry = conn.cmds.iter().zip(&conn.replies).any(|(cmd, r)| {
                     acquire_may_hold(cmd, Some(r)).is_some_and(|(t, _)| t == &token[..])
-                        && *r == (Reply::Err { noscript: true })
+                        && matches!(r, Reply::Err { .. })
                 });
                 assert!(
                     retry,
-                    "master {master}: acquire token {} sent twice (not as a -NOSCRIPT retry)",
+                    "master {master}: acquire token {} sent twice (not as a retry after an error)",
                     lossy(&token)
                 );
             }
@@ -1570,6 +1592,8 @@ impl Sim {
                         let r = classify_reply(&f);
                         if r == (Reply::Err { noscript: true }) {
                             conn.noscripts += 1;
+                        } else if r == (Reply::Err { noscript: false }) {
+                            conn.errors += 1;
                         }
                         conn.replies.push(r);
                         conn.reply_at.push(us);
