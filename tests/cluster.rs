@@ -40,6 +40,20 @@ fn holders(c: &LocalCluster, key: &str) -> Vec<(usize, Option<Vec<u8>>)> {
         .collect()
 }
 
+/// A client of `clusters` (no retries, a generous round timeout), connected: its first
+/// lock read every cluster's map and connected every shard.
+fn warm_client(clusters: &[LocalCluster]) -> Redlock {
+    let mut client = Redlock::builder()
+        .masters(clusters.iter().map(LocalCluster::seed_url))
+        .retry_count(0)
+        .node_timeout(ROUND)
+        .build()
+        .unwrap();
+    let warm = client.try_lock("warm", Duration::from_secs(10)).unwrap();
+    client.release(warm).unwrap();
+    client
+}
+
 /// `count` keys served by primary `node` of `c`.
 fn keys_on(c: &LocalCluster, node: usize, count: usize, prefix: &str) -> Vec<String> {
     (0..10_000)
@@ -89,15 +103,8 @@ fn locks_on_cluster_masters_land_on_the_shard_of_their_key() {
 #[test]
 fn a_slot_moved_after_the_map_was_read_is_followed() {
     let mut clusters: Vec<LocalCluster> = (0..3).map(|_| cluster()).collect();
-    let mut client = Redlock::builder()
-        .masters(clusters.iter().map(LocalCluster::seed_url))
-        .retry_count(0)
-        .node_timeout(ROUND)
-        .build()
-        .unwrap();
     // The client reads the maps.
-    let warm = client.try_lock("warm", Duration::from_secs(10)).unwrap();
-    client.release(warm).unwrap();
+    let mut client = warm_client(&clusters);
     // Move an (empty) slot of node 0 to node 1 in every cluster.
     let key = keys_on(&clusters[0], 0, 1, "moved:").remove(0);
     let slot = key_slot(key.as_bytes());
@@ -128,14 +135,7 @@ fn a_slot_moved_after_the_map_was_read_is_followed() {
 #[test]
 fn a_dead_shard_fails_its_cluster_master_only() {
     let mut clusters: Vec<LocalCluster> = (0..3).map(|_| cluster()).collect();
-    let mut client = Redlock::builder()
-        .masters(clusters.iter().map(LocalCluster::seed_url))
-        .retry_count(0)
-        .node_timeout(ROUND)
-        .build()
-        .unwrap();
-    let warm = client.try_lock("warm", Duration::from_secs(10)).unwrap();
-    client.release(warm).unwrap();
+    let mut client = warm_client(&clusters);
     clusters[0].kill(2).unwrap();
     // Every key, whatever its shard: cluster 0's connection is lost as a whole; clusters 1
     // and 2 still make the quorum.
@@ -219,14 +219,7 @@ fn multi_resource_locks_span_the_slots_of_cluster_masters() {
 #[test]
 fn a_slot_being_migrated_is_followed_with_asking() {
     let mut clusters: Vec<LocalCluster> = (0..3).map(|_| cluster()).collect();
-    let mut client = Redlock::builder()
-        .masters(clusters.iter().map(LocalCluster::seed_url))
-        .retry_count(0)
-        .node_timeout(ROUND)
-        .build()
-        .unwrap();
-    let warm = client.try_lock("warm", Duration::from_secs(10)).unwrap();
-    client.release(warm).unwrap();
+    let mut client = warm_client(&clusters);
     let key = keys_on(&clusters[0], 0, 1, "asked:").remove(0);
     let slot = key_slot(key.as_bytes());
     let migrations: Vec<_> = clusters
@@ -415,14 +408,7 @@ fn woken_by_the_release(fair: bool) {
 #[test]
 fn scripts_flushed_on_one_shard_are_sent_again_in_full() {
     let clusters: Vec<LocalCluster> = (0..3).map(|_| cluster()).collect();
-    let mut client = Redlock::builder()
-        .masters(clusters.iter().map(LocalCluster::seed_url))
-        .retry_count(0)
-        .node_timeout(ROUND)
-        .build()
-        .unwrap();
-    let warm = client.try_lock("warm", Duration::from_secs(10)).unwrap();
-    client.release(warm).unwrap();
+    let mut client = warm_client(&clusters);
     let key = keys_on(&clusters[0], 1, 1, "flushed:").remove(0);
     let lock = client.try_lock(&key, Duration::from_secs(10)).unwrap();
     for c in &clusters {

@@ -126,6 +126,43 @@ fn pairs<'a>(f: &Frame<'a>) -> Option<impl Iterator<Item = (Frame<'a>, Frame<'a>
     Some(std::iter::from_fn(move || Some((it.next()?, it.next()?))))
 }
 
+/// What a `CLUSTER SHARDS` node entry says of an online primary.
+struct Primary<'a> {
+    /// Its endpoint, else its ip, else `?` (unknown: the asked node's host).
+    host: &'a [u8],
+    /// Its port (`tls-port` where the client speaks TLS and the node has one).
+    port: Option<i64>,
+    id: Option<&'a [u8]>,
+}
+
+/// A node entry of a `CLUSTER SHARDS` shard: `Some` for an online primary, `None` for a
+/// replica or a node that is not online, `Err` for an entry that is not a map.
+fn online_primary<'a>(node: &Frame<'a>, tls: bool) -> Result<Option<Primary<'a>>, ()> {
+    let fields = pairs(node).ok_or(())?;
+    let (mut role, mut health, mut endpoint, mut ip, mut id) = (None, None, None, None, None);
+    let (mut port, mut tls_port) = (None, None);
+    for (k, v) in fields {
+        match text(&k) {
+            Some(b"role") => role = text(&v),
+            Some(b"health") => health = text(&v),
+            Some(b"endpoint") => endpoint = text(&v),
+            Some(b"ip") => ip = text(&v),
+            Some(b"id") => id = text(&v),
+            Some(b"port") => port = int(&v),
+            Some(b"tls-port") => tls_port = int(&v),
+            _ => {}
+        }
+    }
+    if role != Some(b"master") || health.is_some_and(|h| h != b"online") {
+        return Ok(None);
+    }
+    Ok(Some(Primary {
+        host: endpoint.or(ip).unwrap_or(b"?"),
+        port: if tls { tls_port.or(port) } else { port },
+        id,
+    }))
+}
+
 /// Parse a `CLUSTER SHARDS` reply (RESP2 or RESP3): every shard with slots and an
 /// online primary. `tls`: take a node's `tls-port` where it has one.
 pub(crate) fn parse_shards(reply: &Frame<'_>, tls: bool) -> Result<Vec<ShardInfo>, MapError> {
@@ -158,31 +195,16 @@ pub(crate) fn parse_shards(reply: &Frame<'_>, tls: bool) -> Result<Vec<ShardInfo
                         return Err(MapError::Shape("nodes is not an array"));
                     };
                     for node in nodes.iter() {
-                        let fields = pairs(&node).ok_or(MapError::Shape("a node is not a map"))?;
-                        let (mut role, mut health) = (None, None);
-                        let (mut endpoint, mut ip, mut id) = (None, None, None);
-                        let (mut port, mut tls_port) = (None, None);
-                        for (k, v) in fields {
-                            match text(&k) {
-                                Some(b"role") => role = text(&v),
-                                Some(b"health") => health = text(&v),
-                                Some(b"endpoint") => endpoint = text(&v),
-                                Some(b"ip") => ip = text(&v),
-                                Some(b"id") => id = text(&v),
-                                Some(b"port") => port = int(&v),
-                                Some(b"tls-port") => tls_port = int(&v),
-                                _ => {}
-                            }
-                        }
-                        if role != Some(b"master") || health.is_some_and(|h| h != b"online") {
+                        let Some(p) = online_primary(&node, tls)
+                            .map_err(|()| MapError::Shape("a node is not a map"))?
+                        else {
                             continue;
-                        }
-                        let port = if tls { tls_port.or(port) } else { port };
+                        };
+                        let (host, port, id) = (p.host, p.port, p.id);
                         let port = port
                             .and_then(|p| u16::try_from(p).ok())
                             .filter(|p| *p != 0)
                             .ok_or(MapError::Shape("a primary without a port"))?;
-                        let host = endpoint.or(ip).unwrap_or(b"?");
                         primary = Some(ShardInfo {
                             primary: NodeAddr {
                                 host: endpoint_host(host)?,
@@ -832,29 +854,13 @@ impl ShardMux {
                             return Err(Refresh::Bad);
                         };
                         for node in nodes.iter() {
-                            let fields = pairs(&node).ok_or(Refresh::Bad)?;
-                            let (mut role, mut health, mut host) = (None, None, None);
-                            let (mut ip, mut port, mut tls_port) = (None, None, None);
-                            for (k, v) in fields {
-                                match text(&k) {
-                                    Some(b"role") => role = text(&v),
-                                    Some(b"health") => health = text(&v),
-                                    Some(b"endpoint") => host = text(&v),
-                                    Some(b"ip") => ip = text(&v),
-                                    Some(b"port") => port = int(&v),
-                                    Some(b"tls-port") => tls_port = int(&v),
-                                    _ => {}
-                                }
-                            }
-                            if role != Some(b"master") || health.is_some_and(|h| h != b"online") {
+                            let Some(p) =
+                                online_primary(&node, self.tls).map_err(|()| Refresh::Bad)?
+                            else {
                                 continue;
-                            }
-                            let port = if self.tls { tls_port.or(port) } else { port };
-                            let port = port.ok_or(Refresh::Bad)?;
-                            primary = Some(
-                                self.known(host.or(ip).unwrap_or(b"?"), port)
-                                    .ok_or(Refresh::Unknown)?,
-                            );
+                            };
+                            let port = p.port.ok_or(Refresh::Bad)?;
+                            primary = Some(self.known(p.host, port).ok_or(Refresh::Unknown)?);
                         }
                     }
                     _ => {}
@@ -1057,45 +1063,73 @@ impl ShardMux {
         Ok(used)
     }
 
+    /// A redirection (`-MOVED`, `-ASK`) shard `k` answered to request `seq` (`group`: one
+    /// slot group of a split request): sent again where it now lives, once. Whether it was;
+    /// if not, the answer stands (a second redirection; a node outside the map, which also
+    /// makes the connection [`stale`](ShardMux::stale)).
+    fn follow(&mut self, k: usize, seq: u64, group: Option<u16>, frame: &Frame<'_>) -> bool {
+        let Frame::Error(e) = frame else { return false };
+        let Some(redirect) = parse_redirect(e) else {
+            return false;
+        };
+        let asked = self.shards[k].addr.host.clone();
+        let (ask, slot, to) = match redirect {
+            Redirect::Moved { slot, to } => (false, slot, to.or_host(&asked)),
+            Redirect::Ask { slot, to } => (true, slot, to.or_host(&asked)),
+        };
+        let target = self.shards.iter().position(|s| s.addr == to);
+        let first = self.entry_mut(seq).is_some_and(|e| match group {
+            None => e.merge == Merge::One && !e.redirected,
+            Some(g) => e.groups.get(g as usize).is_some_and(|g| !g.redirected),
+        });
+        let j = match (first, target) {
+            (true, Some(j)) => j,
+            (true, None) => {
+                self.stale = true;
+                return false;
+            }
+            _ => return false,
+        };
+        if !ask {
+            self.map.moved(slot, &to);
+        }
+        let Some(e) = self.entry_mut(seq) else {
+            return false;
+        };
+        let req = match group {
+            None => {
+                e.redirected = true;
+                std::mem::take(&mut e.req)
+            }
+            Some(g) => {
+                let g = &mut e.groups[g as usize];
+                g.redirected = true;
+                std::mem::take(&mut g.req)
+            }
+        };
+        let sh = &mut self.shards[j];
+        if ask {
+            crate::resp::encode_command(&mut sh.out, &[crate::resp::Arg::Bytes(b"ASKING")]);
+            sh.expect.push_back(Expect::Asking);
+        }
+        sh.out.extend_from_slice(&req);
+        sh.expect.push_back(match group {
+            None => Expect::Entry(seq),
+            Some(group) => Expect::Part { seq, group },
+        });
+        if let Some(e) = self.entry_mut(seq) {
+            match group {
+                None => e.req = req,
+                Some(g) => e.groups[g as usize].req = req,
+            }
+        }
+        true
+    }
+
     fn answer(&mut self, k: usize, seq: u64, frame: &Frame<'_>, raw: &[u8]) {
         // A redirection of a keyed request, the first time: resend it where it now lives.
-        if let Frame::Error(e) = frame {
-            if let Some(redirect) = parse_redirect(e) {
-                let asked = self.shards[k].addr.host.clone();
-                let (ask, slot, to) = match redirect {
-                    Redirect::Moved { slot, to } => (false, slot, to.or_host(&asked)),
-                    Redirect::Ask { slot, to } => (true, slot, to.or_host(&asked)),
-                };
-                let target = self.shards.iter().position(|s| s.addr == to);
-                let entry = self.entry_mut(seq);
-                let first = entry
-                    .as_ref()
-                    .is_some_and(|e| e.merge == Merge::One && !e.redirected);
-                match (first, target) {
-                    (true, Some(j)) => {
-                        if !ask {
-                            self.map.moved(slot, &to);
-                        }
-                        let e = self.entry_mut(seq).expect("checked above");
-                        e.redirected = true;
-                        let req = std::mem::take(&mut e.req);
-                        let sh = &mut self.shards[j];
-                        if ask {
-                            crate::resp::encode_command(
-                                &mut sh.out,
-                                &[crate::resp::Arg::Bytes(b"ASKING")],
-                            );
-                            sh.expect.push_back(Expect::Asking);
-                        }
-                        sh.out.extend_from_slice(&req);
-                        sh.expect.push_back(Expect::Entry(seq));
-                        self.entry_mut(seq).expect("checked above").req = req;
-                        return;
-                    }
-                    (true, None) => self.stale = true,
-                    _ => {}
-                }
-            }
+        if self.follow(k, seq, None, frame) {
+            return;
         }
         let n_shards = self.shards.len();
         let Some(entry) = self.entry_mut(seq) else {
@@ -1336,46 +1370,8 @@ impl ShardMux {
     /// `-MOVED` taken for its answer left the key until its TTL, issue22_cluster_masters
     /// seed 450).
     fn answer_part(&mut self, k: usize, seq: u64, group: u16, frame: &Frame<'_>, raw: &[u8]) {
-        if let Frame::Error(e) = frame {
-            if let Some(redirect) = parse_redirect(e) {
-                let asked = self.shards[k].addr.host.clone();
-                let (ask, slot, to) = match redirect {
-                    Redirect::Moved { slot, to } => (false, slot, to.or_host(&asked)),
-                    Redirect::Ask { slot, to } => (true, slot, to.or_host(&asked)),
-                };
-                let target = self.shards.iter().position(|s| s.addr == to);
-                let first = self
-                    .entry_mut(seq)
-                    .and_then(|e| e.groups.get(group as usize))
-                    .is_some_and(|g| !g.redirected);
-                match (first, target) {
-                    (true, Some(j)) => {
-                        if !ask {
-                            self.map.moved(slot, &to);
-                        }
-                        let Some(e) = self.entry_mut(seq) else { return };
-                        let g = &mut e.groups[group as usize];
-                        g.redirected = true;
-                        let req = std::mem::take(&mut g.req);
-                        let sh = &mut self.shards[j];
-                        if ask {
-                            crate::resp::encode_command(
-                                &mut sh.out,
-                                &[crate::resp::Arg::Bytes(b"ASKING")],
-                            );
-                            sh.expect.push_back(Expect::Asking);
-                        }
-                        sh.out.extend_from_slice(&req);
-                        sh.expect.push_back(Expect::Part { seq, group });
-                        if let Some(e) = self.entry_mut(seq) {
-                            e.groups[group as usize].req = req;
-                        }
-                        return;
-                    }
-                    (true, None) => self.stale = true,
-                    _ => {}
-                }
-            }
+        if self.follow(k, seq, Some(group), frame) {
+            return;
         }
         let Some(entry) = self.entry_mut(seq) else {
             return;
