@@ -208,9 +208,12 @@ fn a_failover_changes_the_primary_of_a_range() {
             },
             "{mode:?}: the old primary follows the new one: {map}"
         );
+        // The write replicated before the failover (WAIT above) is on the new primary.
+        let got = cluster.node(replica).cmd(&[b"GET", &key]).unwrap();
         assert_eq!(
-            cluster.node(replica).cmd(&[b"GET", &key]).unwrap(),
-            bulk(b"v")
+            got,
+            bulk(b"v"),
+            "{mode:?}: the new primary lacks the write; {map}"
         );
         let e = error(cluster.node(primary).cmd(&[b"GET", &key]).unwrap());
         assert_eq!(

@@ -21,13 +21,15 @@ const MIGRATE_BATCH: usize = 100;
 const MIGRATE_TIMEOUT_MS: &str = "5000";
 
 /// Settings every node starts with, before the caller's extra arguments (the last value
-/// of an option wins): a node is judged failing after 2 s without an answer (15 s by
-/// default: tests of a failover would wait that long); a replica may always be promoted,
+/// of an option wins): a node is judged failing after 5 s without an answer (15 s by
+/// default: tests of a failover would wait that long; 2 s judged busy nodes failing on a
+/// loaded 2-core machine, and their replicas took over by themselves in the middle of a
+/// test: `cluster_harness::a_failover_changes_the_primary_of_a_range` lost a write in CI); a replica may always be promoted,
 /// however long ago it heard from its primary; replicas never move to another primary on
 /// their own; SIGTERM stops a node at once (no wait for lagging replicas).
 const CLUSTER_DEFAULTS: &[&str] = &[
     "--cluster-node-timeout",
-    "2000",
+    "5000",
     "--cluster-replica-validity-factor",
     "0",
     "--cluster-allow-replica-migration",
@@ -275,7 +277,7 @@ fn expect_ok(reply: AdminReply, what: &str) -> io::Result<()> {
 /// ([`set_wait_timeout`](Self::set_wait_timeout), 30 s by default) and ends in an error
 /// that shows each node's view.
 ///
-/// Nodes time out after 2 s (`cluster-node-timeout 2000`), replicas may always be
+/// Nodes time out after 5 s (`cluster-node-timeout 5000`), replicas may always be
 /// promoted (`cluster-replica-validity-factor 0`) and never move to another primary by
 /// themselves; extra arguments override these.
 ///
