@@ -441,8 +441,9 @@ pub(crate) struct ShardMux {
     /// `first_seq`.
     entries: std::collections::VecDeque<Entry>,
     first_seq: u64,
-    /// Buffers of finished entries, for the next ones.
+    /// Buffers of finished entries, for the next ones: requests', answers'.
     spare: Vec<Vec<u8>>,
+    spare_replies: Vec<Vec<u8>>,
     /// Replies in order, for the lock link's input.
     ready: Vec<u8>,
     /// A `CLIENT CACHING` waiting for the request it goes with: its entry's number.
@@ -461,11 +462,16 @@ pub(crate) struct ShardMux {
     tls: bool,
 }
 
-/// Requests in flight a cluster master's stream has buffers for from the start.
-const SPARE_ENTRIES: usize = 64;
-/// Bytes each of those buffers holds from the start (a request with a long key, or a long
-/// answer, grows its buffer once; buffers are reused whole).
+/// Requests in flight a cluster master's stream has room and buffers for from the start
+/// (about 300 KiB): as many as a master lagging behind the quorum's rounds keeps unanswered
+/// before the tables grow (a loaded machine reached 150 in a test). Past it, a warm
+/// operation may allocate, once per new high.
+const SPARE_ENTRIES: usize = 512;
+/// Bytes each request buffer holds from the start (a release declares its key's line and
+/// liveness set: some 150 bytes with a short key; a longer one grows its buffer once), and
+/// each answer buffer.
 const SPARE_BYTES: usize = 512;
+const SPARE_REPLY_BYTES: usize = 64;
 
 /// One shard primary's connection, as far as this layer goes: what to write, and which
 /// entries its replies answer, in order.
@@ -719,7 +725,7 @@ impl ShardMux {
             .map(|s| ShardLink {
                 addr: s.primary.clone(),
                 out: Vec::with_capacity(4096),
-                expect: std::collections::VecDeque::with_capacity(64),
+                expect: std::collections::VecDeque::with_capacity(SPARE_ENTRIES),
             })
             .collect();
         ShardMux {
@@ -730,7 +736,10 @@ impl ShardMux {
             // Buffers for the requests in flight and their answers, made here: how many are
             // in flight depends on when the replies come (a round decided before a late
             // master answered), and a warm operation must not allocate.
-            spare: (0..2 * SPARE_ENTRIES)
+            spare_replies: (0..SPARE_ENTRIES)
+                .map(|_| Vec::with_capacity(SPARE_REPLY_BYTES))
+                .collect(),
+            spare: (0..SPARE_ENTRIES)
                 .map(|_| Vec::with_capacity(SPARE_BYTES))
                 .collect(),
             ready: Vec::with_capacity(4096),
@@ -927,6 +936,10 @@ impl ShardMux {
         self.spare.pop().unwrap_or_default()
     }
 
+    fn reply_buf(&mut self) -> Vec<u8> {
+        self.spare_replies.pop().unwrap_or_default()
+    }
+
     fn entry_mut(&mut self, seq: u64) -> Option<&mut Entry> {
         let i = seq.checked_sub(self.first_seq)?;
         self.entries.get_mut(i as usize)
@@ -986,7 +999,7 @@ impl ShardMux {
             parts: 0,
             merge: Merge::One,
             req: self.buf(),
-            reply: self.buf(),
+            reply: self.reply_buf(),
             redirected: false,
             groups: Vec::new(),
         };
@@ -1316,7 +1329,7 @@ impl ShardMux {
                 error: false,
             }),
             req: self.buf(),
-            reply: self.buf(),
+            reply: self.reply_buf(),
             redirected: true,
             groups: Vec::new(),
         };
@@ -1502,7 +1515,7 @@ impl ShardMux {
             e.reply.clear();
             e.groups.clear();
             self.spare.push(e.req);
-            self.spare.push(e.reply);
+            self.spare_replies.push(e.reply);
         }
     }
 
