@@ -12,7 +12,14 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use redlock_mux::resp::{encode_command, Arg};
-use redlock_mux::scripts;
+
+/// The floor's release: the Redis page's compare-and-delete, one key (not the crate's
+/// `scripts::RELEASE`, which declares each key's line and liveness set beside it: given one
+/// key it read no key at all, and the floor's releases did nothing, 2026-11-28).
+const FLOOR_RELEASE: &str =
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
+/// Its SHA1 (what `SCRIPT LOAD` of it answers).
+const FLOOR_RELEASE_SHA: &str = "e9f69f2beb755be68b5e456ee2ce9aadfbc4ebf4";
 
 /// TTL used by the floor's `SET`s.
 pub const TTL: Duration = Duration::from_secs(10);
@@ -51,7 +58,7 @@ impl Floor {
             &[
                 Arg::Bytes(b"SCRIPT"),
                 Arg::Bytes(b"LOAD"),
-                Arg::Bytes(scripts::RELEASE.src.as_bytes()),
+                Arg::Bytes(FLOOR_RELEASE.as_bytes()),
             ],
         );
         f.fan_out(2).unwrap();
@@ -134,7 +141,7 @@ impl Floor {
                 &mut self.buf,
                 &[
                     Arg::Bytes(b"EVALSHA"),
-                    Arg::Bytes(scripts::RELEASE.sha.as_bytes()),
+                    Arg::Bytes(FLOOR_RELEASE_SHA.as_bytes()),
                     Arg::Uint(1),
                     Arg::Bytes(self.keys[j].as_bytes()),
                     Arg::Bytes(&token),
