@@ -54,6 +54,14 @@ fn warm_client(clusters: &[LocalCluster]) -> Redlock {
     client
 }
 
+/// Returns once every master of `client` has answered everything sent to it before: the
+/// client's calls return at a quorum, a late master answers after. An inspection waits for
+/// every master's answer, and a cluster master answers in request order.
+fn settle(client: &mut Redlock) {
+    let seen = client.inspect("settle").unwrap();
+    assert_eq!(seen.answered(), 3, "every master answered: {seen}");
+}
+
 /// `count` keys served by primary `node` of `c`.
 fn keys_on(c: &LocalCluster, node: usize, count: usize, prefix: &str) -> Vec<String> {
     (0..10_000)
@@ -80,6 +88,7 @@ fn locks_on_cluster_masters_land_on_the_shard_of_their_key() {
             let lock = client
                 .try_lock(&key, Duration::from_secs(10))
                 .unwrap_or_else(|e| panic!("{key}: {e}"));
+            settle(&mut client);
             for (c, cluster) in clusters.iter().enumerate() {
                 let h = holders(cluster, &key);
                 let node = cluster.primary_of_key(key.as_bytes()).unwrap();
@@ -88,6 +97,7 @@ fn locks_on_cluster_masters_land_on_the_shard_of_their_key() {
                 assert_eq!(h[0].1.as_deref(), Some(lock.token().as_bytes()), "{key}");
             }
             client.release(lock).unwrap();
+            settle(&mut client);
             for cluster in &clusters {
                 let node = cluster.primary_of_key(key.as_bytes()).unwrap();
                 assert_eq!(holders(cluster, &key), [(node, None)], "{key} released");
@@ -115,6 +125,7 @@ fn a_slot_moved_after_the_map_was_read_is_followed() {
     let lock = client
         .try_lock(&key, Duration::from_secs(10))
         .unwrap_or_else(|e| panic!("{key} after its slot moved: {e}"));
+    settle(&mut client);
     for c in &clusters {
         assert_eq!(
             holders(c, &key),
@@ -123,6 +134,7 @@ fn a_slot_moved_after_the_map_was_read_is_followed() {
         );
     }
     client.release(lock).unwrap();
+    settle(&mut client);
     for c in &clusters {
         assert_eq!(holders(c, &key), [(1, None)]);
     }
@@ -175,6 +187,7 @@ fn multi_resource_locks_span_the_slots_of_cluster_masters() {
     let mut lock = client
         .lock_many(&names, Duration::from_secs(10))
         .unwrap_or_else(|e| panic!("{names:?}: {e}"));
+    settle(&mut client);
     for c in &clusters {
         for name in &names {
             let node = c.primary_of_key(name.as_bytes()).unwrap();
@@ -196,18 +209,21 @@ fn multi_resource_locks_span_the_slots_of_cluster_masters() {
         .expect_err("one name is held");
     let text = e.to_string();
     assert!(text.contains("PARTIAL") || text.contains("taken"), "{e}");
+    settle(&mut other);
     // Nothing of the refused attempt is left on any shard: the groups it set were released.
     for c in &clusters {
         let node = c.primary_of_key(b"free:elsewhere").unwrap();
         assert_eq!(holders(c, "free:elsewhere"), [(node, None)]);
     }
     client.extend(&mut lock, Duration::from_secs(20)).unwrap();
+    settle(&mut client);
     for c in &clusters {
         let n = c.primary_of_key(names[0].as_bytes()).unwrap();
         let ttl = command(c.node(n).addr(), &[b"PTTL", names[0].as_bytes()], T).unwrap();
         assert!(matches!(ttl, AdminReply::Int(t) if t > 10_000), "{ttl:?}");
     }
     client.release(lock).unwrap();
+    settle(&mut client);
     for c in &clusters {
         for name in &names {
             let node = c.primary_of_key(name.as_bytes()).unwrap();
