@@ -77,8 +77,8 @@ count() {
 # twice EXAMPLE N [TOGGLE...]: the count, after checking a second run gives the same.
 twice() {
     local a b
-    a=$(count "$@")
-    b=$(count "$@")
+    a=$(count "$@") || exit 1
+    b=$(count "$@") || exit 1
     if [[ "$a" != "$b" ]]; then
         echo "error: $1 at N=$2 is not deterministic: $a then $b instructions" >&2
         exit 1
@@ -96,8 +96,13 @@ measure() {
     unit[$name]=$2
     shift 5
     local c_lo c_hi
-    c_lo=$(twice "$1" "$lo" "${@:2}")
-    c_hi=$(twice "$1" "$hi" "${@:2}")
+    # (A failed count exits its command substitution only: checked here, in the shell.)
+    c_lo=$(twice "$1" "$lo" "${@:2}") || c_lo=
+    c_hi=$(twice "$1" "$hi" "${@:2}") || c_hi=
+    if [[ -z "$c_lo" || -z "$c_hi" ]]; then
+        echo "error: $name: no count (N=$lo: '$c_lo', N=$hi: '$c_hi'), see above" >&2
+        exit 1
+    fi
     measured[$name]=$(awk -v a="$c_lo" -v b="$c_hi" -v d="$(((hi - lo) * units))" \
         'BEGIN { printf "%.0f", (b - a) / d }')
     order+=("$name")

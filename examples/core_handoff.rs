@@ -194,7 +194,10 @@ fn script_answer(mut out: &[u8], master: usize, s: &mut Script) {
                     a.extend_from_slice(b"\r\n");
                 }
             }
-            b"EVALSHA" if args[1] == scripts::RELEASE.sha.as_bytes() => {
+            b"EVALSHA"
+                if args[1] == scripts::RELEASE_LEAN.sha.as_bytes()
+                    || args[1] == scripts::RELEASE.sha.as_bytes() =>
+            {
                 a.extend_from_slice(b":1\r\n");
             }
             other => panic!("unexpected command {:?}", String::from_utf8_lossy(other)),

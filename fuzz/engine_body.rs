@@ -54,7 +54,7 @@
 //!
 //! Canned replies (r % 32; p = r / 32): `+OK`, `$-1`, `_`, `:0`, `:1`, `:-1`, `:5000`,
 //! `*2 :100 $16 <holder>`, `-NOSCRIPT`, `-ERR`, `-NOPERM`, `-WRONGPASS`, the SHA1 of
-//! `scripts::ALL[p % 6]`, `INFO server` (own `run_id` and long uptime / uptime 0 / one
+//! `scripts::ALL[p % 7]`, `INFO server` (own `run_id` and long uptime / uptime 0 / one
 //! `run_id` for every master / no fields), `CONFIG GET` pairs (durable / not), a subscribe
 //! and an unsubscribe confirmation, a release announced on a resource's channel (by the
 //! holder / by the last token the client sent), a turn announced on the client's own
@@ -134,7 +134,7 @@ use redlock_mux::{Error, Lock, Redlock, Report, MAX_TTL};
 const MAX_INPUT: usize = 4096;
 
 /// The resources the user locks.
-const RESOURCES: [&[u8]; 3] = [b"sku:1", b"sku:2", b"orders"];
+const RESOURCES: [&[u8]; 3] = [b"sku:1", b"sku:2", b"{ord}ers"];
 
 /// A holder's token (another client's), as `ACQUIRE_WAIT` reports it and its release
 /// announces it.
@@ -436,7 +436,7 @@ fn yes_vote(c: &[Vec<u8>], r: Reply) -> Option<(Vote, &[u8])> {
         Vote::Draw
     } else if s == scripts::FENCE_RAISE && v == 1 {
         Vote::Raise
-    } else if s == scripts::RELEASE && v > 0 {
+    } else if (s == scripts::RELEASE || s == scripts::RELEASE_LEAN) && v > 0 {
         Vote::Release
     } else if s == scripts::EXTEND && v > 0 {
         Vote::Extend
@@ -594,7 +594,7 @@ fn acquire_may_hold<'c>(c: &'c [Vec<u8>], reply: Option<&Reply>) -> Option<(&'c 
 /// The token a release command releases.
 fn release_token(c: &[Vec<u8>]) -> Option<&[u8]> {
     let (s, _) = script_of(c)?;
-    if s != scripts::RELEASE {
+    if s != scripts::RELEASE && s != scripts::RELEASE_LEAN {
         return None;
     }
     let (_, args) = keys_args(c)?;
@@ -1398,9 +1398,10 @@ impl Sim {
                     );
                 }
             } else {
-                // A release declares each key's line and liveness set; a waiting acquire of
-                // one key in line, its line and liveness set.
-                // (The plain release, a fallback, declares the lock keys alone.)
+                // A release that leaves a line declares each key's line and liveness set;
+                // a waiting acquire of one key in line, its line and liveness set.
+                // (The lean release, and the plain release, a fallback, declare the lock
+                // keys alone.)
                 let kinds: &[&[u8]] =
                     if s == scripts::RELEASE || (s == scripts::ACQUIRE_WAIT && argv.len() > 2) {
                         &[scripts::QUEUE, scripts::ALIVE]
@@ -1418,9 +1419,19 @@ impl Sim {
                     show(args)
                 );
                 if s == scripts::RELEASE {
+                    // The full release: a lock that leaves a line, or keys whose lines
+                    // are not named after them (a `}` in the name).
                     assert!(
-                        argv.len() == 1 || (argv.len() == 2 && argv[1].len() == 16),
+                        (argv.len() == 2 && argv[1].len() == 16)
+                            || (argv.len() == 1
+                                && !keys.iter().all(|k| scripts::lines_named_by_key(k))),
                         "RELEASE args: {:?}",
+                        show(args)
+                    );
+                } else if s == scripts::RELEASE_LEAN {
+                    assert!(
+                        argv.len() == 1 && keys.iter().all(|k| scripts::lines_named_by_key(k)),
+                        "RELEASE_LEAN args: {:?}",
                         show(args)
                     );
                 } else if s == scripts::RELEASE_PLAIN {
@@ -1685,7 +1696,7 @@ impl Sim {
                 if mood == 3 {
                     return resp_err(out, "ERR fuzz");
                 }
-                if s == scripts::RELEASE || s == scripts::EXTEND {
+                if s == scripts::RELEASE || s == scripts::RELEASE_LEAN || s == scripts::EXTEND {
                     resp_int(out, [1, 0, 1, 1, 1, 1, 1, 5000][mood as usize]);
                 } else if s == scripts::ACQUIRE_MANY {
                     resp_int(out, i64::from(mood != 1));
@@ -1735,7 +1746,10 @@ impl Sim {
                 "NOPERM this user has no permissions to access one of the channels",
             ),
             11 => resp_err(&mut out, "WRONGPASS invalid username-password pair"),
-            12 => resp_bulk(&mut out, scripts::ALL[p % 6].sha.as_bytes()),
+            12 => resp_bulk(
+                &mut out,
+                scripts::ALL[p % scripts::ALL.len()].sha.as_bytes(),
+            ),
             13 => resp_info(&mut out, master + 1, 100_000_000),
             14 => resp_info(&mut out, master + 1, 0),
             15 => resp_info(&mut out, 99, 100_000_000),

@@ -6,8 +6,9 @@ local redis-server (or $REDIS_SERVER) on a free port, stops it by its PID.
     python3 scripts/server-cost.py [ROUNDS]
 
 Variants: the Redis page's Lua release (the floor's), the same under a `#!lua` shebang,
-scripts::RELEASE_PLAIN (shebang, one key) and scripts::RELEASE (shebang, the key, its line
-and liveness set declared), each a SET NX PX then the release of one token, 20,000 pairs per
+scripts::RELEASE_PLAIN (shebang, one key), scripts::RELEASE (shebang, the key, its line
+and liveness set declared) and scripts::RELEASE_LEAN (shebang, the key alone: what the client
+sends for a key without `}`), each a SET NX PX then the release of one token, 20,000 pairs per
 round, rounds interleaved; medians in µs per pair.
 """
 import os, re, socket, subprocess, sys, time
@@ -59,7 +60,8 @@ try:
 
     floor = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
     variants = [("Lua release (floor)", load(floor), 1), ("the same, #!lua", load("#!lua\n" + floor), 1),
-                ("RELEASE_PLAIN", load(script("RELEASE_PLAIN")), 1), ("RELEASE (3 keys)", load(script("RELEASE")), 3)]
+                ("RELEASE_PLAIN", load(script("RELEASE_PLAIN")), 1), ("RELEASE (3 keys)", load(script("RELEASE")), 3),
+                ("RELEASE_LEAN", load(script("RELEASE_LEAN")), 1)]
     tok = "0123456789abcdef0123456789abcdef"
     n, batch = 20000, 100
     results = {name: [] for name, _, _ in variants}

@@ -5,14 +5,22 @@
 //! one key, `RELEASE` is the Redis page's `if get == token then del` script, plus a
 //! `PUBLISH` that wakes the waiters of the key ([`RELEASED_PREFIX`]).
 //!
-//! **Every key a script touches is one of its `KEYS`, and all of a lock key's keys live in
-//! its cluster slot.** Beside lock key `K` a master may keep its line of waiters, their
-//! liveness and its fencing counter, named `redlock-mux:{T}:<kind>:K` ([`aux_key`]: `T`
-//! is [`crate::slot::tag_of`]`(K)`, three bytes whose hash is `K`'s slot, so the name's
-//! hash tag puts it in `K`'s slot whatever `K` is, braces included). The client builds
-//! these names where it encodes the requests and declares them: a Redis or Valkey Cluster
-//! then accepts every script (no key of another slot), and so does a server that refuses
-//! undeclared keys (Dragonfly). A multi-key script's keys are all in one slot only when
+//! **All of a lock key's keys live in its cluster slot, and every key a script touches is
+//! one of its `KEYS`, but for one:** beside lock key `K` a master may keep its line of
+//! waiters, their liveness and its fencing counter ([`aux_key`]): the fencing counter is
+//! `redlock-mux:{T}:fence:K` (`T` is [`crate::slot::tag_of`]`(K)`, three bytes whose hash
+//! is `K`'s slot, so the name's hash tag puts it in `K`'s slot whatever `K` is, braces
+//! included); the line and liveness set are `redlock-mux:{K}:queue` and `...:alive` when
+//! `K` has no `}` ([`lines_named_by_key`]: the hash tag is `K` itself), else named with `T`
+//! like the counter. The client builds these names where it encodes the requests and
+//! declares them: a Redis or Valkey Cluster then accepts every script (no key of another
+//! slot), and so does a server that refuses undeclared keys (Dragonfly). The exception is
+//! [`RELEASE_LEAN`], the release of a lock that left no line (nearly every release): it
+//! takes the lock keys alone and names their lines itself when a waiter marked the key, so
+//! that a master's work per uncontended release is the Redis page's compare-and-delete;
+//! a cluster accepts those names (same slot), a server that refuses undeclared keys
+//! refuses the line's commands (`pcall`: the key is still released, its waiters retry on
+//! their timer). A multi-key script's keys are all in one slot only when
 //! the lock's keys are (on a cluster, grouping them by slot is the caller's work); on
 //! standalone masters any keys go in one script.
 //!
@@ -68,8 +76,13 @@ pub const QUEUE: &[u8] = b"queue";
 /// effects replication, the only kind Redis 7 has.)
 pub const ALIVE: &[u8] = b"alive";
 
-// The request encoder writes a release's second name as a copy of its first.
-const _: () = assert!(QUEUE.len() == ALIVE.len());
+// `aux_key` tells the fencing counter from the lines by its first byte.
+const _: () = assert!(
+    QUEUE.len() == ALIVE.len()
+        && QUEUE.len() == FENCE.len()
+        && QUEUE[0] != FENCE[0]
+        && ALIVE[0] != FENCE[0]
+);
 
 /// The kind of key of a resource's fencing counter ([`aux_key`]): `redlock-mux:{T}:fence:<r>`,
 /// no TTL, only ever raised.
@@ -103,16 +116,54 @@ pub const CLIENT_ID_LEN: usize = 8;
 /// release wakes that waiter's client only, not every client with a waiter.
 pub const NEXT_PREFIX: &[u8] = b"redlock-mux:next:";
 
+/// Whether the line and liveness set of lock key `key` are named after the key itself,
+/// `redlock-mux:{<key>}:<kind>` ([`aux_key`]), so that a script given the lock key alone
+/// can name them ([`RELEASE_LEAN`]): when `key` is not empty and has no `}`. The name's
+/// hash tag is then `key` whole, and `key` has no hash tag of its own (a tag needs a `}`),
+/// so both hash to `key`'s slot.
+pub const fn lines_named_by_key(key: &[u8]) -> bool {
+    if key.is_empty() {
+        return false;
+    }
+    let mut i = 0;
+    while i < key.len() {
+        if key[i] == b'}' {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// Whether [`aux_key`]`(kind, key)` is named after the key itself (see there).
+const fn by_key(kind: &[u8], key: &[u8]) -> bool {
+    // Not the fencing counter (`FENCE`: its name stays where fencing continuity expects
+    // it); the kinds are all five bytes, `f` is the fence's alone.
+    !(kind.len() == FENCE.len() && kind[0] == FENCE[0]) && lines_named_by_key(key)
+}
+
 /// Length of [`aux_key`]`(kind, key)`.
 pub const fn aux_key_len(kind: &[u8], key: &[u8]) -> usize {
-    // "redlock-mux:" "{TAG}" ":" kind ":" key
-    RESERVED_PREFIX.len() + 5 + 1 + kind.len() + 1 + key.len()
+    if by_key(kind, key) {
+        // "redlock-mux:" "{" key "}" ":" kind
+        RESERVED_PREFIX.len() + 1 + key.len() + 2 + kind.len()
+    } else {
+        // "redlock-mux:" "{TAG}" ":" kind ":" key
+        RESERVED_PREFIX.len() + 5 + 1 + kind.len() + 1 + key.len()
+    }
 }
 
 /// Append the name of the key of `kind` ([`QUEUE`], [`ALIVE`], [`FENCE`]) kept beside lock
-/// key `key`, whose slot's tag is `tag` (`crate::slot::tag_of(key)`, computed once per
-/// request by the caller): `redlock-mux:{tag}:<kind>:<key>`.
+/// key `key` (see [`aux_key`]), whose slot's tag is `tag` (`crate::slot::tag_of(key)`,
+/// computed once per request by the caller; unused for a line named by its key).
 pub fn push_aux_key(out: &mut Vec<u8>, kind: &[u8], tag: &[u8; 3], key: &[u8]) {
+    if by_key(kind, key) {
+        out.extend_from_slice(b"redlock-mux:{");
+        out.extend_from_slice(key);
+        out.extend_from_slice(b"}:");
+        out.extend_from_slice(kind);
+        return;
+    }
     let head = [
         b'r', b'e', b'd', b'l', b'o', b'c', b'k', b'-', b'm', b'u', b'x', b':', b'{', tag[0],
         tag[1], tag[2], b'}', b':',
@@ -123,8 +174,13 @@ pub fn push_aux_key(out: &mut Vec<u8>, kind: &[u8], tag: &[u8; 3], key: &[u8]) {
     out.extend_from_slice(key);
 }
 
-/// The name of the key of `kind` kept beside lock key `key`: `redlock-mux:{T}:<kind>:<key>`
-/// with `T` = [`crate::slot::tag_of`]`(key)`, in `key`'s cluster slot.
+/// The name of the key of `kind` kept beside lock key `key`, in `key`'s cluster slot:
+/// a line ([`QUEUE`]) or liveness set ([`ALIVE`]) of a key without `}` is
+/// `redlock-mux:{<key>}:<kind>` ([`lines_named_by_key`]: a release given the lock key alone
+/// names them, [`RELEASE_LEAN`]); any other is `redlock-mux:{T}:<kind>:<key>` with `T` =
+/// [`crate::slot::tag_of`]`(key)`, three bytes whose hash is `key`'s slot (braces in `key`
+/// included). The two forms never name the same key: the first has one `}`, followed by
+/// `:queue` or `:alive` and nothing else; the second's `}` is followed by `:<kind>:`.
 pub fn aux_key(kind: &[u8], key: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(aux_key_len(kind, key));
     push_aux_key(&mut out, kind, crate::slot::tag_of(key), key);
@@ -197,6 +253,60 @@ pub const RELEASE: Script = Script {
         "return held"
     ),
     sha: "b9b3d670a9d1db84805c4728751c1382090b4caa",
+};
+
+/// [`RELEASE`] given the lock keys alone: `KEYS` = the lock's keys, each
+/// [`lines_named_by_key`], `ARGV[1]` the token, nothing else. What a release sends when it
+/// leaves no line (no `ARGV[2]`), that is every release of a lock that did not wait: a
+/// master's work per uncontended release is then the Redis page's (one declared key, one
+/// argument, `GET` and `DEL`), where [`RELEASE`]'s two more declared keys cost it about
+/// 0.45 µs more per release (`scripts/server-cost.py`). A marked key's release names the
+/// key's line and liveness set itself (`redlock-mux:{<key>}:queue`, `...:alive`) and does
+/// what [`RELEASE`] does. Those names are not declared: they hash to the key's slot, which
+/// a cluster accepts from a `#!lua` script; a server that refuses undeclared keys
+/// (Dragonfly without `--default_lua_flags=allow-undeclared-keys`) refuses the line's
+/// commands, which run under `pcall`: the key is still released, and its waiters try
+/// again at their timed retry instead of being woken.
+pub const RELEASE_LEAN: Script = Script {
+    src: concat!(
+        "#!lua flags=allow-oom\n",
+        "local held = 1\n",
+        "local now\n",
+        "for i = 1, #KEYS do\n",
+        "  local k = KEYS[i]\n",
+        "  local v = redis.call('get', k)\n",
+        "  if v == ARGV[1] then\n",
+        "    redis.call('del', k)\n",
+        "  elseif v == ARGV[1] .. '+' then\n",
+        "    redis.call('del', k)\n",
+        "    local q, a = 'redlock-mux:{' .. k .. '}:queue', 'redlock-mux:{' .. k .. '}:alive'\n",
+        "    local turn\n",
+        "    for _ = 1, 8 do\n",
+        "      local r = redis.pcall('zrange', q, 0, 0)\n",
+        "      local h = type(r) == 'table' and r[1]\n",
+        "      if not h then break end\n",
+        "      if not now then local t = redis.call('time') now = t[1] * 1000 + math.floor(t[2] / 1000) end\n",
+        "      local d = tonumber(redis.pcall('zscore', a, h))\n",
+        "      if d and d >= now then\n",
+        "        turn = h\n",
+        "        break\n",
+        "      end\n",
+        "      redis.pcall('zrem', q, h)\n",
+        "      redis.pcall('zrem', a, h)\n",
+        "    end\n",
+        "    local note = string.sub(ARGV[1], 1, 16)\n",
+        "    if turn then\n",
+        "      redis.pcall('publish', 'redlock-mux:next:' .. string.sub(turn, 1, 8), note .. turn)\n",
+        "    else\n",
+        "      redis.pcall('publish', 'redlock-mux:released:' .. k, note)\n",
+        "    end\n",
+        "  else\n",
+        "    held = 0\n",
+        "  end\n",
+        "end\n",
+        "return held"
+    ),
+    sha: "56ba9b235833d594f3a4e33cf3b1a3cebb776dcf",
 };
 
 /// The compare-and-delete alone: each key deleted where it holds the token, marked
@@ -566,13 +676,14 @@ pub const FORCE_RELEASE: Script = Script {
 pub const ADMIN: [Script; 2] = [INSPECT, FORCE_RELEASE];
 
 /// Every script, in handshake order.
-pub const ALL: [Script; 6] = [
+pub const ALL: [Script; 7] = [
     RELEASE,
     EXTEND,
     ACQUIRE_MANY,
     FENCE_DRAW,
     FENCE_RAISE,
     ACQUIRE_WAIT,
+    RELEASE_LEAN,
 ];
 
 #[cfg(test)]

@@ -403,10 +403,10 @@ const TW3: &str = "e3e3e3e3e3e3e3e3eeeeeeeeeeeeeeee";
 const W1: &str = "cli1aaaacall0001";
 const W2: &str = "cli2bbbbcall0002";
 const W3: &str = "cli3cccccall0003";
-/// The line of `k` (`scripts::aux_key(QUEUE, "k")`: "068" is the tag of `k`'s slot).
-const Q: &str = "redlock-mux:{068}:queue:k";
+/// The line of `k` (`scripts::aux_key(QUEUE, "k")`: named after the key, which has no `}`).
+const Q: &str = "redlock-mux:{k}:queue";
 /// The liveness set of `k`'s waiters.
-const A: &str = "redlock-mux:{068}:alive:k";
+const A: &str = "redlock-mux:{k}:alive";
 /// A moment on the server's clock (ms) that no run reaches: alive for good.
 const FOREVER: &str = "9000000000000000";
 const RELEASED_K: &str = "redlock-mux:released:k";
@@ -789,6 +789,51 @@ fn cases() -> Vec<Case> {
         .sha(0, scripts::RELEASE, &["k"], &[TH])
         .c(0, &["EXISTS", Q]);
     v.push(case("release_leaves_the_line", Kind::Plain, 3, s));
+
+    // ---- RELEASE_LEAN ----------------------------------------------------------------------
+    s.load_all(0)
+        .c(1, &["SUBSCRIBE", RELEASED_K, &next(W1)])
+        .c(0, &["SET", "k", TA, "PX", "60000"])
+        .sha(0, scripts::RELEASE_LEAN, &["k"], &[TA])
+        .c(0, &["GET", "k"])
+        .sha(0, scripts::RELEASE_LEAN, &["k"], &[TA])
+        .c(0, &["SET", "k", "short", "PX", "60000"])
+        .sha(0, scripts::RELEASE_LEAN, &["k"], &["short"])
+        .c(0, &["SET", "k", TA])
+        .sha(0, scripts::RELEASE_LEAN, &["k"], &[TB])
+        .sha(0, scripts::RELEASE_LEAN, &["k"], &[])
+        .sha(0, scripts::RELEASE_LEAN, &[], &[TA])
+        .c(0, &["SET", "k1", TA, "PX", "60000"])
+        .c(0, &["SET", "k2", TB, "PX", "60000"])
+        .sha(0, scripts::RELEASE_LEAN, &["k1", "k2"], &[TA])
+        .c(0, &["EXISTS", "k1", "k2"])
+        .c(0, &["ZADD", "zk", "1", "a"])
+        .sha(0, scripts::RELEASE_LEAN, &["zk"], &[TA])
+        // Marked: the line is looked at; not a sorted set, the key channel hears it.
+        .c(0, &["SET", Q, "junk"])
+        .c(0, &["SET", "k", &format!("{TA}+"), "PX", "60000"])
+        .sha(0, scripts::RELEASE_LEAN, &["k"], &[TA])
+        .c(0, &["EXISTS", "k"])
+        .c(0, &["GET", Q]);
+    v.push(case("release_lean_compares_and_deletes", Kind::Plain, 2, s));
+
+    s.load_all(0)
+        .c(2, &["SUBSCRIBE", RELEASED_K, &next(W1), &next(W2)])
+        .c(0, &["SET", "k", TH, "PX", "60000"])
+        .wait("k", TW1, W1, "40", false, "100")
+        .wait("k", TW2, W2, "60000", false, "200")
+        .sleep(80)
+        // The first live waiter's client hears it (the dead one leaves the line), as from
+        // the full release: the lean one finds the line by the key's name.
+        .sha(0, scripts::RELEASE_LEAN, &["k"], &[TH])
+        .c(0, &["ZRANGE", Q, "0", "-1", "WITHSCORES"])
+        .cmp(0, &["ZSCORE", A, W2], Cmp::Present);
+    v.push(case(
+        "release_lean_names_the_first_live_waiter",
+        Kind::Plain,
+        3,
+        s,
+    ));
 
     // ---- EXTEND ----------------------------------------------------------------------------
     s.load_all(0)

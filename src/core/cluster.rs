@@ -1252,14 +1252,15 @@ impl ShardMux {
                 }
             };
             use crate::scripts::{
-                ACQUIRE_MANY, ACQUIRE_WAIT, EXTEND, FENCE_DRAW, FENCE_RAISE, RELEASE, RELEASE_PLAIN,
+                ACQUIRE_MANY, ACQUIRE_WAIT, EXTEND, FENCE_DRAW, FENCE_RAISE, RELEASE, RELEASE_LEAN,
+                RELEASE_PLAIN,
             };
             if is(ACQUIRE_MANY) {
                 Some((SplitKind::AllOrNothing, 1))
             } else if is(RELEASE) {
                 // The lock keys, their lines, their liveness sets.
                 Some((SplitKind::AllOnes, 3))
-            } else if is(RELEASE_PLAIN) {
+            } else if is(RELEASE_PLAIN) || is(RELEASE_LEAN) {
                 Some((SplitKind::AllOnes, 1))
             } else if is(FENCE_RAISE) {
                 Some((SplitKind::Raise, 2))

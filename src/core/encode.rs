@@ -48,20 +48,13 @@ pub(super) fn encode_request(out: &mut Vec<u8>, req: Request, args: &OpArgs, eva
                 push_bulk_uint(out, args.ttl_ms);
                 return;
             }
-            Request::Release => {
-                // `KEYS`: the key, its line, its waiters' liveness.
-                out.extend_from_slice(b"*7\r\n$7\r\nEVALSHA\r\n$40\r\n");
-                out.extend_from_slice(scripts::RELEASE.sha.as_bytes());
-                out.extend_from_slice(b"\r\n$1\r\n3\r\n");
+            Request::Release if scripts::lines_named_by_key(key) => {
+                // `RELEASE_LEAN`: `KEYS` the key alone (the Redis page's release, to the
+                // master), `ARGV` the token.
+                out.extend_from_slice(b"*5\r\n$7\r\nEVALSHA\r\n$40\r\n");
+                out.extend_from_slice(scripts::RELEASE_LEAN.sha.as_bytes());
+                out.extend_from_slice(b"\r\n$1\r\n1\r\n");
                 push_bulk(out, key);
-                // The two names differ in their kind only, of one length: the second is a
-                // copy of the first with the kind written over.
-                let first = out.len();
-                push_aux_bulk(out, QUEUE, tag_of(key), key);
-                let kind_at = out.len() - 2 - key.len() - 1 - QUEUE.len();
-                let len = out.len() - first;
-                out.extend_from_within(first..);
-                out[kind_at + len..kind_at + len + ALIVE.len()].copy_from_slice(ALIVE);
                 out.extend_from_slice(b"$32\r\n");
                 out.extend_from_slice(token);
                 out.extend_from_slice(b"\r\n");
@@ -201,6 +194,7 @@ fn encode_request_general(
         }
         Request::Acquire | Request::AcquireMany => scripts::ACQUIRE_MANY,
         Request::AcquireWait => scripts::ACQUIRE_WAIT,
+        Request::Release if lean_release(args) => scripts::RELEASE_LEAN,
         Request::Release => scripts::RELEASE,
         Request::Extend => scripts::EXTEND,
         Request::FenceDraw => scripts::FENCE_DRAW,
@@ -212,6 +206,7 @@ fn encode_request_general(
     // kind, in this order (`KEYS` = the lock keys, then every lock key's first kind, ...).
     let aux: &[Aux] = match req {
         Request::AcquireWait if args.line.is_some() => &[Aux::Kind(QUEUE), Aux::Kind(ALIVE)],
+        Request::Release if lean_release(args) => &[],
         Request::Release => &[Aux::Kind(QUEUE), Aux::Kind(ALIVE)],
         // The old counters: see `scripts`, fencing continuity.
         Request::FenceDraw | Request::FenceWriteBack => {
@@ -319,6 +314,13 @@ fn encode_request_general(
     }
 }
 
+/// Whether a release goes as [`scripts::RELEASE_LEAN`] (the lock keys alone): it leaves no
+/// line, and every key's line is named after the key ([`scripts::lines_named_by_key`]).
+/// Else [`scripts::RELEASE`], the lines declared.
+fn lean_release(args: &OpArgs) -> bool {
+    args.leave.is_none() && args.keys.iter().all(scripts::lines_named_by_key)
+}
+
 /// A script argument (`ARGV`).
 #[derive(Clone, Copy)]
 enum Argv<'a> {
@@ -366,6 +368,8 @@ mod tests {
             &b"k"[..],
             b"orders:42",
             &[0u8, 13, 10, 255][..],
+            &b"{a}b"[..],
+            &b"a}"[..],
             &[b'y'; 10][..],
             &[b'z'; 99][..],
             &[b'w'; 100][..],
@@ -414,10 +418,30 @@ mod tests {
         assert_eq!(String::from_utf8(out.clone()).unwrap(), want);
         out.clear();
         encode_request(&mut out, Request::Release, &a, false);
-        let (q, alive) = (scripts::aux_key(QUEUE, b"k"), scripts::aux_key(ALIVE, b"k"));
-        assert_eq!(q, b"redlock-mux:{068}:queue:k"); // "068" hashes to the slot of "k"
+        // A key without `}`: its lines are named after it, the release takes it alone.
+        assert_eq!(scripts::aux_key(QUEUE, b"k"), b"redlock-mux:{k}:queue");
         let want = format!(
-            "*7\r\n$7\r\nEVALSHA\r\n$40\r\n{}\r\n$1\r\n3\r\n$1\r\nk\r\n$25\r\n{}\r\n$25\r\n{}\r\n$32\r\n{}\r\n",
+            "*5\r\n$7\r\nEVALSHA\r\n$40\r\n{}\r\n$1\r\n1\r\n$1\r\nk\r\n$32\r\n{}\r\n",
+            scripts::RELEASE_LEAN.sha,
+            tok.as_str()
+        );
+        assert_eq!(String::from_utf8(out.clone()).unwrap(), want);
+        out.clear();
+        // A key with `}`: lines named by the slot's tag, declared after the key.
+        a.set([&b"{u}k"[..]], tok, 1500);
+        encode_request(&mut out, Request::Release, &a, false);
+        let (q, alive) = (
+            scripts::aux_key(QUEUE, b"{u}k"),
+            scripts::aux_key(ALIVE, b"{u}k"),
+        );
+        let tag = crate::slot::tag_of(b"u");
+        assert_eq!(
+            q,
+            [b"redlock-mux:{".as_slice(), tag, b"}:queue:{u}k"].concat(),
+            "the tag of the slot of \"{{u}}k\""
+        );
+        let want = format!(
+            "*7\r\n$7\r\nEVALSHA\r\n$40\r\n{}\r\n$1\r\n3\r\n$4\r\n{{u}}k\r\n$28\r\n{}\r\n$28\r\n{}\r\n$32\r\n{}\r\n",
             scripts::RELEASE.sha,
             String::from_utf8(q).unwrap(),
             String::from_utf8(alive).unwrap(),
@@ -425,6 +449,7 @@ mod tests {
         );
         assert_eq!(String::from_utf8(out.clone()).unwrap(), want);
         out.clear();
+        a.set([&b"k"[..]], tok, 1500);
         encode_request(&mut out, Request::Extend, &a, true);
         assert!(out.starts_with(b"*6\r\n$4\r\nEVAL\r\n"));
         assert!(out.ends_with(b"$4\r\n1500\r\n"));

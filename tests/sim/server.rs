@@ -1007,6 +1007,8 @@ impl SimRedis {
         let s = known_script(index);
         let result = if s == scripts::RELEASE {
             self.lua_release(&run)
+        } else if s == scripts::RELEASE_LEAN {
+            self.lua_release_lean(&run)
         } else if s == scripts::RELEASE_PLAIN {
             self.lua_release_plain(&run)
         } else if s == scripts::EXTEND {
@@ -1654,6 +1656,88 @@ impl SimRedis {
             i += 1.0;
         }
         // L40: return held
+        Ok(Reply::Int(held))
+    }
+
+    /// `scripts::RELEASE_LEAN`: `scripts::RELEASE` given the lock keys alone, the lines
+    /// named after each key.
+    fn lua_release_lean(&mut self, x: &Run<'_>) -> Result<Reply, Raised> {
+        // L2: local held = 1
+        let mut held = 1;
+        // L3: local now
+        let mut now: Option<f64> = None;
+        // L4: for i = 1, #KEYS do
+        for i in 1..=x.nkeys() {
+            // L5: local k = KEYS[i]
+            let key = x.key(i as f64);
+            // L6: local v = redis.call('get', k)
+            let v = self.call(x, 6, &[Some(b"get"), key])?;
+            // L7: if v == ARGV[1] then
+            if lua_eq(&v, x.arg(1)) {
+                // L8: redis.call('del', k)
+                self.call(x, 8, &[Some(b"del"), key])?;
+            // L9: elseif v == ARGV[1] .. '+' then
+            } else if lua_eq(&v, Some(&lua_concat(x, 9, x.arg(1), b"+")?)) {
+                // L10: redis.call('del', k)
+                self.call(x, 10, &[Some(b"del"), key])?;
+                // L11: local q, a = 'redlock-mux:{' .. k .. '}:queue', 'redlock-mux:{' .. k .. '}:alive'
+                // (k is a string: KEYS[i] with i <= #KEYS.)
+                let k = key.unwrap_or_default();
+                let q = [b"redlock-mux:{".as_slice(), k, b"}:queue"].concat();
+                let a = [b"redlock-mux:{".as_slice(), k, b"}:alive"].concat();
+                let (q, a) = (Some(q.as_slice()), Some(a.as_slice()));
+                // L12: local turn
+                let mut turn: Option<Vec<u8>> = None;
+                // L13: for _ = 1, 8 do
+                for _ in 1..=8 {
+                    // L14: local r = redis.pcall('zrange', q, 0, 0)
+                    let r = self.pcall(x, &[Some(b"zrange"), q, Some(b"0"), Some(b"0")]);
+                    // L15: local h = type(r) == 'table' and r[1]
+                    // L16: if not h then break end
+                    let Some(h) = first_string(&r) else {
+                        break;
+                    };
+                    // L17: if not now then local t = redis.call('time') now = t[1] * 1000 + math.floor(t[2] / 1000) end
+                    let t = match now {
+                        Some(t) => t,
+                        None => *now.insert(self.lua_time(x, 17)?),
+                    };
+                    // L18: local d = tonumber(redis.pcall('zscore', a, h))
+                    let d = lua_tonumber_reply(&self.pcall(x, &[Some(b"zscore"), a, Some(&h)]));
+                    // L19: if d and d >= now then
+                    if d.is_some_and(|d| d >= t) {
+                        // L20: turn = h
+                        // L21: break
+                        turn = Some(h);
+                        break;
+                    }
+                    // L23: redis.pcall('zrem', q, h)
+                    self.pcall(x, &[Some(b"zrem"), q, Some(&h)]);
+                    // L24: redis.pcall('zrem', a, h)
+                    self.pcall(x, &[Some(b"zrem"), a, Some(&h)]);
+                }
+                // L26: local note = string.sub(ARGV[1], 1, 16)
+                let note = lua_sub(x.arg(1).unwrap_or_default(), 1, 16);
+                match turn {
+                    // L27: if turn then
+                    // L28: redis.pcall('publish', 'redlock-mux:next:' .. string.sub(turn, 1, 8), note .. turn)
+                    Some(turn) => {
+                        let channel = cat(b"redlock-mux:next:", lua_sub(&turn, 1, 8));
+                        let payload = cat(note, &turn);
+                        self.pcall(x, &[Some(b"publish"), Some(&channel), Some(&payload)]);
+                    }
+                    // L30: redis.pcall('publish', 'redlock-mux:released:' .. k, note)
+                    None => {
+                        let channel = cat(b"redlock-mux:released:", k);
+                        self.pcall(x, &[Some(b"publish"), Some(&channel), Some(note)]);
+                    }
+                }
+            } else {
+                // L33: held = 0
+                held = 0;
+            }
+        }
+        // L36: return held
         Ok(Reply::Int(held))
     }
 
