@@ -374,8 +374,9 @@ fn a_fair_waiter_on_cluster_masters_is_woken_by_the_release() {
 }
 
 fn woken_by_the_release(fair: bool) {
-    // The release runs on the key's shard; its announcement crosses the cluster bus to the
-    // node the waiter's subscription connection is on (the first seed).
+    // The release runs on the key's shard; its announcement reaches the waiter there, where
+    // the client listens while it waits (a listener per shard primary), and crosses the
+    // cluster bus to the node of its subscription connection (the first seed).
     let clusters: Vec<LocalCluster> = (0..3).map(|_| cluster()).collect();
     let fallback = Duration::from_secs(10);
     let build = || {
@@ -400,10 +401,20 @@ fn woken_by_the_release(fair: bool) {
         let _ = tx.send(r);
     });
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while !clusters.iter().all(|c| channels_of(c.node(0), key) > 0) {
+    // Subscribed on the seed (its subscription connection) and on the key's shard (a
+    // listener): without the listener, the announcement would only reach it over the
+    // cluster bus, about 40 ms late now and then.
+    while !clusters
+        .iter()
+        .all(|c| channels_of(c.node(0), key) > 0 && channels_of(c.node(2), key) > 0)
+    {
         assert!(
             std::time::Instant::now() < deadline,
-            "the waiter never subscribed"
+            "the waiter never subscribed on the seed and on its key's shard: {:?}",
+            clusters
+                .iter()
+                .map(|c| (channels_of(c.node(0), key), channels_of(c.node(2), key)))
+                .collect::<Vec<_>>()
         );
         std::thread::sleep(Duration::from_millis(10));
     }

@@ -324,6 +324,77 @@ impl Rounds {
         }
         sub.pending.push_back(Tag::Subscribe(id));
         c.on[i] = On::Asked;
+        self.echo_to_listeners(i, b"SUBSCRIBE", id.slot as usize);
+    }
+
+    /// The channel command just written to master `i`'s sub link, to its listeners too (a
+    /// cluster master's: see `Rounds::listeners_tick`).
+    fn echo_to_listeners(&mut self, i: usize, command: &[u8], slot: usize) {
+        if !self.clusters {
+            return;
+        }
+        for l in self.listeners_of(i) {
+            let c = &self.chans.chans[slot];
+            encode_channel_command(&mut self.links[l].out, command, c.prefix(), &c.key);
+        }
+    }
+
+    /// A `SUBSCRIBE` of every channel, into link `l`'s output (a listener's, opening).
+    pub(super) fn subscribe_all(&mut self, l: usize) {
+        for c in self.chans.chans.iter().filter(|c| c.live) {
+            encode_channel_command(&mut self.links[l].out, b"SUBSCRIBE", c.prefix(), &c.key);
+        }
+        self.chans.dirty = true;
+    }
+
+    /// Handle every complete frame of listener `l` of master `i`: its messages are heard as
+    /// the sub link's, the rest is not read (see `Rounds::listeners_tick`). `false` if it
+    /// was closed.
+    pub(super) fn listener_received(&mut self, l: usize, i: usize, now: Instant) -> bool {
+        loop {
+            let link = &mut self.links[l];
+            let (frame, used) = match link.input.next_frame() {
+                Ok(resp::Status::Complete(c)) => c,
+                Ok(resp::Status::Partial(_)) => {
+                    if link.input.in_start == link.input.in_end {
+                        link.input.in_start = 0;
+                        link.input.in_end = 0;
+                    }
+                    return true;
+                }
+                Err(_) => {
+                    self.listener_closed(l, now);
+                    return false;
+                }
+            };
+            let what = classify_sub(&frame);
+            link.input.in_start += used;
+            match what {
+                SubFrame::Message { key, fp } => {
+                    if let Some(chan) = self.channel(&key) {
+                        let master = i;
+                        self.chans
+                            .notices
+                            .push_back(Notice::Released { chan, master, fp });
+                    }
+                }
+                SubFrame::Turn { fp, id } => {
+                    if self.chans.direct.is_some() {
+                        let master = i;
+                        self.chans
+                            .notices
+                            .push_back(Notice::Turn { master, fp, id });
+                    }
+                }
+                SubFrame::Subscribed | SubFrame::Unsubscribed | SubFrame::Ok => {}
+                SubFrame::Error(_) | SubFrame::Other => {
+                    // Refused (an ACL without the channel, no AUTH) or not a subscriber's
+                    // frame: this listener helps nobody.
+                    self.listener_closed(l, now);
+                    return false;
+                }
+            }
+        }
     }
 
     /// Open master `i`'s sub link (the driver connects it to the address its lock link
@@ -381,6 +452,9 @@ impl Rounds {
     pub(super) fn sub_fail(&mut self, i: usize, fault: Fault, now: Instant) {
         let l = self.n() + i;
         self.drop_connection_quietly(l);
+        if self.clusters {
+            self.listeners_close(i);
+        }
         let sub = &mut self.links[l];
         sub.clear_streams();
         sub.pending.clear();
@@ -413,6 +487,9 @@ impl Rounds {
             sub.pending.clear();
             sub.retry_at = None;
             sub.failures = 0;
+            if self.clusters {
+                self.listeners_close(i);
+            }
         }
     }
 
@@ -555,6 +632,9 @@ impl Rounds {
                 }
             }
         }
+        if self.clusters {
+            self.listeners_tick(now, due);
+        }
     }
 
     /// Drop the channels nobody waited on for [`LINGER`] (`UNSUBSCRIBE`; the connections
@@ -584,6 +664,16 @@ impl Rounds {
                     }
                     sub.pending.push_back(Tag::Unsubscribe);
                     self.chans.dirty = true;
+                    if self.clusters {
+                        for l in self.listeners_of(i) {
+                            encode_channel_command(
+                                &mut self.links[l].out,
+                                b"UNSUBSCRIBE",
+                                prefix,
+                                &key,
+                            );
+                        }
+                    }
                 }
             }
             if self.chans.chans[slot].direct {

@@ -454,6 +454,10 @@ pub(crate) struct ShardMux {
     spare_owner: Box<[u16]>,
     /// A redirection named a node outside the map.
     stale: bool,
+    /// Per slot: requests in flight that were sent to the shard `value >> 16` (count in
+    /// the low 16 bits). While some are, the slot's next requests go there too, whatever
+    /// the map says since ([`ShardMux::shard_for`]).
+    inflight: Box<[u32]>,
     limits: crate::resp::Limits,
     /// A refresh of the map is on its way; it asks `CLUSTER SLOTS` (the server knew no
     /// `CLUSTER SHARDS`); `tls`: a node's `tls-port` is its port.
@@ -564,6 +568,9 @@ struct Entry {
     redirected: bool,
     /// A split request's groups.
     groups: Vec<Group>,
+    /// The slot of a keyed request counted in flight ([`ShardMux::shard_for`]) until its
+    /// answer.
+    slot: Option<u16>,
 }
 
 /// One slot group of a split request.
@@ -575,6 +582,10 @@ struct Group {
     /// The group's request (sent again after a redirection).
     req: Vec<u8>,
     redirected: bool,
+    /// Sent again with `EVAL` after its shard answered `-NOSCRIPT` ([`ShardMux::reload`]).
+    evaled: bool,
+    /// The group's slot, counted in flight until its answer (`None` once answered).
+    slot: Option<u16>,
 }
 
 /// What the shards sent that this layer can not take.
@@ -748,6 +759,7 @@ impl ShardMux {
             // Made here: a refresh allocates nothing.
             spare_owner: vec![SlotMap::NONE; SLOTS].into_boxed_slice(),
             stale: false,
+            inflight: vec![0; SLOTS].into_boxed_slice(),
             limits,
             refreshing: false,
             slots_only: false,
@@ -1002,6 +1014,7 @@ impl ShardMux {
             reply: self.reply_buf(),
             redirected: false,
             groups: Vec::new(),
+            slot: None,
         };
         match route {
             Route::Local(reply) => entry.reply.extend_from_slice(reply),
@@ -1024,10 +1037,12 @@ impl ShardMux {
                     entry.reply.extend_from_slice(UNSERVED);
                 }
             }
-            Route::Slot(slot) => match self.map.shard_of(slot) {
+            Route::Slot(slot) => match self.shard_for(slot) {
                 Some(k) => {
                     entry.parts = 1;
                     entry.req.extend_from_slice(req);
+                    entry.slot = Some(slot);
+                    self.count_in(slot, k);
                     self.place_sticky(k);
                     self.shards[k].out.extend_from_slice(req);
                     self.shards[k].expect.push_back(Expect::Entry(seq));
@@ -1143,6 +1158,9 @@ impl ShardMux {
         // A redirection of a keyed request, the first time: resend it where it now lives.
         if self.follow(k, seq, None, frame) {
             return;
+        }
+        if let Some(slot) = self.entry_mut(seq).and_then(|e| e.slot.take()) {
+            self.count_out(slot);
         }
         let n_shards = self.shards.len();
         let Some(entry) = self.entry_mut(seq) else {
@@ -1293,8 +1311,7 @@ impl ShardMux {
                     })
                 })
         });
-        let shards: Option<Vec<usize>> =
-            groups.iter().map(|(s, _)| self.map.shard_of(*s)).collect();
+        let shards: Option<Vec<usize>> = groups.iter().map(|(s, _)| self.shard_for(*s)).collect();
         let (Some((kind, _)), Some(shards), true) = (kind, shards, whole) else {
             let reply = if kind.is_none() || !whole {
                 CROSSSLOT
@@ -1333,6 +1350,7 @@ impl ShardMux {
             reply: self.reply_buf(),
             redirected: true,
             groups: Vec::new(),
+            slot: None,
         };
         for (g, ((_, keys), &k)) in groups.iter().zip(&shards).enumerate() {
             let count = keys.len().to_string();
@@ -1373,10 +1391,77 @@ impl ShardMux {
                 reply: Vec::new(),
                 req,
                 redirected: false,
+                evaled: false,
+                slot: Some(groups[g].0),
             });
+            self.count_in(groups[g].0, k);
         }
         self.entries.push_back(entry);
         self.drain();
+    }
+
+    /// A group of a split request that shard `k` answered `-NOSCRIPT` (its script cache
+    /// was flushed) is sent again there with `EVAL` and the script's source, once; whether
+    /// it was. The whole request must not be: the rounds would send every group again
+    /// with `EVAL`, and a group that had already set its keys would then answer that they
+    /// exist, a refusal, and the master would be left holding keys the client never knew
+    /// of (found by the simulation: issue22_cluster_failover_amnesia_is_guarded seed 12, an
+    /// `ACQUIRE_MANY` across two slots, a key left after every client shut down).
+    fn reload(&mut self, k: usize, seq: u64, group: u16, frame: &Frame<'_>) -> bool {
+        let Frame::Error(e) = frame else { return false };
+        if !e.starts_with(b"NOSCRIPT") {
+            return false;
+        }
+        let Some(g) = self
+            .entry_mut(seq)
+            .and_then(|e| e.groups.get_mut(group as usize))
+        else {
+            return false;
+        };
+        if g.evaled {
+            return false;
+        }
+        // (Rare: a copy keeps the borrows simple.)
+        let sent = g.req.clone();
+        let Ok(crate::resp::Status::Complete((Frame::Aggregate(a), _))) =
+            crate::resp::parse(&sent, &crate::resp::Limits::default())
+        else {
+            return false;
+        };
+        let args: Vec<&[u8]> = a
+            .iter()
+            .map(|f| match f {
+                Frame::Bulk(b) => b,
+                _ => &[][..],
+            })
+            .collect();
+        let (Some(name), Some(sha)) = (args.first(), args.get(1)) else {
+            return false;
+        };
+        let script = crate::scripts::ALL
+            .iter()
+            .chain(crate::scripts::ADMIN.iter())
+            .find(|s| sha.eq_ignore_ascii_case(s.sha.as_bytes()));
+        let (true, Some(script)) = (name.eq_ignore_ascii_case(b"EVALSHA"), script) else {
+            return false;
+        };
+        let mut line: Vec<crate::resp::Arg<'_>> = Vec::with_capacity(args.len());
+        line.push(crate::resp::Arg::Bytes(b"EVAL"));
+        line.push(crate::resp::Arg::Bytes(script.src.as_bytes()));
+        line.extend(args[2..].iter().map(|a| crate::resp::Arg::Bytes(a)));
+        let mut req = Vec::new();
+        crate::resp::encode_command(&mut req, &line);
+        let sh = &mut self.shards[k];
+        sh.out.extend_from_slice(&req);
+        sh.expect.push_back(Expect::Part { seq, group });
+        if let Some(g) = self
+            .entry_mut(seq)
+            .and_then(|e| e.groups.get_mut(group as usize))
+        {
+            g.evaled = true;
+            g.req = req;
+        }
+        true
     }
 
     /// Group `group` of split request `seq` answered (from shard `k`). A redirection is
@@ -1384,8 +1469,15 @@ impl ShardMux {
     /// `-MOVED` taken for its answer left the key until its TTL, issue22_cluster_masters
     /// seed 450).
     fn answer_part(&mut self, k: usize, seq: u64, group: u16, frame: &Frame<'_>, raw: &[u8]) {
-        if self.follow(k, seq, Some(group), frame) {
+        if self.follow(k, seq, Some(group), frame) || self.reload(k, seq, group, frame) {
             return;
+        }
+        if let Some(slot) = self
+            .entry_mut(seq)
+            .and_then(|e| e.groups.get_mut(group as usize))
+            .and_then(|g| g.slot.take())
+        {
+            self.count_out(slot);
         }
         let Some(entry) = self.entry_mut(seq) else {
             return;
@@ -1517,6 +1609,34 @@ impl ShardMux {
             e.groups.clear();
             self.spare.push(e.req);
             self.spare_replies.push(e.reply);
+        }
+    }
+
+    /// The shard a request for `slot` goes to: where the slot's requests still in flight
+    /// went, else where the map says. Requests for one key are then answered in the order
+    /// they were sent, across a move of their slot: an earlier one redirected (`-MOVED`,
+    /// `-ASK`) is sent again before a later one goes to the new shard, which it would
+    /// otherwise overtake (found by the simulation: a waiting acquire redirected after the
+    /// map had changed landed behind its own release, and left its key until the TTL,
+    /// issue22_cluster_masters_hot_resources_progress seed 497).
+    fn shard_for(&self, slot: u16) -> Option<usize> {
+        let f = self.inflight[slot as usize];
+        if f & 0xffff != 0 {
+            return Some((f >> 16) as usize);
+        }
+        self.map.shard_of(slot)
+    }
+
+    fn count_in(&mut self, slot: u16, k: usize) {
+        let f = &mut self.inflight[slot as usize];
+        let count = (*f & 0xffff).saturating_add(1).min(0xffff);
+        *f = (k as u32) << 16 | count;
+    }
+
+    fn count_out(&mut self, slot: u16) {
+        let f = &mut self.inflight[slot as usize];
+        if *f & 0xffff != 0 {
+            *f -= 1;
         }
     }
 
@@ -2037,6 +2157,96 @@ mod tests {
         assert_eq!(take_ready(&mut m), push);
         reply(&mut m, 2, b"+OK\r\n*1\r\n$1\r\nt\r\n");
         assert_eq!(take_ready(&mut m), b"+OK\r\n*1\r\n$1\r\nt\r\n");
+    }
+
+    #[test]
+    fn a_slot_moved_under_requests_in_flight_keeps_their_order() {
+        let mut m = three();
+        let a = key_on(0, "a");
+        let slot = crate::slot::key_slot(a.as_bytes());
+        let (set, del) = (cmd(&["SET", &a, "t", "NX"]), cmd(&["DEL", &a]));
+        m.submit(&set);
+        assert_eq!(take_out(&mut m, 0), set);
+        // The map learns that the slot moved (another request's -MOVED, a refresh) while
+        // the SET is on its way to the old shard.
+        m.map.moved(slot, &addr(7001));
+        m.submit(&del);
+        assert_eq!(take_out(&mut m, 0), del, "behind the SET, on the old shard");
+        assert!(take_out(&mut m, 1).is_empty(), "not ahead of the SET");
+        let moved = format!("-MOVED {slot} 127.0.0.1:7001\r\n");
+        reply(&mut m, 0, moved.as_bytes());
+        reply(&mut m, 0, moved.as_bytes());
+        let mut both = set.clone();
+        both.extend_from_slice(&del);
+        assert_eq!(take_out(&mut m, 1), both, "sent again in order");
+        reply(&mut m, 1, b"+OK\r\n:1\r\n");
+        assert_eq!(take_ready(&mut m), b"+OK\r\n:1\r\n");
+        // Nothing in flight for the slot: the map rules again.
+        m.submit(&set);
+        assert_eq!(take_out(&mut m, 1), set);
+        assert!(take_out(&mut m, 0).is_empty());
+    }
+
+    #[test]
+    fn a_group_refused_for_a_flushed_script_is_sent_again_alone_with_eval() {
+        use crate::scripts::ACQUIRE_MANY;
+        let mut m = three();
+        let (a, b) = (key_on(0, "a"), key_on(1, "b"));
+        m.submit(&cmd(&[
+            "EVALSHA",
+            ACQUIRE_MANY.sha,
+            "2",
+            &a,
+            &b,
+            "tok",
+            "100",
+        ]));
+        take_out(&mut m, 0);
+        take_out(&mut m, 1);
+        // a's group set its key; b's shard lost its scripts.
+        reply(&mut m, 0, b":1\r\n");
+        reply(
+            &mut m,
+            1,
+            b"-NOSCRIPT No matching script. Please use EVAL.\r\n",
+        );
+        assert!(m.ready().is_empty(), "not answered before b's group is");
+        assert!(
+            take_out(&mut m, 0).is_empty(),
+            "a's group is not sent again"
+        );
+        assert_eq!(
+            take_out(&mut m, 1),
+            cmd(&["EVAL", ACQUIRE_MANY.src, "1", &b, "tok", "100"])
+        );
+        reply(&mut m, 1, b":1\r\n");
+        assert_eq!(take_ready(&mut m), b":1\r\n");
+        // Once only: a second -NOSCRIPT is the group's answer (an error: some group set
+        // its keys, the rounds release there).
+        m.submit(&cmd(&[
+            "EVALSHA",
+            ACQUIRE_MANY.sha,
+            "2",
+            &a,
+            &b,
+            "tok",
+            "100",
+        ]));
+        take_out(&mut m, 0);
+        take_out(&mut m, 1);
+        reply(&mut m, 0, b":1\r\n");
+        reply(
+            &mut m,
+            1,
+            b"-NOSCRIPT No matching script. Please use EVAL.\r\n",
+        );
+        take_out(&mut m, 1);
+        reply(
+            &mut m,
+            1,
+            b"-NOSCRIPT No matching script. Please use EVAL.\r\n",
+        );
+        assert!(take_ready(&mut m).starts_with(b"-NOSCRIPT"));
     }
 
     #[test]

@@ -4,11 +4,12 @@
 //! spreads over one connection per shard primary and gathers back in order.
 //!
 //! Links: `i < n` and `n + i` as for every master (the sub link is a real connection to the
-//! cluster's first seed: `PUBLISH` reaches every node of a cluster, so one subscription
-//! connection hears every release); links from `2 n` on belong to cluster masters: one
-//! *discovery* link each (to the first seed: `AUTH` and `CLUSTER SHARDS`, or `CLUSTER
-//! SLOTS` where that is unknown), and one link per shard primary, kept for reuse across
-//! connections.
+//! node that answered the last discovery: `PUBLISH` reaches every node of a cluster, so one
+//! subscription connection hears every release, and its confirmations are what the waiters
+//! count on); links from `2 n` on belong to cluster masters: one *discovery* link each (to
+//! the first seed: `AUTH` and `CLUSTER SHARDS`, or `CLUSTER SLOTS` where that is unknown),
+//! one link per shard primary, kept for reuse across connections, and while the sub link is
+//! open one *listener* per shard primary ([`Rounds::listeners_tick`]).
 //!
 //! A connection of the lock link `i` is: discovery, then a connection to every shard
 //! primary of the map it gave; once every one is up, link `i` is up and the rounds'
@@ -22,12 +23,14 @@
 //! given as IP addresses, then the primaries of the last map); a connected cluster reads
 //! its map again every [`CLUSTER_REFRESH`]. Left for later: shard endpoints given as host
 //! names (refused with a clear error: only IP literals, the cluster's default
-//! `cluster-preferred-endpoint-type ip`), `SPUBLISH`.
+//! `cluster-preferred-endpoint-type ip`), `SPUBLISH` (see [`Rounds::listeners_tick`]).
 
 use std::net::{IpAddr, SocketAddr};
 
 use super::cluster::{parse_shards, parse_slots, ShardMux, SlotMap};
 use super::encode::encode_auth;
+use smallvec::SmallVec;
+
 use super::link::{Action, ConnectPhase, Link, LinkId, State, INBUF_START};
 use super::rounds::Rounds;
 use crate::resp::{self, Arg, Frame};
@@ -51,6 +54,9 @@ pub(crate) struct ClusterConn {
     steps: std::collections::VecDeque<Disc>,
     /// One link per shard of the current map (reused across connections).
     shard_links: Vec<usize>,
+    /// One listener per shard of the current map, while the master's sub link is open
+    /// ([`Rounds::listeners_tick`]).
+    listeners: Vec<usize>,
     /// Shard links up on this connection.
     up: usize,
     mux: Option<ShardMux>,
@@ -92,6 +98,7 @@ impl ClusterConn {
             disc: None,
             steps: std::collections::VecDeque::new(),
             shard_links: Vec::new(),
+            listeners: Vec::new(),
             up: 0,
             mux: None,
             shards: 0,
@@ -103,10 +110,14 @@ impl ClusterConn {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Extra {
     pub master: usize,
-    /// `None`: the discovery link; `Some(k)`: shard `k`'s.
+    /// `None`: the discovery link; `Some(k)`: shard `k`'s (its lock-side link, or with
+    /// `listen` its listener).
     pub shard: Option<usize>,
-    /// The shard's address (shard links).
+    /// The shard's address (shard links, listeners).
     pub addr: Option<SocketAddr>,
+    /// A listener: a subscription connection to shard `shard`'s primary (see
+    /// [`Rounds::listeners_tick`]).
+    pub listen: bool,
 }
 
 impl Rounds {
@@ -149,6 +160,7 @@ impl Rounds {
             master,
             shard,
             addr: None,
+            listen: false,
         });
         self.links.len() - 1
     }
@@ -255,7 +267,7 @@ impl Rounds {
     /// A link from `2 n` on is connected.
     pub(super) fn cluster_connected(&mut self, l: usize) {
         let e = self.extra[l - 2 * self.n()];
-        if e.shard.is_none() {
+        if e.shard.is_none() || e.listen {
             return;
         }
         let i = e.master;
@@ -275,6 +287,10 @@ impl Rounds {
     pub(super) fn cluster_closed(&mut self, l: usize, fault: Fault, now: std::time::Instant) {
         let e = self.extra[l - 2 * self.n()];
         let i = e.master;
+        if e.listen {
+            self.listener_closed(l, now);
+            return;
+        }
         self.links[l].state = State::Down;
         // A discovery that could not reach its node: the next candidate, at once.
         if let (None, true, Some(c)) = (
@@ -301,6 +317,9 @@ impl Rounds {
     pub(super) fn cluster_received(&mut self, l: usize, now: std::time::Instant) -> bool {
         let e = self.extra[l - 2 * self.n()];
         let i = e.master;
+        if e.listen {
+            return self.listener_received(l, i, now);
+        }
         match e.shard {
             None => self.discovery_replies(l, i, now),
             Some(k) => {
@@ -648,6 +667,148 @@ impl Rounds {
                     self.cluster_move_out(i);
                 }
             }
+        }
+    }
+}
+
+/// How long a listener that closed (or could not connect) waits before it is opened again.
+const LISTENER_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl Rounds {
+    /// A cluster master's *listeners*: while its sub link is open, one more subscription
+    /// connection per shard primary, subscribed to the same channels, whose messages are
+    /// heard as the sub link's. Why: a release publishes on the shard of its key, and
+    /// `PUBLISH` reaches the other nodes over the cluster bus, where a message can wait
+    /// about 40 ms behind the one before it (measured on loopback: with the hot key's shard
+    /// elsewhere than the sub link's node, 8 fair waiters on one resource made 79-104
+    /// hand-offs a second, 2,560 where it was the same node). A listener on the key's
+    /// shard hears the release at once. Listeners only make a waiter try sooner: their
+    /// confirmations and errors are not read (the sub link's confirmations say when a
+    /// release cannot go unheard, as without them), a copy of a message already heard
+    /// frees nothing twice (`Core::hear`), and a listener that fails is opened again after
+    /// [`LISTENER_RETRY`], to the shard's current primary. (`SPUBLISH`, which the cluster
+    /// keeps within the key's shard, would need a subscription per key on that shard.)
+    pub(super) fn listeners_tick(
+        &mut self,
+        now: std::time::Instant,
+        due: &mut impl FnMut(std::time::Instant),
+    ) {
+        let n = self.n();
+        for i in 0..n {
+            let Some(c) = self.masters[i].cluster.as_ref() else {
+                continue;
+            };
+            let wanted = self.links[n + i].state != State::Down && self.chans.live > 0;
+            let shards = if wanted { c.shard_links.len() } else { 0 };
+            for k in 0..shards.max(c.listeners.len()) {
+                let Some(c) = self.masters[i].cluster.as_ref() else {
+                    break;
+                };
+                let target = c
+                    .shard_links
+                    .get(k)
+                    .filter(|_| k < shards)
+                    .and_then(|&sl| self.extra[sl - 2 * n].addr);
+                let l = match c.listeners.get(k) {
+                    Some(&l) => l,
+                    None if target.is_some() => {
+                        let l = self.new_extra_link(i, Some(k));
+                        self.extra[l - 2 * n].listen = true;
+                        if let Some(c) = self.masters[i].cluster.as_mut() {
+                            c.listeners.push(l);
+                        }
+                        l
+                    }
+                    None => continue,
+                };
+                let link = &self.links[l];
+                let Some(addr) = target else {
+                    // Not wanted any more (the sub link closed, or the map has fewer
+                    // shards).
+                    self.drop_connection_quietly(l);
+                    continue;
+                };
+                match link.state {
+                    State::Connecting(_) if now >= link.connect_deadline => {
+                        self.listener_closed(l, now);
+                        due(now + LISTENER_RETRY);
+                    }
+                    State::Connecting(_) => due(link.connect_deadline),
+                    State::Up if self.extra[l - 2 * n].addr != Some(addr) => {
+                        // The shard has another primary now.
+                        self.open_listener(l, addr, now);
+                    }
+                    State::Up => {}
+                    State::Down => match link.retry_at {
+                        Some(t) if now < t => due(t),
+                        _ => {
+                            self.open_listener(l, addr, now);
+                            due(self.links[l].connect_deadline);
+                        }
+                    },
+                }
+            }
+        }
+    }
+
+    /// Connect listener `l` to `addr`: `AUTH` (if any) and a `SUBSCRIBE` of every channel.
+    fn open_listener(&mut self, l: usize, addr: SocketAddr, now: std::time::Instant) {
+        self.drop_connection_quietly(l);
+        let n = self.n();
+        let i = self.extra[l - 2 * n].master;
+        self.extra[l - 2 * n].addr = Some(addr);
+        let master = &self.masters[i];
+        let link = &mut self.links[l];
+        link.clear_streams();
+        link.pending.clear();
+        link.retry_at = None;
+        link.state = State::Connecting(ConnectPhase::Connecting);
+        link.connect_deadline = now + self.cfg.connect_timeout;
+        link.last_progress = now;
+        encode_auth(
+            &mut link.out,
+            master.user.as_deref(),
+            master.password.as_deref(),
+        );
+        self.subscribe_all(l);
+        self.actions_push(Action::Connect(LinkId(l)));
+    }
+
+    /// Listener `l` closed or failed: opened again after [`LISTENER_RETRY`] if still
+    /// wanted.
+    pub(super) fn listener_closed(&mut self, l: usize, now: std::time::Instant) {
+        self.drop_connection_quietly(l);
+        let link = &mut self.links[l];
+        link.clear_streams();
+        link.pending.clear();
+        link.retry_at = Some(now + LISTENER_RETRY);
+        self.due_by(now + LISTENER_RETRY);
+    }
+
+    /// Master `i`'s listeners that are open, for the channel commands written to its sub
+    /// link (the same bytes go to each).
+    pub(super) fn listeners_of(&self, i: usize) -> SmallVec<[usize; 8]> {
+        let Some(c) = self.masters[i].cluster.as_ref() else {
+            return SmallVec::new();
+        };
+        c.listeners
+            .iter()
+            .copied()
+            .filter(|&l| self.links[l].state != State::Down)
+            .collect()
+    }
+
+    /// Close master `i`'s listeners (its sub link closed).
+    pub(super) fn listeners_close(&mut self, i: usize) {
+        let Some(c) = self.masters[i].cluster.as_ref() else {
+            return;
+        };
+        let ls: SmallVec<[usize; 8]> = c.listeners.iter().copied().collect();
+        for l in ls {
+            self.drop_connection_quietly(l);
+            let link = &mut self.links[l];
+            link.clear_streams();
+            link.retry_at = None;
         }
     }
 }

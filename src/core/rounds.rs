@@ -138,10 +138,11 @@ pub(crate) struct Rounds {
     /// Masters whose connection was lost while locks were watched: reconnected as soon as
     /// the backoff allows, and every watch read there again (see `watch.rs`).
     reread: Vec<bool>,
-    /// Links from `2 n` on: cluster masters' discovery and shard links (`cluster_link.rs`).
+    /// Links from `2 n` on: cluster masters' discovery links, shard links and listeners
+    /// (`cluster_link.rs`).
     pub(super) extra: Vec<super::cluster_link::Extra>,
     /// Some master is a cluster.
-    clusters: bool,
+    pub(super) clusters: bool,
 }
 
 /// Whoever started an op and wants to hear when it is decided (a task of the layer
