@@ -4,7 +4,7 @@ mod support;
 
 use std::thread;
 use std::time::{Duration, Instant};
-use support::{get, masters};
+use support::{get, masters, settle};
 
 use redlock_mux::local::{AdminReply, LocalMasters};
 use redlock_mux::{Error, Lock, Outcome, Redlock};
@@ -65,11 +65,9 @@ fn five_masters_acquire_extend_release() {
     let extended = (0..5).filter(|&i| pttl(&m, i, "five") > 20_000).count();
     assert!(extended >= 3, "extended on {extended} masters");
     c.release(lock).unwrap();
-    // Release is written to all masters; the ones not needed for the quorum answer later,
-    // but Redis executes commands of one connection in order, so an admin GET after our
-    // own next round sees them gone.
-    let probe = c.try_lock("probe", Duration::from_secs(1)).unwrap();
-    c.release(probe).unwrap();
+    // Release is written to all masters; the ones not needed for the quorum answer later
+    // (a next round of ours returns at a quorum too): settle before looking at each.
+    settle(&mut c, 5);
     for i in 0..5 {
         assert_eq!(get(&m, i, "five"), None, "master {i} still holds the key");
     }
@@ -176,10 +174,14 @@ fn release_of_a_stale_lock_leaves_the_new_holder_alone() {
     // A's token is foreign now: compare-and-delete must not touch B's keys. (B holds a
     // quorum; on a loaded machine A's key may still live on the third master, which
     // refused B: B's keys are counted before and after, not assumed on all three.)
+    // B's SET on the master it did not wait for may still land: settle B first, and A
+    // after its release, so that both calls have run on every master when counted.
+    settle(&mut b, 3);
     let held = holders(&m, "handover", &fresh);
     assert!(held >= 2, "B's lock on {held} masters");
     let err = a.release(stale).unwrap_err();
     assert!(matches!(err, Error::NotHeld(_)), "{err}");
+    settle(&mut a, 3);
     assert_eq!(holders(&m, "handover", &fresh), held);
     b.release(fresh).unwrap();
 }
@@ -278,9 +280,9 @@ fn three_of_five_dead_fails_fast_naming_them() {
             assert!(matches!(o, Outcome::Ok | Outcome::Pending), "{name}: {o}");
         }
     }
-    // The cleanup released the two live masters' keys.
-    let probe = c.try_lock("probe", Duration::from_secs(1));
-    drop(probe);
+    // The cleanup released the two live masters' keys (once they answered: the rounds
+    // were decided without them, and a probe lock would be too).
+    settle(&mut c, 2);
     for i in [1, 4] {
         assert_eq!(get(&m, i, "doomed"), None, "master {i} kept a partial lock");
     }
@@ -563,6 +565,8 @@ fn batch_cleanups_to_different_subsets_of_masters_leave_no_key() {
     let mut out = Vec::new();
     a.try_lock_batch(&names, Duration::from_secs(10), &mut out)
         .unwrap();
+    // Each resource was decided at a quorum: the other masters' SETs may still land.
+    settle(&mut a, 5);
     let mut locks = Vec::new();
     for (k, r) in out.drain(..).enumerate() {
         if k % 2 == 1 {
@@ -828,29 +832,52 @@ fn an_uncontended_cycle_runs_no_more_on_the_masters_than_the_lua_floor() {
     // Connections and handshakes first: what is counted below is cycles only.
     let lock = c.try_lock("warm", Duration::from_secs(10)).unwrap();
     c.release(lock).unwrap();
+    // The warm release returned at a quorum: the last master's must run before `before`
+    // (the settling inspection's own commands run before it too).
+    settle(&mut c, 3);
     let before: Vec<_> = (0..m.len()).map(|i| command_calls(&m, i)).collect();
     const CYCLES: u64 = 50;
     for _ in 0..CYCLES {
         let lock = c.try_lock("floor", Duration::from_secs(10)).unwrap();
         c.release(lock).unwrap();
     }
+    let expected: std::collections::BTreeMap<&str, u64> = [
+        ("del", CYCLES),
+        ("evalsha", CYCLES),
+        ("get", CYCLES),
+        ("set", CYCLES),
+    ]
+    .into_iter()
+    .collect();
     for (i, before) in before.iter().enumerate() {
-        let after = command_calls(&m, i);
-        let mut ran: std::collections::BTreeMap<&str, u64> = after
-            .iter()
-            .map(|(k, v)| (k.as_str(), v - before.get(k).copied().unwrap_or(0)))
-            .filter(|(_, n)| *n > 0)
-            .collect();
-        // The INFO that read `before` counts in `after`.
-        ran.remove("info");
-        let expected: std::collections::BTreeMap<&str, u64> = [
-            ("del", CYCLES),
-            ("evalsha", CYCLES),
-            ("get", CYCLES),
-            ("set", CYCLES),
-        ]
-        .into_iter()
-        .collect();
-        assert_eq!(ran, expected, "master {i}: commands run by {CYCLES} cycles");
+        let ran = || {
+            let after = command_calls(&m, i);
+            let mut ran: std::collections::BTreeMap<String, u64> = after
+                .iter()
+                .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0)))
+                .filter(|(_, n)| *n > 0)
+                .collect();
+            // The INFOs that read `before` and polled count in `after`.
+            ran.remove("info");
+            ran
+        };
+        let want = |ran: &std::collections::BTreeMap<String, u64>| {
+            ran.iter()
+                .map(|(k, v)| (k.as_str(), *v))
+                .collect::<Vec<_>>()
+                == expected.iter().map(|(k, v)| (*k, *v)).collect::<Vec<_>>()
+        };
+        // The last release returned at a quorum: a late master may still be running it
+        // (an inspection to settle would run commands of its own here). Bounded poll.
+        let mut seen = ran();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !want(&seen) && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(5));
+            seen = ran();
+        }
+        assert!(
+            want(&seen),
+            "master {i}: commands run by {CYCLES} cycles: {seen:?}, expected {expected:?}"
+        );
     }
 }

@@ -15,7 +15,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use support::proxy::{Mode, Proxy};
-use support::{get, masters, wait_until, AdminReply, LocalMasters};
+use support::{get, masters, settle, settle_shared, wait_until, AdminReply, LocalMasters};
 
 use redlock_mux::{Error, Lock, Redlock, SharedRedlock, WaitMode};
 
@@ -281,7 +281,9 @@ fn refused(c: &SharedRedlock) -> u64 {
 }
 
 /// Everything queued to the loop before this has been handled, and every request it sent
-/// has been answered (Redis answers one connection's requests in order).
+/// has been answered by a quorum of masters (Redis answers one connection's requests in
+/// order; the sync's own round returns at a quorum: a late master may still be working
+/// through them, see `support::settle_shared`).
 fn sync(c: &SharedRedlock) {
     let g = c.try_lock("sync", Duration::from_secs(5)).wait().unwrap();
     g.release().wait().unwrap();
@@ -392,6 +394,8 @@ fn fair_waiters_are_granted_in_arrival_order() {
     }
     assert!(t.elapsed() < PROMPT, "{:?}", t.elapsed());
     assert_eq!(*order.lock().unwrap(), (0..6).collect::<Vec<_>>());
+    // The last release returned at a quorum: the last master's may still be on its way.
+    settle_shared(&c, 3);
     assert!((0..3).all(|i| get(&m, i, "fifo").is_none()));
 }
 
@@ -461,6 +465,9 @@ fn independent_fair_clients_are_served_in_arrival_order() {
             let lock = c.lock("line", TTL).unwrap();
             order.lock().unwrap().push(who);
             c.release(lock).unwrap();
+            // The release returned at a quorum: it has left the line on every master once
+            // the client settled (checked below).
+            settle(&mut c, 3);
         }));
         // The next one comes once this one stands in line on every master.
         wait_until("the waiter in line", PROMPT, || {

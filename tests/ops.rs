@@ -11,7 +11,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redlock_mux::{Error, Outcome, Redlock};
-use support::{masters, masters_with, wait_until, AdminReply, LocalMasters};
+use support::{masters, masters_with, settle, settle_shared, wait_until, AdminReply, LocalMasters};
 
 /// The fingerprint of a lock's token, as an inspection shows it.
 fn fp(lock: &redlock_mux::Lock) -> String {
@@ -25,6 +25,8 @@ fn inspect_a_held_lock_a_free_one_and_one_with_a_master_down() {
     let lock = holder
         .try_lock("ops:held", Duration::from_secs(30))
         .expect("the holder takes the lock");
+    // The lock returned at a quorum: its last SET may land after the operator looks.
+    settle(&mut holder, 3);
     let mut operator = Redlock::new(m.urls()).expect("operator");
 
     let seen = operator.inspect("ops:held").expect("inspect");
@@ -259,6 +261,8 @@ fn inspect_shows_the_line_and_a_lock_tells_its_contention() {
         assert!(waited >= released.duration_since(lined_at), "{waited:?}");
         assert!(waited <= call, "{waited:?} > the call's {call:?}");
     }
+    // The waiters' last calls returned at a quorum: settle their client before looking.
+    settle_shared(&shared, 3);
     let after = operator.inspect("ops:line").expect("inspect");
     assert!(after.is_free() && after.waiters() == 0, "{after}");
     // An uncontended lock: one attempt, no refusal, not woken, about a round trip.
@@ -334,6 +338,8 @@ fn force_release_frees_a_lock_held_by_another_client() {
     let mut lock = holder
         .try_lock("ops:forced", Duration::from_secs(30))
         .expect("the holder takes the lock");
+    // On every master before the force (a late SET would land after it).
+    settle(&mut holder, 3);
     let mut operator = Redlock::new(m.urls()).expect("operator");
     let forced = operator.force_release("ops:forced").expect("force");
     assert!(forced.is_free(), "{forced}");

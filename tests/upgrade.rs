@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use redlock_mux::local::{AdminReply, LocalMasters};
 use redlock_mux::scripts::{self, aux_key};
 use redlock_mux::Redlock;
-use support::{masters_with, wait_until};
+use support::{masters_with, settle, wait_until};
 
 const DURABLE: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
 
@@ -342,6 +342,8 @@ fn an_upgrade_keeps_tokens_rising_and_leaves_nothing_in_a_new_locks_way() {
         "a token after the upgrade ({t1}) above the old ones ({last_old})"
     );
     c.release(lock).unwrap();
+    // The lock and release returned at a quorum: settle before looking at every master.
+    settle(&mut c, 3);
     // The write-back moved every counter it reached to the new name and retired the old.
     for i in all {
         let new = support::get(
@@ -366,6 +368,7 @@ fn an_upgrade_keeps_tokens_rising_and_leaves_nothing_in_a_new_locks_way() {
     let t3 = lock.fencing_token().unwrap();
     assert!(t3 > 40 && t3 > t2, "{t3}");
     c.release(lock).unwrap();
+    settle(&mut c, 3);
     for i in all {
         assert!(
             !exists(&m, i, b"redlock-mux:fence:up:other"),
@@ -436,7 +439,8 @@ fn an_upgrade_keeps_tokens_rising_and_leaves_nothing_in_a_new_locks_way() {
         released.elapsed()
     );
     w.release(lock).unwrap();
-    // It left the new line and its liveness set at its release.
+    // It left the new line and its liveness set at its release (returned at a quorum).
+    settle(&mut w, 3);
     for i in all {
         assert_eq!(
             int(cmd(&m, i, &[b"ZCARD", &name(scripts::QUEUE, "up:fair")])),

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::{get, masters};
+use support::{get, masters, settle_shared};
 
 use redlock_mux::{Error, Redlock};
 
@@ -90,6 +90,8 @@ fn the_callers_timeout_rules_two_hundred_tasks_on_one_resource_all_get_it() {
         took >= HOLD * TASKS as u32,
         "the holds overlapped: {TASKS} holds of {HOLD:?} in {took:?}"
     );
+    // The last release returned at a quorum: settle before looking at every master.
+    settle_shared(&shared, 3);
     assert!((0..3).all(|i| get(&m, i, "hot").is_none()));
     eprintln!("{TASKS} tasks, each holding {HOLD:?}: all granted in {took:?}");
 }

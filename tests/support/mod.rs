@@ -164,3 +164,22 @@ where
         .build_shared()
         .expect("shared client")
 }
+
+/// Returns once every master of `client` has answered everything sent to it before: the
+/// client's calls return at a quorum, and a late master's answer (its key written or
+/// deleted) lands afterwards. An inspection waits for every master's answer, and a master
+/// answers one connection's requests in order. `masters`: how many must answer (those up).
+pub fn settle(client: &mut redlock_mux::Redlock, masters: usize) {
+    let seen = client.inspect("settle").expect("the settling inspection");
+    assert_eq!(seen.answered(), masters, "every master answered: {seen}");
+}
+
+/// [`settle`] for the shared client (its inspection, too, waits for every master, and
+/// goes out behind everything queued before it).
+pub fn settle_shared(client: &redlock_mux::SharedRedlock, masters: usize) {
+    let seen = client
+        .inspect("settle")
+        .wait()
+        .expect("the settling inspection");
+    assert_eq!(seen.answered(), masters, "every master answered: {seen}");
+}
