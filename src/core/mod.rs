@@ -424,7 +424,7 @@ impl Core {
         self.rounds.start(
             crate::rules::Request::Release,
             |a| {
-                a.set(lock.keys.iter(), token, ttl_ms);
+                a.set_list(&lock.keys, token, ttl_ms);
                 a.leave = leave;
                 a.of_lock = true;
             },
@@ -467,20 +467,22 @@ impl Core {
         let id = self.alloc(now);
         let t = &mut self.tasks[id.slot as usize];
         t.begin(kind, ttl, now);
-        t.keys.assign(lock.keys);
+        // The keys go to the round's arguments alone: a release or an extend reads them
+        // nowhere else (no copy kept in the task).
+        t.keys.clear();
         #[cfg(feature = "tracing")]
         {
             t.span = tracing::debug_span!(
                 "redlock_mux::on_lock",
                 op = ?kind,
-                resource = %String::from_utf8_lossy(t.keys.iter().next().unwrap_or_default()),
+                resource = %String::from_utf8_lossy(lock.keys.iter().next().unwrap_or_default()),
                 ttl_ms = ttl.as_millis() as u64
             );
         }
         t.token = lock.token;
         t.valid_until = lock.valid_until;
         t.wait_id = lock.line;
-        self.start_round_on_lock(id, now);
+        self.start_round_on_lock(id, lock.keys, now);
         id
     }
 

@@ -316,7 +316,7 @@ impl Core {
         let op = self.rounds.start(
             req,
             |a| {
-                a.set(keys.iter(), token, ttl_ms);
+                a.set_list(keys, token, ttl_ms);
                 a.line = line;
             },
             timeout,
@@ -341,7 +341,7 @@ impl Core {
 
     /// Start the one round of a release or extend task (an extend of a lock whose validity
     /// ran out fails at once).
-    pub(super) fn start_round_on_lock(&mut self, id: TaskId, now: Instant) {
+    pub(super) fn start_round_on_lock(&mut self, id: TaskId, keys: &KeyList, now: Instant) {
         let t = &self.tasks[id.slot as usize];
         let req = match t.kind {
             Kind::Extend if now >= t.valid_until => {
@@ -358,11 +358,10 @@ impl Core {
         } else {
             None
         };
-        let keys = &t.keys;
         let op = self.rounds.start(
             req,
             |a| {
-                a.set(keys.iter(), token, ttl_ms);
+                a.set_list(keys, token, ttl_ms);
                 a.leave = leave;
                 a.of_lock = true;
             },
@@ -376,10 +375,8 @@ impl Core {
         t.op = Some(op);
         t.phase = Phase::OnLock;
         if req == Request::Release {
-            let keys = std::mem::take(&mut t.keys);
             let token = t.token;
-            self.released_here(&keys, token.as_bytes(), None, None, now);
-            self.tasks[id.slot as usize].keys = keys;
+            self.released_here(keys, token.as_bytes(), None, None, now);
         }
     }
 
@@ -465,7 +462,7 @@ impl Core {
         let op = self.rounds.start(
             req,
             |a| {
-                a.set(t.keys.iter(), token, ttl_ms);
+                a.set_list(&t.keys, token, ttl_ms);
                 a.value = value;
             },
             timeout,
@@ -777,7 +774,7 @@ impl Core {
         self.rounds.start(
             Request::Release,
             |a| {
-                a.set(keys.iter(), token, ttl_ms);
+                a.set_list(keys, token, ttl_ms);
                 a.leave = leave;
             },
             timeout,
