@@ -159,6 +159,15 @@ impl KeyList {
             k
         })
     }
+    /// The inline array of the key bytes and how many of it are used, while they are kept
+    /// inline (`None`: spilled).
+    #[inline]
+    pub(crate) fn inline_bytes(&self) -> Option<(&[u8; INLINE_KEY_BYTES], usize)> {
+        self.bytes
+            .heap
+            .is_empty()
+            .then_some((&self.bytes.inline, self.bytes.len))
+    }
     pub(crate) fn assign(&mut self, other: &KeyList) {
         self.clear();
         self.bytes.assign(&other.bytes);

@@ -28,7 +28,7 @@ use std::io;
 use std::time::{Duration, Instant};
 
 use super::chans::{self, Channels, Fingerprint};
-use super::encode::encode_request;
+use super::encode::{encode_request, encode_request_memo, BulkUint};
 use super::link::{interpret, write_handshake, Action, ConnectPhase, Link, LinkId, Master};
 use super::link::{Owed, Setup, SetupReply, State, Tag, TrackStep, Tracking, INBUF_START};
 use super::ops::{Op, OpArgs, OpId, OpState};
@@ -142,6 +142,8 @@ pub(crate) struct Rounds {
     pub(super) extra: Vec<super::cluster_link::Extra>,
     /// Some master is a cluster.
     clusters: bool,
+    /// The last TTL a round's request carried, as a bulk string (see `encode`).
+    ttl_bulk: BulkUint,
 }
 
 /// Whoever started an op and wants to hear when it is decided (a task of the layer
@@ -187,6 +189,7 @@ impl Rounds {
             reread: vec![false; n],
             extra: Vec::new(),
             clusters: false,
+            ttl_bulk: BulkUint::new(0),
         };
         r.clusters = r.masters.iter().any(|m| m.cluster.is_some());
         // Pre-build a few slots so the first cycles do not allocate either.
@@ -315,7 +318,13 @@ impl Rounds {
         let mut stall_clock_started = false;
         // Encode once, into the shared buffer.
         let at = self.shared.len();
-        encode_request(&mut self.shared, req, &self.ops[slot as usize].args, false);
+        encode_request_memo(
+            &mut self.shared,
+            req,
+            &self.ops[slot as usize].args,
+            false,
+            &mut self.ttl_bulk,
+        );
         // The common case, tested at once: the master is asked, its connection is up, its
         // queue below every limit, and it is not known to be another's server (see below).
         let fast_limit = if req == Request::Release {

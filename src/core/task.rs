@@ -404,10 +404,11 @@ impl Core {
         }
         match phase {
             Phase::Acquire => {
+                let elapsed = decided_at.saturating_duration_since(t1);
                 let verdict = rules::judge_acquire(
                     &o.tally,
                     ttl,
-                    decided_at.saturating_duration_since(t1),
+                    elapsed,
                     self.cfg.drift_factor,
                     self.cfg.min_validity,
                 );
@@ -415,7 +416,7 @@ impl Core {
                 if fenced && matches!(verdict, AcquireVerdict::Acquired(_)) {
                     self.start_fence_round(id, Request::FenceDraw, now);
                 } else {
-                    self.conclude(id, verdict, op, decided_at, now);
+                    self.conclude_timed(id, verdict, op, decided_at, Some(elapsed), now);
                 }
             }
             Phase::Draw | Phase::WriteBack => {
@@ -489,6 +490,19 @@ impl Core {
         decided_at: Instant,
         now: Instant,
     ) {
+        self.conclude_timed(id, verdict, failed, decided_at, None, now);
+    }
+
+    /// [`Core::conclude`], given `decided_at - t1` where it is known (`elapsed`).
+    fn conclude_timed(
+        &mut self,
+        id: TaskId,
+        verdict: AcquireVerdict,
+        failed: OpId,
+        decided_at: Instant,
+        elapsed: Option<Duration>,
+        now: Instant,
+    ) {
         let t = &mut self.tasks[id.slot as usize];
         let acquire = t.acquire_op.take().unwrap_or(failed);
         t.op = None;
@@ -498,6 +512,11 @@ impl Core {
             let t = &mut self.tasks[id.slot as usize];
             let mut keys = KeyList::default();
             keys.assign(&t.keys);
+            // The first attempt began the task: the wait is the attempt's time.
+            let waited = match elapsed {
+                Some(e) if t.began == t.t1 => e,
+                _ => decided_at.saturating_duration_since(t.began),
+            };
             // Built where it is kept (a lock is 272 bytes: each move is a copy).
             t.result = Some(Ok(Done::Locked(Lock {
                 keys,
@@ -507,7 +526,7 @@ impl Core {
                 valid_until: decided_at + v,
                 fence: if self.cfg.fencing { t.fence } else { None },
                 attempts: t.attempt,
-                waited: decided_at.saturating_duration_since(t.began),
+                waited,
                 refusals: t.refusals,
                 woken: t.woken,
                 line: t.wait_id,
