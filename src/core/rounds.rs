@@ -1583,6 +1583,11 @@ impl Rounds {
             op.tally.record(i, plain)
         };
         let decided = state == OpState::Active && op.tally.decision() != Decision::Open;
+        // `maybe_free`'s test, on the op at hand (a late answer nearly never frees it: its
+        // owner has not read the result yet).
+        let freed = state == OpState::Decided
+            && op.outstanding == 0
+            && (op.collected || op.owner.is_none());
         let stats = &mut self.masters[i].stats;
         stats.latency.record_us(latency_us);
         if first {
@@ -1594,8 +1599,9 @@ impl Rounds {
         }
         if decided {
             self.check_decided(id, now);
-        } else if state != OpState::Active {
-            self.maybe_free(id.slot);
+        } else if freed {
+            self.ops[slot].state = OpState::Free;
+            self.free.push(id.slot);
         }
     }
 

@@ -76,6 +76,9 @@ pub(super) struct Task {
     /// The previous attempt's report (for a deadline that cut the last round short).
     last: Option<Box<Report>>,
     pub result: Option<Result<Done, Error>>,
+    /// The result is `Ok(Done::Released)`, kept as this flag (`result` stays `None`): a
+    /// result is as large as a lock, and a release's is then neither written nor dropped.
+    pub released: bool,
     /// The operation's span (`tracing` feature).
     #[cfg(feature = "tracing")]
     pub span: tracing::Span,
@@ -168,6 +171,7 @@ impl Task {
             cancelled: false,
             last: None,
             result: None,
+            released: false,
             #[cfg(feature = "tracing")]
             span: tracing::Span::none(),
             seq: 0,
@@ -208,6 +212,7 @@ impl Task {
         self.cancelled = false;
         self.last = None;
         self.result = None;
+        self.released = false;
         self.chans.clear();
         self.wait_id = None;
         self.direct = None;
@@ -226,6 +231,12 @@ impl Task {
         self.timed = true;
         self.refusals = 0;
         self.woken = false;
+    }
+
+    /// The task's result is in (see [`Task::released`]).
+    #[inline]
+    pub(super) fn has_result(&self) -> bool {
+        self.released || self.result.is_some()
     }
 
     /// A lock task that may wait (retries or a deadline): its acquire learns the holder's

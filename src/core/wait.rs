@@ -429,7 +429,7 @@ impl Core {
     /// announcement against that attempt's answers, instead of missing it.
     fn waiter(&self, id: &Fingerprint) -> Option<TaskId> {
         self.tasks.iter().enumerate().find_map(|(slot, t)| {
-            (t.live && t.result.is_none() && t.wait_id.as_ref() == Some(id)).then_some(TaskId {
+            (t.live && !t.has_result() && t.wait_id.as_ref() == Some(id)).then_some(TaskId {
                 slot: slot as u32,
                 gen: t.gen,
             })
