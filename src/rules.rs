@@ -487,9 +487,12 @@ impl Tally {
         self.need = need;
         self.yes = 0;
         self.no = 0;
-        // Resize (a no-op for the same master count), then overwrite in place: cheaper
-        // than clearing and refilling a SmallVec.
-        self.outcomes.resize(n, Outcome::Pending);
+        // Resized only for another master count (never, in a client: `resize` is a call
+        // even when it does nothing), then overwritten in place: cheaper than clearing and
+        // refilling a SmallVec.
+        if self.outcomes.len() != n {
+            self.outcomes.resize(n, Outcome::Pending);
+        }
         self.outcomes.fill(Outcome::Pending);
     }
 

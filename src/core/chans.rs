@@ -256,6 +256,7 @@ impl Rounds {
 
     /// Some channel is held or lingers: the subscription connections want the loop run
     /// (to read them, and to close them when the linger ends).
+    #[inline]
     pub(crate) fn listening(&self) -> bool {
         self.chans.live > 0
     }

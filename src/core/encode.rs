@@ -8,7 +8,7 @@
 
 use smallvec::SmallVec;
 
-use super::ops::OpArgs;
+use super::ops::{KeyList, OpArgs};
 use super::wait::Expect;
 use crate::resp::{self, Arg};
 use crate::rules::Request;
@@ -32,6 +32,18 @@ pub(super) fn encode_plain_release(out: &mut Vec<u8>, args: &OpArgs) {
 }
 
 pub(super) fn encode_request(out: &mut Vec<u8>, req: Request, args: &OpArgs, eval: bool) {
+    encode_request_memo(out, req, args, eval, &mut BulkUint::new(args.ttl_ms));
+}
+
+/// [`encode_request`], with the TTL's bulk string kept in `memo` for the next request
+/// (a round's caller: a client's locks nearly always share one TTL).
+pub(super) fn encode_request_memo(
+    out: &mut Vec<u8>,
+    req: Request,
+    args: &OpArgs,
+    eval: bool,
+    memo: &mut BulkUint,
+) {
     let token: &[u8] = args.token.as_ref().map_or(&[], |t| t.as_bytes());
     let nkeys = args.keys.len();
     // The hot requests of a lock cycle, written from constant pieces: same bytes as the
@@ -41,11 +53,11 @@ pub(super) fn encode_request(out: &mut Vec<u8>, req: Request, args: &OpArgs, eva
         match req {
             Request::Acquire => {
                 out.extend_from_slice(b"*6\r\n$3\r\nSET\r\n");
-                push_bulk(out, key);
+                push_key_bulk(out, &args.keys, key);
                 out.extend_from_slice(b"$32\r\n");
                 out.extend_from_slice(token);
                 out.extend_from_slice(b"\r\n$2\r\nNX\r\n$2\r\nPX\r\n");
-                push_bulk_uint(out, args.ttl_ms);
+                memo.push(out, args.ttl_ms);
                 return;
             }
             Request::Release if scripts::lines_named_by_key(key) => {
@@ -54,7 +66,7 @@ pub(super) fn encode_request(out: &mut Vec<u8>, req: Request, args: &OpArgs, eva
                 out.extend_from_slice(b"*5\r\n$7\r\nEVALSHA\r\n$40\r\n");
                 out.extend_from_slice(scripts::RELEASE_LEAN.sha.as_bytes());
                 out.extend_from_slice(b"\r\n$1\r\n1\r\n");
-                push_bulk(out, key);
+                push_key_bulk(out, &args.keys, key);
                 out.extend_from_slice(b"$32\r\n");
                 out.extend_from_slice(token);
                 out.extend_from_slice(b"\r\n");
@@ -64,11 +76,11 @@ pub(super) fn encode_request(out: &mut Vec<u8>, req: Request, args: &OpArgs, eva
                 out.extend_from_slice(b"*6\r\n$7\r\nEVALSHA\r\n$40\r\n");
                 out.extend_from_slice(scripts::EXTEND.sha.as_bytes());
                 out.extend_from_slice(b"\r\n$1\r\n1\r\n");
-                push_bulk(out, key);
+                push_key_bulk(out, &args.keys, key);
                 out.extend_from_slice(b"$32\r\n");
                 out.extend_from_slice(token);
                 out.extend_from_slice(b"\r\n");
-                push_bulk_uint(out, args.ttl_ms);
+                memo.push(out, args.ttl_ms);
                 return;
             }
             _ => {}
@@ -87,6 +99,28 @@ fn push_aux_bulk(out: &mut Vec<u8>, kind: &[u8], tag: &[u8; 3], key: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
+/// `$<len>\r\n<key>\r\n` for `key`, the one key of `keys`: while it is kept inline,
+/// its bytes are appended as a copy of the whole inline array (a fixed size: no
+/// length-dependent copy), then cut to its length.
+#[inline]
+fn push_key_bulk(out: &mut Vec<u8>, keys: &KeyList, key: &[u8]) {
+    match keys.inline_bytes() {
+        Some((inline, len)) if len == key.len() && len < 100 => {
+            if len < 10 {
+                out.extend_from_slice(&[b'$', b'0' + len as u8, b'\r', b'\n']);
+            } else {
+                let (tens, ones) = (b'0' + (len / 10) as u8, b'0' + (len % 10) as u8);
+                out.extend_from_slice(&[b'$', tens, ones, b'\r', b'\n']);
+            }
+            let at = out.len();
+            out.extend_from_slice(inline);
+            out.truncate(at + len);
+            out.extend_from_slice(b"\r\n");
+        }
+        _ => push_bulk(out, key),
+    }
+}
+
 /// `$<len>\r\n<bytes>\r\n`.
 fn push_bulk(out: &mut Vec<u8>, bytes: &[u8]) {
     out.push(b'$');
@@ -99,6 +133,47 @@ fn push_bulk(out: &mut Vec<u8>, bytes: &[u8]) {
 /// An integer argument as a bulk string: `$<n>\r\n<digits>\r\n`, built on the stack and
 /// appended in one copy.
 fn push_bulk_uint(out: &mut Vec<u8>, v: u64) {
+    let (buf, i) = bulk_uint(v);
+    out.extend_from_slice(&buf[i..]);
+}
+
+/// The bulk string of an integer, kept for the last integer asked: appended as a copy of
+/// a fixed size (no length-dependent copy), then cut to its length.
+pub(super) struct BulkUint {
+    v: u64,
+    len: usize,
+    bytes: [u8; BULK_UINT_MAX],
+}
+
+/// The longest bulk string of a `u64`: `$20\r\n`, 20 digits, `\r\n`.
+const BULK_UINT_MAX: usize = 27;
+
+impl BulkUint {
+    pub(super) fn new(v: u64) -> BulkUint {
+        let (buf, i) = bulk_uint(v);
+        let mut bytes = [0u8; BULK_UINT_MAX];
+        bytes[..buf.len() - i].copy_from_slice(&buf[i..]);
+        BulkUint {
+            v,
+            len: buf.len() - i,
+            bytes,
+        }
+    }
+
+    /// Append `v` as a bulk string.
+    #[inline]
+    fn push(&mut self, out: &mut Vec<u8>, v: u64) {
+        if v != self.v {
+            *self = BulkUint::new(v);
+        }
+        let at = out.len();
+        out.extend_from_slice(&self.bytes);
+        out.truncate(at + self.len);
+    }
+}
+
+/// `v` as a bulk string, at `buf[i..]` of the pair returned.
+fn bulk_uint(v: u64) -> ([u8; 29], usize) {
     // 20 digits at most, so a one- or two-digit length; the digits end at `END`.
     const END: usize = 27;
     let mut buf = [0u8; END + 2];
@@ -137,7 +212,7 @@ fn push_bulk_uint(out: &mut Vec<u8>, v: u64) {
     }
     i -= 1;
     buf[i] = b'$';
-    out.extend_from_slice(&buf[i..]);
+    (buf, i)
 }
 
 fn push_decimal(out: &mut Vec<u8>, v: u64) {
@@ -371,6 +446,8 @@ mod tests {
             &b"{a}b"[..],
             &b"a}"[..],
             &[b'y'; 10][..],
+            &[b'v'; 64][..],
+            &[b'u'; 65][..],
             &[b'z'; 99][..],
             &[b'w'; 100][..],
             &[b'x'; 300][..],
@@ -396,6 +473,13 @@ mod tests {
                 for req in [Request::Acquire, Request::Release, Request::Extend] {
                     let (mut fast, mut general) = (Vec::new(), Vec::new());
                     encode_request(&mut fast, req, &a, false);
+                    // With a memo of another value (replaced), then of this one (kept).
+                    let mut memo = BulkUint::new(7);
+                    for _ in 0..2 {
+                        let mut kept = vec![b'x'];
+                        encode_request_memo(&mut kept, req, &a, false, &mut memo);
+                        assert_eq!(kept[1..], fast[..], "{req:?} key {key:?} ttl {ttl}");
+                    }
                     let token = a.token.as_ref().unwrap().as_bytes();
                     encode_request_general(&mut general, req, &a, false, token, 1);
                     assert_eq!(fast, general, "{req:?} key {key:?} ttl {ttl}");

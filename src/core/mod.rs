@@ -273,7 +273,7 @@ impl Core {
     #[inline]
     pub fn is_done(&self, id: TaskId) -> bool {
         let t = &self.tasks[id.slot as usize];
-        t.gen == id.gen && t.result.is_some()
+        t.gen == id.gen && t.has_result()
     }
 
     /// Take a finished task's result and free it.
@@ -282,14 +282,14 @@ impl Core {
         debug_assert!(t.gen == id.gen && t.live);
         t.live = false;
         self.free.push(id.slot);
-        let result = &mut self.tasks[id.slot as usize].result;
-        // A result is as large as a lock (272 bytes): a release's is not moved whole.
-        if let Some(Ok(Done::Released)) = result {
-            *result = None;
+        let t = &mut self.tasks[id.slot as usize];
+        // A result is as large as a lock (272 bytes): a release's is a flag.
+        if t.released {
+            t.released = false;
             return Ok(Done::Released);
         }
         // One move of the result, out of the task into the caller's.
-        match result.take() {
+        match t.result.take() {
             Some(r) => r,
             None => Err(Error::Cancelled),
         }
@@ -424,7 +424,7 @@ impl Core {
         self.rounds.start(
             crate::rules::Request::Release,
             |a| {
-                a.set(lock.keys.iter(), token, ttl_ms);
+                a.set_list(&lock.keys, token, ttl_ms);
                 a.leave = leave;
                 a.of_lock = true;
             },
@@ -467,20 +467,22 @@ impl Core {
         let id = self.alloc(now);
         let t = &mut self.tasks[id.slot as usize];
         t.begin(kind, ttl, now);
-        t.keys.assign(lock.keys);
+        // The keys go to the round's arguments alone: a release or an extend reads them
+        // nowhere else (no copy kept in the task).
+        t.keys.clear();
         #[cfg(feature = "tracing")]
         {
             t.span = tracing::debug_span!(
                 "redlock_mux::on_lock",
                 op = ?kind,
-                resource = %String::from_utf8_lossy(t.keys.iter().next().unwrap_or_default()),
+                resource = %String::from_utf8_lossy(lock.keys.iter().next().unwrap_or_default()),
                 ttl_ms = ttl.as_millis() as u64
             );
         }
         t.token = lock.token;
         t.valid_until = lock.valid_until;
         t.wait_id = lock.line;
-        self.start_round_on_lock(id, now);
+        self.start_round_on_lock(id, lock.keys, now);
         id
     }
 
@@ -805,12 +807,12 @@ impl Core {
     fn finish(&mut self, id: TaskId, result: Result<Done, Error>, now: Instant) {
         let granted = matches!(result, Ok(Done::Locked(_)));
         self.finishing(id, granted, now);
-        let slot = &mut self.tasks[id.slot as usize].result;
+        let t = &mut self.tasks[id.slot as usize];
         match result {
-            // A result is as large as a lock (272 bytes): the small ones are written, not
-            // moved whole.
-            Ok(Done::Released) => *slot = Some(Ok(Done::Released)),
-            r => *slot = Some(r),
+            // A result is as large as a lock (272 bytes): a release's is a flag (see
+            // `Task::released`).
+            Ok(Done::Released) => t.released = true,
+            r => t.result = Some(r),
         }
         self.finished_task(id);
     }
@@ -836,6 +838,10 @@ impl Core {
             }
             Some(Err(error)) => {
                 tracing::debug!(parent: &t.span, attempts = t.attempt, %error, "failed")
+            }
+            None if t.released => {
+                let done = Done::Released;
+                tracing::debug!(parent: &t.span, attempts = t.attempt, ?done, "done")
             }
             None => {}
         }

@@ -58,6 +58,7 @@ pub(crate) struct Line {
 }
 
 impl OpArgs {
+    #[cfg(test)]
     pub(crate) fn set<'k>(
         &mut self,
         keys: impl IntoIterator<Item = &'k [u8]>,
@@ -68,6 +69,17 @@ impl OpArgs {
         for k in keys {
             self.keys.push(k);
         }
+        self.token = Some(token);
+        self.ttl_ms = ttl_ms;
+        self.line = None;
+        self.leave = None;
+        self.of_lock = false;
+        self.put = false;
+    }
+
+    /// [`OpArgs::set`] with the keys of a list (copied whole: see [`KeyList::assign`]).
+    pub(crate) fn set_list(&mut self, keys: &KeyList, token: Token, ttl_ms: u64) {
+        self.keys.assign(keys);
         self.token = Some(token);
         self.ttl_ms = ttl_ms;
         self.line = None;
@@ -147,9 +159,18 @@ impl KeyList {
             k
         })
     }
+    /// The inline array of the key bytes and how many of it are used, while they are kept
+    /// inline (`None`: spilled).
+    #[inline]
+    pub(crate) fn inline_bytes(&self) -> Option<(&[u8; INLINE_KEY_BYTES], usize)> {
+        self.bytes
+            .heap
+            .is_empty()
+            .then_some((&self.bytes.inline, self.bytes.len))
+    }
     pub(crate) fn assign(&mut self, other: &KeyList) {
         self.clear();
-        self.bytes.extend(other.bytes.as_slice());
+        self.bytes.assign(&other.bytes);
         // One key (nearly always): a push, not `extend_from_slice`'s reserve and insert.
         match other.ends.as_slice() {
             &[end] => self.ends.push(end),
@@ -201,6 +222,19 @@ impl KeyBytes {
     fn clear(&mut self) {
         self.len = 0;
         self.heap.clear();
+    }
+    /// `clear` then `extend` with `other`'s bytes: while `other` is inline, its whole
+    /// inline array is copied (a fixed size: a few moves, no length-dependent copy).
+    fn assign(&mut self, other: &KeyBytes) {
+        if other.heap.is_empty() {
+            self.heap.clear();
+            self.inline = other.inline;
+            self.len = other.len;
+        } else {
+            self.len = 0;
+            self.heap.clear();
+            self.extend(&other.heap);
+        }
     }
     fn extend(&mut self, k: &[u8]) {
         let end = self.len + k.len();

@@ -28,7 +28,7 @@ use std::io;
 use std::time::{Duration, Instant};
 
 use super::chans::{self, Channels, Fingerprint};
-use super::encode::encode_request;
+use super::encode::{encode_request, encode_request_memo, BulkUint};
 use super::link::{interpret, write_handshake, Action, ConnectPhase, Link, LinkId, Master};
 use super::link::{Owed, Setup, SetupReply, State, Tag, TrackStep, Tracking, INBUF_START};
 use super::ops::{Op, OpArgs, OpId, OpState};
@@ -143,6 +143,8 @@ pub(crate) struct Rounds {
     pub(super) extra: Vec<super::cluster_link::Extra>,
     /// Some master is a cluster.
     pub(super) clusters: bool,
+    /// The last TTL a round's request carried, as a bulk string (see `encode`).
+    ttl_bulk: BulkUint,
 }
 
 /// Whoever started an op and wants to hear when it is decided (a task of the layer
@@ -188,6 +190,7 @@ impl Rounds {
             reread: vec![false; n],
             extra: Vec::new(),
             clusters: false,
+            ttl_bulk: BulkUint::new(0),
         };
         r.clusters = r.masters.iter().any(|m| m.cluster.is_some());
         // Pre-build a few slots so the first cycles do not allocate either.
@@ -316,7 +319,13 @@ impl Rounds {
         let mut stall_clock_started = false;
         // Encode once, into the shared buffer.
         let at = self.shared.len();
-        encode_request(&mut self.shared, req, &self.ops[slot as usize].args, false);
+        encode_request_memo(
+            &mut self.shared,
+            req,
+            &self.ops[slot as usize].args,
+            false,
+            &mut self.ttl_bulk,
+        );
         // The common case, tested at once: the master is asked, its connection is up, its
         // queue below every limit, and it is not known to be another's server (see below).
         let fast_limit = if req == Request::Release {
@@ -1575,6 +1584,11 @@ impl Rounds {
             op.tally.record(i, plain)
         };
         let decided = state == OpState::Active && op.tally.decision() != Decision::Open;
+        // `maybe_free`'s test, on the op at hand (a late answer nearly never frees it: its
+        // owner has not read the result yet).
+        let freed = state == OpState::Decided
+            && op.outstanding == 0
+            && (op.collected || op.owner.is_none());
         let stats = &mut self.masters[i].stats;
         stats.latency.record_us(latency_us);
         if first {
@@ -1586,8 +1600,9 @@ impl Rounds {
         }
         if decided {
             self.check_decided(id, now);
-        } else if state != OpState::Active {
-            self.maybe_free(id.slot);
+        } else if freed {
+            self.ops[slot].state = OpState::Free;
+            self.free.push(id.slot);
         }
     }
 

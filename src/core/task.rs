@@ -76,6 +76,9 @@ pub(super) struct Task {
     /// The previous attempt's report (for a deadline that cut the last round short).
     last: Option<Box<Report>>,
     pub result: Option<Result<Done, Error>>,
+    /// The result is `Ok(Done::Released)`, kept as this flag (`result` stays `None`): a
+    /// result is as large as a lock, and a release's is then neither written nor dropped.
+    pub released: bool,
     /// The operation's span (`tracing` feature).
     #[cfg(feature = "tracing")]
     pub span: tracing::Span,
@@ -168,6 +171,7 @@ impl Task {
             cancelled: false,
             last: None,
             result: None,
+            released: false,
             #[cfg(feature = "tracing")]
             span: tracing::Span::none(),
             seq: 0,
@@ -208,6 +212,7 @@ impl Task {
         self.cancelled = false;
         self.last = None;
         self.result = None;
+        self.released = false;
         self.chans.clear();
         self.wait_id = None;
         self.direct = None;
@@ -226,6 +231,12 @@ impl Task {
         self.timed = true;
         self.refusals = 0;
         self.woken = false;
+    }
+
+    /// The task's result is in (see [`Task::released`]).
+    #[inline]
+    pub(super) fn has_result(&self) -> bool {
+        self.released || self.result.is_some()
     }
 
     /// A lock task that may wait (retries or a deadline): its acquire learns the holder's
@@ -316,7 +327,7 @@ impl Core {
         let op = self.rounds.start(
             req,
             |a| {
-                a.set(keys.iter(), token, ttl_ms);
+                a.set_list(keys, token, ttl_ms);
                 a.line = line;
             },
             timeout,
@@ -341,7 +352,7 @@ impl Core {
 
     /// Start the one round of a release or extend task (an extend of a lock whose validity
     /// ran out fails at once).
-    pub(super) fn start_round_on_lock(&mut self, id: TaskId, now: Instant) {
+    pub(super) fn start_round_on_lock(&mut self, id: TaskId, keys: &KeyList, now: Instant) {
         let t = &self.tasks[id.slot as usize];
         let req = match t.kind {
             Kind::Extend if now >= t.valid_until => {
@@ -358,11 +369,10 @@ impl Core {
         } else {
             None
         };
-        let keys = &t.keys;
         let op = self.rounds.start(
             req,
             |a| {
-                a.set(keys.iter(), token, ttl_ms);
+                a.set_list(keys, token, ttl_ms);
                 a.leave = leave;
                 a.of_lock = true;
             },
@@ -376,10 +386,8 @@ impl Core {
         t.op = Some(op);
         t.phase = Phase::OnLock;
         if req == Request::Release {
-            let keys = std::mem::take(&mut t.keys);
             let token = t.token;
-            self.released_here(&keys, token.as_bytes(), None, None, now);
-            self.tasks[id.slot as usize].keys = keys;
+            self.released_here(keys, token.as_bytes(), None, None, now);
         }
     }
 
@@ -407,10 +415,11 @@ impl Core {
         }
         match phase {
             Phase::Acquire => {
+                let elapsed = decided_at.saturating_duration_since(t1);
                 let verdict = rules::judge_acquire(
                     &o.tally,
                     ttl,
-                    decided_at.saturating_duration_since(t1),
+                    elapsed,
                     self.cfg.drift_factor,
                     self.cfg.min_validity,
                 );
@@ -418,7 +427,7 @@ impl Core {
                 if fenced && matches!(verdict, AcquireVerdict::Acquired(_)) {
                     self.start_fence_round(id, Request::FenceDraw, now);
                 } else {
-                    self.conclude(id, verdict, op, decided_at, now);
+                    self.conclude_timed(id, verdict, op, decided_at, Some(elapsed), now);
                 }
             }
             Phase::Draw | Phase::WriteBack => {
@@ -465,7 +474,7 @@ impl Core {
         let op = self.rounds.start(
             req,
             |a| {
-                a.set(t.keys.iter(), token, ttl_ms);
+                a.set_list(&t.keys, token, ttl_ms);
                 a.value = value;
             },
             timeout,
@@ -492,6 +501,19 @@ impl Core {
         decided_at: Instant,
         now: Instant,
     ) {
+        self.conclude_timed(id, verdict, failed, decided_at, None, now);
+    }
+
+    /// [`Core::conclude`], given `decided_at - t1` where it is known (`elapsed`).
+    fn conclude_timed(
+        &mut self,
+        id: TaskId,
+        verdict: AcquireVerdict,
+        failed: OpId,
+        decided_at: Instant,
+        elapsed: Option<Duration>,
+        now: Instant,
+    ) {
         let t = &mut self.tasks[id.slot as usize];
         let acquire = t.acquire_op.take().unwrap_or(failed);
         t.op = None;
@@ -501,6 +523,11 @@ impl Core {
             let t = &mut self.tasks[id.slot as usize];
             let mut keys = KeyList::default();
             keys.assign(&t.keys);
+            // The first attempt began the task: the wait is the attempt's time.
+            let waited = match elapsed {
+                Some(e) if t.began == t.t1 => e,
+                _ => decided_at.saturating_duration_since(t.began),
+            };
             // Built where it is kept (a lock is 272 bytes: each move is a copy).
             t.result = Some(Ok(Done::Locked(Lock {
                 keys,
@@ -510,7 +537,7 @@ impl Core {
                 valid_until: decided_at + v,
                 fence: if self.cfg.fencing { t.fence } else { None },
                 attempts: t.attempt,
-                waited: decided_at.saturating_duration_since(t.began),
+                waited,
                 refusals: t.refusals,
                 woken: t.woken,
                 line: t.wait_id,
@@ -777,7 +804,7 @@ impl Core {
         self.rounds.start(
             Request::Release,
             |a| {
-                a.set(keys.iter(), token, ttl_ms);
+                a.set_list(keys, token, ttl_ms);
                 a.leave = leave;
             },
             timeout,

@@ -429,7 +429,7 @@ impl Core {
     /// announcement against that attempt's answers, instead of missing it.
     fn waiter(&self, id: &Fingerprint) -> Option<TaskId> {
         self.tasks.iter().enumerate().find_map(|(slot, t)| {
-            (t.live && t.result.is_none() && t.wait_id.as_ref() == Some(id)).then_some(TaskId {
+            (t.live && !t.has_result() && t.wait_id.as_ref() == Some(id)).then_some(TaskId {
                 slot: slot as u32,
                 gen: t.gen,
             })
@@ -533,6 +533,7 @@ impl Core {
     /// [`Core::on_released`]): its own waiters on them try now, their requests written
     /// right behind the release on every connection (Redis runs one connection's commands
     /// in order, so each finds the key deleted where the release deleted it).
+    #[inline]
     pub(super) fn released_here(
         &mut self,
         keys: &KeyList,
@@ -541,9 +542,23 @@ impl Core {
         stood: Option<u64>,
         now: Instant,
     ) {
-        if !self.notify() {
+        // No channel at all (nobody of this client waits): no key has one, a test.
+        if !self.notify() || !self.rounds.listening() {
             return;
         }
+        self.released_here_to(keys, token, except, stood, now);
+    }
+
+    /// [`Core::released_here`] when some channel is live.
+    #[inline(never)]
+    fn released_here_to(
+        &mut self,
+        keys: &KeyList,
+        token: &[u8],
+        except: Option<TaskId>,
+        stood: Option<u64>,
+        now: Instant,
+    ) {
         for key in keys.iter() {
             if let Some(chan) = self.rounds.channel(key) {
                 self.on_released(chan, None, fingerprint(token), except, stood, now);
