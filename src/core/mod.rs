@@ -200,6 +200,9 @@ pub struct Core {
     timeout_memo: std::cell::Cell<(Duration, Duration)>,
     /// The last TTL [`Core::check_ttl`] accepted, and what it made of it.
     ttl_memo: std::cell::Cell<Option<(Duration, Duration)>>,
+    /// The last TTL whose drift allowance was asked, and that allowance (see
+    /// [`Core::drift`]).
+    drift_memo: std::cell::Cell<(Duration, Duration)>,
 }
 
 impl Core {
@@ -233,9 +236,14 @@ impl Core {
             last_score: 0,
             timeout_memo: std::cell::Cell::new((Duration::ZERO, Duration::ZERO)),
             ttl_memo: std::cell::Cell::new(None),
+            drift_memo: std::cell::Cell::new((Duration::ZERO, Duration::ZERO)),
         };
         m.timeout_memo
             .set((Duration::ZERO, m.cfg.round_timeout(Duration::ZERO)));
+        m.drift_memo.set((
+            Duration::ZERO,
+            rules::drift(Duration::ZERO, m.cfg.drift_factor),
+        ));
         let id = m.tokens.next()?;
         m.client_id
             .copy_from_slice(&id.as_bytes()[..crate::scripts::CLIENT_ID_LEN]);
@@ -320,6 +328,20 @@ impl Core {
         let timeout = self.cfg.round_timeout(ttl);
         self.timeout_memo.set((ttl, timeout));
         timeout
+    }
+
+    /// [`rules::drift`] of `ttl` (the allowance a verdict subtracts), remembered for the
+    /// last TTL asked (a floating-point product and a rounding; a client's locks nearly
+    /// always share a TTL).
+    #[inline]
+    pub(crate) fn drift(&self, ttl: Duration) -> Duration {
+        let (last, drift) = self.drift_memo.get();
+        if ttl == last {
+            return drift;
+        }
+        let drift = rules::drift(ttl, self.cfg.drift_factor);
+        self.drift_memo.set((ttl, drift));
+        drift
     }
 
     /// Tasks finished since the last call (each once).

@@ -416,11 +416,11 @@ impl Core {
         match phase {
             Phase::Acquire => {
                 let elapsed = decided_at.saturating_duration_since(t1);
-                let verdict = rules::judge_acquire(
+                let verdict = rules::judge_acquire_drifted(
                     &o.tally,
                     ttl,
                     elapsed,
-                    self.cfg.drift_factor,
+                    self.drift(ttl),
                     self.cfg.min_validity,
                 );
                 let fenced = self.cfg.fencing && !cancelled;
@@ -445,10 +445,10 @@ impl Core {
                 }
                 self.rounds.finish(op);
                 // Validity counts all three rounds.
-                let verdict = match rules::validity(
+                let verdict = match rules::validity_drifted(
                     ttl,
                     decided_at.saturating_duration_since(t1),
-                    self.cfg.drift_factor,
+                    self.drift(ttl),
                 ) {
                     Some(v) if v > self.cfg.min_validity => AcquireVerdict::Acquired(v),
                     _ => AcquireVerdict::ValidityUsedUp,
@@ -839,11 +839,11 @@ impl Core {
                 Err(Error::NoQuorum(self.report(what, op, t1, t1, 1)))
             }
         } else {
-            match rules::judge_acquire(
+            match rules::judge_acquire_drifted(
                 &o.tally,
                 ttl,
                 o.decided_at.saturating_duration_since(t1),
-                self.cfg.drift_factor,
+                self.drift(ttl),
                 self.cfg.min_validity,
             ) {
                 // The script never shortens a key's life, so the old deadline still holds
