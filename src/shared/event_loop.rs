@@ -90,15 +90,14 @@ impl<D: LoopIo> Loop<D> {
     }
 
     /// The shared state of a lock just granted: a spare one refilled, or a new one.
-    fn new_state(&mut self, lock: crate::lock::Lock) -> Arc<LockState> {
-        let fresh = LockState::new(lock, self.base);
+    fn new_state(&mut self, mut lock: crate::lock::Lock) -> Arc<LockState> {
         if let Some(mut spare) = self.spare_states.pop() {
             if let Some(s) = Arc::get_mut(&mut spare) {
-                *s = fresh;
+                s.refill(&mut lock, self.base);
                 return spare;
             }
         }
-        Arc::new(fresh)
+        Arc::new(LockState::new(lock, self.base))
     }
 
     /// The loop is done with `state`: kept for reuse when nobody else holds it (a guard
