@@ -303,6 +303,35 @@ impl Core {
         }
     }
 
+    /// [`Core::take`] for a front-end that keeps a lock's parts elsewhere (the shared
+    /// client's lock state): `f` reads the result where the task holds it (a result is as
+    /// large as a lock, 272 bytes: not moved out whole), then the task is freed and what
+    /// `f` left of the result dropped.
+    #[inline]
+    pub(crate) fn take_in_place<R>(
+        &mut self,
+        id: TaskId,
+        f: impl FnOnce(&mut Result<Done, Error>) -> R,
+    ) -> R {
+        let t = &mut self.tasks[id.slot as usize];
+        debug_assert!(t.gen == id.gen && t.live);
+        t.live = false;
+        self.free.push(id.slot);
+        let t = &mut self.tasks[id.slot as usize];
+        if t.released {
+            t.released = false;
+            return f(&mut Ok(Done::Released));
+        }
+        match &mut t.result {
+            Some(r) => {
+                let out = f(r);
+                t.result = None;
+                out
+            }
+            None => f(&mut Err(Error::Cancelled)),
+        }
+    }
+
     /// [`Settings::check_ttl`] of `ttl`, remembered for the last TTL accepted (a client's
     /// locks nearly always share a TTL; the check takes a floating-point product).
     #[inline]

@@ -53,7 +53,8 @@ fn ns(base: Instant, t: Instant) -> u64 {
 }
 
 impl LockState {
-    pub(crate) fn new(mut lock: Lock, base: Instant) -> LockState {
+    /// The state of `lock` (its keys taken out of it).
+    pub(crate) fn new(lock: &mut Lock, base: Instant) -> LockState {
         let until = ns(base, lock.valid_until);
         LockState {
             keys: std::mem::take(&mut lock.keys),
