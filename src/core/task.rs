@@ -521,8 +521,9 @@ impl Core {
             self.rounds.finish(acquire);
             self.finishing(id, true, now);
             let t = &mut self.tasks[id.slot as usize];
-            let mut keys = KeyList::default();
-            keys.assign(&t.keys);
+            // The task is done with its keys (nothing reads a finished task's): they move
+            // into the lock, not copied.
+            let keys = std::mem::take(&mut t.keys);
             // The first attempt began the task: the wait is the attempt's time.
             let waited = match elapsed {
                 Some(e) if t.began == t.t1 => e,
