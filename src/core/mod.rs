@@ -533,6 +533,7 @@ impl Core {
         t.token = lock.token;
         t.valid_until = lock.valid_until;
         t.wait_id = lock.line;
+        t.waited |= lock.line.is_some();
         self.start_round_on_lock(id, lock.keys, now);
         id
     }
@@ -838,6 +839,7 @@ impl Core {
             t.polls = polls;
             t.timed = true;
             t.woken = false;
+            t.waited = true;
             t.attempt += 1;
             self.start_attempt(id, now);
         }

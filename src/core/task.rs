@@ -139,6 +139,10 @@ pub(super) struct Task {
     /// The running attempt was started by the announcement of a release (the holder's,
     /// or one made by this client), not by a timer.
     pub woken: bool,
+    /// Some field of the waiting state (`chans` to `woken` above, but `next_poll`) may
+    /// differ from what [`Task::begin`] sets: set wherever one is written (a task that
+    /// never waited, nearly every one, has nothing of it to reset).
+    pub waited: bool,
 }
 
 impl Kind {
@@ -194,6 +198,7 @@ impl Task {
             timed: true,
             refusals: 0,
             woken: false,
+            waited: false,
         }
     }
 
@@ -213,24 +218,49 @@ impl Task {
         self.last = None;
         self.result = None;
         self.released = false;
-        self.chans.clear();
-        self.wait_id = None;
-        self.direct = None;
-        self.woken_by = None;
-        self.own.clear();
-        self.heard.clear();
-        self.confirmed = 0;
-        self.out = false;
-        self.holders.clear();
-        self.taken = 0;
-        self.blocked = 0;
-        self.unknown = 0;
-        self.failed = 0;
-        self.polls = 0;
         self.next_poll = now;
-        self.timed = true;
-        self.refusals = 0;
-        self.woken = false;
+        if self.waited {
+            self.waited = false;
+            self.chans.clear();
+            self.wait_id = None;
+            self.direct = None;
+            self.woken_by = None;
+            self.own.clear();
+            self.heard.clear();
+            self.confirmed = 0;
+            self.out = false;
+            self.holders.clear();
+            self.taken = 0;
+            self.blocked = 0;
+            self.unknown = 0;
+            self.failed = 0;
+            self.polls = 0;
+            self.timed = true;
+            self.refusals = 0;
+            self.woken = false;
+        }
+        debug_assert!(
+            self.waiting_state_is_reset(),
+            "a waiting field written unflagged"
+        );
+    }
+
+    /// The waiting state is as [`Task::begin`] leaves it (see [`Task::waited`]).
+    fn waiting_state_is_reset(&self) -> bool {
+        self.chans.is_empty()
+            && self.wait_id.is_none()
+            && self.direct.is_none()
+            && self.woken_by.is_none()
+            && self.own.is_empty()
+            && self.heard.is_empty()
+            && self.confirmed == 0
+            && !self.out
+            && self.holders.is_empty()
+            && (self.taken | self.blocked | self.unknown | self.failed) == 0
+            && self.polls == 0
+            && self.timed
+            && self.refusals == 0
+            && !self.woken
     }
 
     /// The task's result is in (see [`Task::released`]).
@@ -338,6 +368,7 @@ impl Core {
         let t = &mut self.tasks[id.slot as usize];
         if let Some(line) = line {
             t.wait_id = Some(line.id);
+            t.waited = true;
         }
         t.out = line.is_some_and(|l| l.out);
         t.token = token;
@@ -554,6 +585,9 @@ impl Core {
             self.finished_task(id);
             return;
         }
+        // The attempt failed: what follows (the wait hint, announcements heard, the
+        // sleep, the cleanup's own announcement) is waiting state.
+        t.waited = true;
         if verdict == AcquireVerdict::Taken {
             t.refusals += 1;
         }
@@ -757,6 +791,7 @@ impl Core {
             // have stood, and try behind it only if that frees a quorum for them (not
             // when a holder elsewhere still blocks one: issue 19, item 4).
             let t = &mut self.tasks[id.slot as usize];
+            t.waited = true;
             if t.own.len() == OWN_KEPT {
                 t.own.remove(0);
             }
