@@ -136,7 +136,8 @@ impl Settings {
 pub(crate) struct OnLock<'a> {
     pub keys: &'a KeyList,
     pub token: Token,
-    pub valid_until: Instant,
+    /// The lock's deadline: an extend's bound (`None` for a release, which reads none).
+    pub valid_until: Option<Instant>,
     /// The line the lock's call stood in (left by its release).
     pub line: Option<Fingerprint>,
 }
@@ -433,7 +434,7 @@ impl Core {
             OnLock {
                 keys: &lock.keys,
                 token: lock.token,
-                valid_until: lock.valid_until,
+                valid_until: None,
                 line: lock.line,
             },
             lock.ttl,
@@ -502,7 +503,7 @@ impl Core {
         let on = OnLock {
             keys: &lock.keys,
             token: lock.token,
-            valid_until: lock.valid_until,
+            valid_until: Some(lock.valid_until),
             line: lock.line,
         };
         self.submit_on(kind, on, ttl, now)
@@ -531,7 +532,9 @@ impl Core {
             );
         }
         t.token = lock.token;
-        t.valid_until = lock.valid_until;
+        if let Some(v) = lock.valid_until {
+            t.valid_until = v;
+        }
         t.wait_id = lock.line;
         t.waited |= lock.line.is_some();
         self.start_round_on_lock(id, lock.keys, now);

@@ -126,12 +126,13 @@ impl LockState {
         self.at(self.stop_at_ns.load(Ordering::Acquire))
     }
 
-    /// What a release reads of the lock (no [`Lock`] built, no key copied for it).
+    /// What a release reads of the lock (no [`Lock`] built, no key copied for it; no
+    /// deadline, which a release does not read).
     pub(crate) fn on_lock(&self) -> crate::core::OnLock<'_> {
         crate::core::OnLock {
             keys: &self.keys,
             token: self.token,
-            valid_until: self.valid_until(),
+            valid_until: None,
             line: self.line,
         }
     }
