@@ -335,7 +335,22 @@ impl Rounds {
         };
         let fast_server = req == Request::Release || !self.same_servers;
         let mut sent = 0u32;
-        for i in 0..n {
+        // The masters in the common case, from the first on, walked side by side with
+        // their links (no index, no bounds check); the rest below from the first that is
+        // not (rarely any).
+        let mut first_slow = 0;
+        if fast_server {
+            let (links, masters, shared) = (&mut self.links, &mut self.masters, &self.shared);
+            for (link, master) in links.iter_mut().zip(masters.iter_mut()) {
+                if !(link.is_up() && link.pending.len() < fast_limit && target(first_slow)) {
+                    break;
+                }
+                stall_clock_started |= enqueue_on(link, master, shared, id, req, at, now);
+                sent += 1;
+                first_slow += 1;
+            }
+        }
+        for i in first_slow..n {
             let link = &mut self.links[i];
             if fast_server && link.is_up() && link.pending.len() < fast_limit && target(i) {
                 stall_clock_started |= self.enqueue(i, id, req, at, now);
@@ -405,27 +420,8 @@ impl Rounds {
     /// whether the link's stall clock starts now (its queue was empty).
     #[inline(always)]
     fn enqueue(&mut self, i: usize, id: OpId, req: Request, at: usize, now: Instant) -> bool {
-        let link = &mut self.links[i];
-        let started = link.pending.is_empty();
-        if started {
-            link.last_progress = now;
-        }
-        // Already sharing: this request rides along. Empty queue: share from here. Bytes
-        // queued: append a copy behind them.
-        if link.shared_from.is_none() {
-            if link.out.is_empty() {
-                link.shared_from = Some(at);
-            } else {
-                link.out.extend_from_slice(&self.shared[at..]);
-            }
-        }
-        link.pending.push_back(Tag::Op {
-            id,
-            req,
-            eval: false,
-        });
-        self.masters[i].stats.requests += 1;
-        started
+        let (link, master) = (&mut self.links[i], &mut self.masters[i]);
+        enqueue_on(link, master, &self.shared, id, req, at, now)
     }
 
     /// The caller has read the op's result (or gave up on it); its slot is reused once no
@@ -1999,6 +1995,39 @@ impl Rounds {
             .map(|(m, w)| MasterStats::new(m.name.clone(), m.stats.clone()).with_watch(*w))
             .collect()
     }
+}
+
+/// [`Rounds::enqueue`] on master `master`'s lock link `link` (`shared`: the shared buffer).
+#[inline(always)]
+fn enqueue_on(
+    link: &mut Link,
+    master: &mut Master,
+    shared: &[u8],
+    id: OpId,
+    req: Request,
+    at: usize,
+    now: Instant,
+) -> bool {
+    let started = link.pending.is_empty();
+    if started {
+        link.last_progress = now;
+    }
+    // Already sharing: this request rides along. Empty queue: share from here. Bytes
+    // queued: append a copy behind them.
+    if link.shared_from.is_none() {
+        if link.out.is_empty() {
+            link.shared_from = Some(at);
+        } else {
+            link.out.extend_from_slice(&shared[at..]);
+        }
+    }
+    link.pending.push_back(Tag::Op {
+        id,
+        req,
+        eval: false,
+    });
+    master.stats.requests += 1;
+    started
 }
 
 /// The outcome, value and length of a whole literal answer at the start of `buf` to
