@@ -1559,11 +1559,13 @@ impl Rounds {
             return;
         }
         let slot = id.slot as usize;
-        if self.ops[slot].gen != id.gen {
+        // The clock first (a cache: nothing else changes), then the op looked up once.
+        let us = self.micros(now);
+        let (ops, masters) = (&mut self.ops, &mut self.masters);
+        let op = &mut ops[slot];
+        if op.gen != id.gen {
             return;
         }
-        let us = self.micros(now);
-        let op = &mut self.ops[slot];
         let latency_us = us.saturating_sub(op.started_us);
         op.outstanding = op.outstanding.saturating_sub(1);
         let state = op.state;
@@ -1585,7 +1587,10 @@ impl Rounds {
         let freed = state == OpState::Decided
             && op.outstanding == 0
             && (op.collected || op.owner.is_none());
-        let stats = &mut self.masters[i].stats;
+        if freed {
+            op.state = OpState::Free;
+        }
+        let stats = &mut masters[i].stats;
         stats.latency.record_us(latency_us);
         if first {
             if ok {
@@ -1597,7 +1602,6 @@ impl Rounds {
         if decided {
             self.decide(id, now);
         } else if freed {
-            self.ops[slot].state = OpState::Free;
             self.free.push(id.slot);
         }
     }
