@@ -259,6 +259,7 @@ impl Core {
         self.free.push((self.tasks.len() - 1) as u32);
     }
 
+    #[inline]
     fn alloc(&mut self, now: Instant) -> TaskId {
         let slot = match self.free.pop() {
             Some(s) => s,

@@ -203,6 +203,7 @@ impl Task {
     }
 
     /// Reset for a new task of `kind` (the slot is reused), submitted at `now`.
+    #[inline]
     pub(super) fn begin(&mut self, kind: Kind, ttl: Duration, now: Instant) {
         self.live = true;
         self.began = now;
@@ -220,29 +221,36 @@ impl Task {
         self.released = false;
         self.next_poll = now;
         if self.waited {
-            self.waited = false;
-            self.chans.clear();
-            self.wait_id = None;
-            self.direct = None;
-            self.woken_by = None;
-            self.own.clear();
-            self.heard.clear();
-            self.confirmed = 0;
-            self.out = false;
-            self.holders.clear();
-            self.taken = 0;
-            self.blocked = 0;
-            self.unknown = 0;
-            self.failed = 0;
-            self.polls = 0;
-            self.timed = true;
-            self.refusals = 0;
-            self.woken = false;
+            self.reset_waiting();
         }
         debug_assert!(
             self.waiting_state_is_reset(),
             "a waiting field written unflagged"
         );
+    }
+
+    /// [`Task::begin`]'s reset of the waiting state, for a task that waited.
+    #[cold]
+    #[inline(never)]
+    fn reset_waiting(&mut self) {
+        self.waited = false;
+        self.chans.clear();
+        self.wait_id = None;
+        self.direct = None;
+        self.woken_by = None;
+        self.own.clear();
+        self.heard.clear();
+        self.confirmed = 0;
+        self.out = false;
+        self.holders.clear();
+        self.taken = 0;
+        self.blocked = 0;
+        self.unknown = 0;
+        self.failed = 0;
+        self.polls = 0;
+        self.timed = true;
+        self.refusals = 0;
+        self.woken = false;
     }
 
     /// The waiting state is as [`Task::begin`] leaves it (see [`Task::waited`]).
