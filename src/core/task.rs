@@ -867,6 +867,16 @@ impl Core {
         let t = &self.tasks[id.slot as usize];
         let (kind, t1, ttl, valid_until) = (t.kind, t.t1, t.ttl, t.valid_until);
         let o = self.rounds.op(op);
+        if kind == Kind::Release && o.tally.decision() == Decision::Reached {
+            // A release a quorum confirmed (nearly every one): `finish` with
+            // `Ok(Done::Released)`, whose result is a flag (no result passed along).
+            self.rounds.finish(op);
+            self.tasks[id.slot as usize].op = None;
+            self.finishing(id, false, now);
+            self.tasks[id.slot as usize].released = true;
+            self.finished_task(id);
+            return;
+        }
         let what = if kind == Kind::Extend {
             Operation::Extend
         } else {
