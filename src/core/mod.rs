@@ -380,6 +380,19 @@ impl Core {
         self.finished.drain(..)
     }
 
+    /// How many tasks [`Core::take_finished`] would give.
+    #[inline]
+    pub(crate) fn finished_count(&self) -> usize {
+        self.finished.len()
+    }
+
+    /// [`Core::take_finished`] when one task finished: that one.
+    #[inline]
+    pub(crate) fn take_one_finished(&mut self) -> Option<TaskId> {
+        debug_assert!(self.finished.len() <= 1);
+        self.finished.pop()
+    }
+
     /// Take `keys` for `ttl` (whole ms, checked): one attempt, then up to `retries` more
     /// after a random delay while the lock is taken or no quorum answers, never past
     /// `deadline`.

@@ -296,19 +296,17 @@ impl<D: LoopIo> Loop<D> {
 
     /// Hand every finished task's result to whoever waits for it.
     fn deliver(&mut self, now: Instant) {
-        let mut done = self.m.take_finished();
-        match done.len() {
+        match self.m.finished_count() {
+            // Half the turns of a caller's operation (the one before its wait).
             0 => {}
             // The common case (one caller): no copy of the list.
             1 => {
-                let id = done.next();
-                drop(done);
-                if let Some(id) = id {
+                if let Some(id) = self.m.take_one_finished() {
                     self.deliver_one(id, now);
                 }
             }
             _ => {
-                self.finished.extend(done);
+                self.finished.extend(self.m.take_finished());
                 let mut finished = std::mem::take(&mut self.finished);
                 for id in finished.drain(..) {
                     self.deliver_one(id, now);
