@@ -404,13 +404,54 @@ impl Core {
         retries: u32,
         now: Instant,
     ) -> TaskId {
+        self.new_lock(
+            |list| {
+                list.clear();
+                for k in keys {
+                    list.push(k);
+                }
+            },
+            ttl,
+            deadline,
+            retries,
+            now,
+        )
+    }
+
+    /// [`Core::submit_lock`] of keys a front-end already holds as a list (the shared
+    /// client's command): swapped into the task, not copied key by key; `keys` is left
+    /// with what the task's slot held (nothing a caller reads).
+    pub(crate) fn submit_lock_list(
+        &mut self,
+        keys: &mut KeyList,
+        ttl: Duration,
+        deadline: Option<Instant>,
+        retries: u32,
+        now: Instant,
+    ) -> TaskId {
+        self.new_lock(
+            |list| std::mem::swap(list, keys),
+            ttl,
+            deadline,
+            retries,
+            now,
+        )
+    }
+
+    /// [`Core::submit_lock`], its keys put in the task's list by `fill`.
+    #[inline(always)]
+    fn new_lock(
+        &mut self,
+        fill: impl FnOnce(&mut KeyList),
+        ttl: Duration,
+        deadline: Option<Instant>,
+        retries: u32,
+        now: Instant,
+    ) -> TaskId {
         let id = self.alloc(now);
         let t = &mut self.tasks[id.slot as usize];
         t.begin(task::Kind::Lock, ttl, now);
-        t.keys.clear();
-        for k in keys {
-            t.keys.push(k);
-        }
+        fill(&mut t.keys);
         #[cfg(feature = "tracing")]
         {
             t.span = tracing::debug_span!(

@@ -205,13 +205,15 @@ impl<D: LoopIo> Loop<D> {
     fn command(&mut self, cmd: Command, now: Instant) {
         match cmd {
             Command::Lock {
-                keys,
+                mut keys,
                 ttl,
                 deadline,
                 retries,
                 slot,
             } => {
-                let id = self.m.submit_lock(keys.iter(), ttl, deadline, retries, now);
+                let id = self
+                    .m
+                    .submit_lock_list(&mut keys, ttl, deadline, retries, now);
                 self.wait_for(id, Waiter::Lock(slot));
             }
             Command::Release { state, slot } => {
