@@ -185,6 +185,13 @@ impl<D: LoopIo> Loop<D> {
 
     /// Take every command queued since the last time round.
     fn drain(&mut self, now: Instant) {
+        // One command (a caller's own, nearly always): taken off the list, no drain.
+        if self.inbox.len() == 1 {
+            if let Some(cmd) = self.inbox.pop() {
+                self.command(cmd, now);
+            }
+            return;
+        }
         let mut inbox = std::mem::take(&mut self.inbox);
         for cmd in inbox.drain(..) {
             self.command(cmd, now);
