@@ -54,8 +54,19 @@ pub fn drift(ttl: Duration, drift_factor: f64) -> Duration {
 /// assert_eq!(validity(ttl, Duration::from_secs(10), 0.01), None);
 /// ```
 pub fn validity(ttl: Duration, elapsed: Duration, drift_factor: f64) -> Option<Duration> {
+    validity_drifted(ttl, elapsed, drift(ttl, drift_factor))
+}
+
+/// [`validity`] given the drift allowance of `ttl` ([`drift`]: a client's locks nearly
+/// always share a TTL, and the core keeps the allowance of the last one).
+#[inline]
+pub(crate) fn validity_drifted(
+    ttl: Duration,
+    elapsed: Duration,
+    drift: Duration,
+) -> Option<Duration> {
     ttl.checked_sub(elapsed)
-        .and_then(|left| left.checked_sub(drift(ttl, drift_factor)))
+        .and_then(|left| left.checked_sub(drift))
         .filter(|v| !v.is_zero())
 }
 
@@ -581,8 +592,20 @@ pub fn judge_acquire(
     drift_factor: f64,
     min_validity: Duration,
 ) -> AcquireVerdict {
+    judge_acquire_drifted(tally, ttl, elapsed, drift(ttl, drift_factor), min_validity)
+}
+
+/// [`judge_acquire`] given the drift allowance of `ttl` (see [`validity_drifted`]).
+#[inline]
+pub(crate) fn judge_acquire_drifted(
+    tally: &Tally,
+    ttl: Duration,
+    elapsed: Duration,
+    drift: Duration,
+    min_validity: Duration,
+) -> AcquireVerdict {
     if tally.yes() >= tally.need() {
-        match validity(ttl, elapsed, drift_factor) {
+        match validity_drifted(ttl, elapsed, drift) {
             Some(v) if v > min_validity => AcquireVerdict::Acquired(v),
             _ => AcquireVerdict::ValidityUsedUp,
         }

@@ -136,7 +136,8 @@ impl Settings {
 pub(crate) struct OnLock<'a> {
     pub keys: &'a KeyList,
     pub token: Token,
-    pub valid_until: Instant,
+    /// The lock's deadline: an extend's bound (`None` for a release, which reads none).
+    pub valid_until: Option<Instant>,
     /// The line the lock's call stood in (left by its release).
     pub line: Option<Fingerprint>,
 }
@@ -200,6 +201,9 @@ pub struct Core {
     timeout_memo: std::cell::Cell<(Duration, Duration)>,
     /// The last TTL [`Core::check_ttl`] accepted, and what it made of it.
     ttl_memo: std::cell::Cell<Option<(Duration, Duration)>>,
+    /// The last TTL whose drift allowance was asked, and that allowance (see
+    /// [`Core::drift`]).
+    drift_memo: std::cell::Cell<(Duration, Duration)>,
 }
 
 impl Core {
@@ -233,9 +237,14 @@ impl Core {
             last_score: 0,
             timeout_memo: std::cell::Cell::new((Duration::ZERO, Duration::ZERO)),
             ttl_memo: std::cell::Cell::new(None),
+            drift_memo: std::cell::Cell::new((Duration::ZERO, Duration::ZERO)),
         };
         m.timeout_memo
             .set((Duration::ZERO, m.cfg.round_timeout(Duration::ZERO)));
+        m.drift_memo.set((
+            Duration::ZERO,
+            rules::drift(Duration::ZERO, m.cfg.drift_factor),
+        ));
         let id = m.tokens.next()?;
         m.client_id
             .copy_from_slice(&id.as_bytes()[..crate::scripts::CLIENT_ID_LEN]);
@@ -250,6 +259,7 @@ impl Core {
         self.free.push((self.tasks.len() - 1) as u32);
     }
 
+    #[inline]
     fn alloc(&mut self, now: Instant) -> TaskId {
         let slot = match self.free.pop() {
             Some(s) => s,
@@ -295,6 +305,35 @@ impl Core {
         }
     }
 
+    /// [`Core::take`] for a front-end that keeps a lock's parts elsewhere (the shared
+    /// client's lock state): `f` reads the result where the task holds it (a result is as
+    /// large as a lock, 272 bytes: not moved out whole), then the task is freed and what
+    /// `f` left of the result dropped.
+    #[inline]
+    pub(crate) fn take_in_place<R>(
+        &mut self,
+        id: TaskId,
+        f: impl FnOnce(&mut Result<Done, Error>) -> R,
+    ) -> R {
+        let t = &mut self.tasks[id.slot as usize];
+        debug_assert!(t.gen == id.gen && t.live);
+        t.live = false;
+        self.free.push(id.slot);
+        let t = &mut self.tasks[id.slot as usize];
+        if t.released {
+            t.released = false;
+            return f(&mut Ok(Done::Released));
+        }
+        match &mut t.result {
+            Some(r) => {
+                let out = f(r);
+                t.result = None;
+                out
+            }
+            None => f(&mut Err(Error::Cancelled)),
+        }
+    }
+
     /// [`Settings::check_ttl`] of `ttl`, remembered for the last TTL accepted (a client's
     /// locks nearly always share a TTL; the check takes a floating-point product).
     #[inline]
@@ -322,9 +361,36 @@ impl Core {
         timeout
     }
 
+    /// [`rules::drift`] of `ttl` (the allowance a verdict subtracts), remembered for the
+    /// last TTL asked (a floating-point product and a rounding; a client's locks nearly
+    /// always share a TTL).
+    #[inline]
+    pub(crate) fn drift(&self, ttl: Duration) -> Duration {
+        let (last, drift) = self.drift_memo.get();
+        if ttl == last {
+            return drift;
+        }
+        let drift = rules::drift(ttl, self.cfg.drift_factor);
+        self.drift_memo.set((ttl, drift));
+        drift
+    }
+
     /// Tasks finished since the last call (each once).
     pub(crate) fn take_finished(&mut self) -> std::vec::Drain<'_, TaskId> {
         self.finished.drain(..)
+    }
+
+    /// How many tasks [`Core::take_finished`] would give.
+    #[inline]
+    pub(crate) fn finished_count(&self) -> usize {
+        self.finished.len()
+    }
+
+    /// [`Core::take_finished`] when one task finished: that one.
+    #[inline]
+    pub(crate) fn take_one_finished(&mut self) -> Option<TaskId> {
+        debug_assert!(self.finished.len() <= 1);
+        self.finished.pop()
     }
 
     /// Take `keys` for `ttl` (whole ms, checked): one attempt, then up to `retries` more
@@ -338,13 +404,54 @@ impl Core {
         retries: u32,
         now: Instant,
     ) -> TaskId {
+        self.new_lock(
+            |list| {
+                list.clear();
+                for k in keys {
+                    list.push(k);
+                }
+            },
+            ttl,
+            deadline,
+            retries,
+            now,
+        )
+    }
+
+    /// [`Core::submit_lock`] of keys a front-end already holds as a list (the shared
+    /// client's command): swapped into the task, not copied key by key; `keys` is left
+    /// with what the task's slot held (nothing a caller reads).
+    pub(crate) fn submit_lock_list(
+        &mut self,
+        keys: &mut KeyList,
+        ttl: Duration,
+        deadline: Option<Instant>,
+        retries: u32,
+        now: Instant,
+    ) -> TaskId {
+        self.new_lock(
+            |list| std::mem::swap(list, keys),
+            ttl,
+            deadline,
+            retries,
+            now,
+        )
+    }
+
+    /// [`Core::submit_lock`], its keys put in the task's list by `fill`.
+    #[inline(always)]
+    fn new_lock(
+        &mut self,
+        fill: impl FnOnce(&mut KeyList),
+        ttl: Duration,
+        deadline: Option<Instant>,
+        retries: u32,
+        now: Instant,
+    ) -> TaskId {
         let id = self.alloc(now);
         let t = &mut self.tasks[id.slot as usize];
         t.begin(task::Kind::Lock, ttl, now);
-        t.keys.clear();
-        for k in keys {
-            t.keys.push(k);
-        }
+        fill(&mut t.keys);
         #[cfg(feature = "tracing")]
         {
             t.span = tracing::debug_span!(
@@ -382,7 +489,7 @@ impl Core {
             OnLock {
                 keys: &lock.keys,
                 token: lock.token,
-                valid_until: lock.valid_until,
+                valid_until: None,
                 line: lock.line,
             },
             lock.ttl,
@@ -451,7 +558,7 @@ impl Core {
         let on = OnLock {
             keys: &lock.keys,
             token: lock.token,
-            valid_until: lock.valid_until,
+            valid_until: Some(lock.valid_until),
             line: lock.line,
         };
         self.submit_on(kind, on, ttl, now)
@@ -480,8 +587,11 @@ impl Core {
             );
         }
         t.token = lock.token;
-        t.valid_until = lock.valid_until;
+        if let Some(v) = lock.valid_until {
+            t.valid_until = v;
+        }
         t.wait_id = lock.line;
+        t.waited |= lock.line.is_some();
         self.start_round_on_lock(id, lock.keys, now);
         id
     }
@@ -787,6 +897,7 @@ impl Core {
             t.polls = polls;
             t.timed = true;
             t.woken = false;
+            t.waited = true;
             t.attempt += 1;
             self.start_attempt(id, now);
         }

@@ -168,13 +168,19 @@ impl KeyList {
             .is_empty()
             .then_some((&self.bytes.inline, self.bytes.len))
     }
+    #[inline]
     pub(crate) fn assign(&mut self, other: &KeyList) {
-        self.clear();
         self.bytes.assign(&other.bytes);
-        // One key (nearly always): a push, not `extend_from_slice`'s reserve and insert.
         match other.ends.as_slice() {
-            &[end] => self.ends.push(end),
-            ends => self.ends.extend_from_slice(ends),
+            // One key (nearly always): the inline list written whole, not cleared and
+            // pushed to (a spilled one keeps its storage).
+            &[end] if !self.ends.spilled() => {
+                self.ends = SmallVec::from_buf_and_len([end, 0], 1);
+            }
+            ends => {
+                self.ends.clear();
+                self.ends.extend_from_slice(ends);
+            }
         }
     }
 }

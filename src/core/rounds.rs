@@ -335,7 +335,22 @@ impl Rounds {
         };
         let fast_server = req == Request::Release || !self.same_servers;
         let mut sent = 0u32;
-        for i in 0..n {
+        // The masters in the common case, from the first on, walked side by side with
+        // their links (no index, no bounds check); the rest below from the first that is
+        // not (rarely any).
+        let mut first_slow = 0;
+        if fast_server {
+            let (links, masters, shared) = (&mut self.links, &mut self.masters, &self.shared);
+            for (link, master) in links.iter_mut().zip(masters.iter_mut()) {
+                if !(link.is_up() && link.pending.len() < fast_limit && target(first_slow)) {
+                    break;
+                }
+                stall_clock_started |= enqueue_on(link, master, shared, id, req, at, now);
+                sent += 1;
+                first_slow += 1;
+            }
+        }
+        for i in first_slow..n {
             let link = &mut self.links[i];
             if fast_server && link.is_up() && link.pending.len() < fast_limit && target(i) {
                 stall_clock_started |= self.enqueue(i, id, req, at, now);
@@ -405,27 +420,8 @@ impl Rounds {
     /// whether the link's stall clock starts now (its queue was empty).
     #[inline(always)]
     fn enqueue(&mut self, i: usize, id: OpId, req: Request, at: usize, now: Instant) -> bool {
-        let link = &mut self.links[i];
-        let started = link.pending.is_empty();
-        if started {
-            link.last_progress = now;
-        }
-        // Already sharing: this request rides along. Empty queue: share from here. Bytes
-        // queued: append a copy behind them.
-        if link.shared_from.is_none() {
-            if link.out.is_empty() {
-                link.shared_from = Some(at);
-            } else {
-                link.out.extend_from_slice(&self.shared[at..]);
-            }
-        }
-        link.pending.push_back(Tag::Op {
-            id,
-            req,
-            eval: false,
-        });
-        self.masters[i].stats.requests += 1;
-        started
+        let (link, master) = (&mut self.links[i], &mut self.masters[i]);
+        enqueue_on(link, master, &self.shared, id, req, at, now)
     }
 
     /// The caller has read the op's result (or gave up on it); its slot is reused once no
@@ -1563,11 +1559,13 @@ impl Rounds {
             return;
         }
         let slot = id.slot as usize;
-        if self.ops[slot].gen != id.gen {
+        // The clock first (a cache: nothing else changes), then the op looked up once.
+        let us = self.micros(now);
+        let (ops, masters) = (&mut self.ops, &mut self.masters);
+        let op = &mut ops[slot];
+        if op.gen != id.gen {
             return;
         }
-        let us = self.micros(now);
-        let op = &mut self.ops[slot];
         let latency_us = us.saturating_sub(op.started_us);
         op.outstanding = op.outstanding.saturating_sub(1);
         let state = op.state;
@@ -1589,7 +1587,10 @@ impl Rounds {
         let freed = state == OpState::Decided
             && op.outstanding == 0
             && (op.collected || op.owner.is_none());
-        let stats = &mut self.masters[i].stats;
+        if freed {
+            op.state = OpState::Free;
+        }
+        let stats = &mut masters[i].stats;
         stats.latency.record_us(latency_us);
         if first {
             if ok {
@@ -1599,9 +1600,37 @@ impl Rounds {
             }
         }
         if decided {
-            self.check_decided(id, now);
+            self.decide(id, now);
         } else if freed {
-            self.ops[slot].state = OpState::Free;
+            self.free.push(id.slot);
+        }
+    }
+
+    /// [`Rounds::check_decided`] of an op just found decided (`Active`, its tally no
+    /// longer open, not an operator's round: [`Rounds::literal_reply`]'s), without testing
+    /// that again: decided now, its owner told, freed if nothing else is owed.
+    #[inline(always)]
+    fn decide(&mut self, id: OpId, now: Instant) {
+        let op = &mut self.ops[id.slot as usize];
+        debug_assert!(op.state == OpState::Active && op.tally.decision() != Decision::Open);
+        debug_assert!(!op.req.is_admin());
+        op.state = OpState::Decided;
+        op.decided_at = now;
+        let k = op.active_at as usize;
+        let owner = op.owner;
+        let free = op.outstanding == 0 && (op.collected || owner.is_none());
+        if free {
+            op.state = OpState::Free;
+        }
+        debug_assert_eq!(self.active.get(k), Some(&id.slot));
+        self.active.swap_remove(k);
+        if let Some(&moved) = self.active.get(k) {
+            self.ops[moved as usize].active_at = k as u32;
+        }
+        if let Some(owner) = owner {
+            self.decided.push((owner, id));
+        }
+        if free {
             self.free.push(id.slot);
         }
     }
@@ -1970,6 +1999,39 @@ impl Rounds {
             .map(|(m, w)| MasterStats::new(m.name.clone(), m.stats.clone()).with_watch(*w))
             .collect()
     }
+}
+
+/// [`Rounds::enqueue`] on master `master`'s lock link `link` (`shared`: the shared buffer).
+#[inline(always)]
+fn enqueue_on(
+    link: &mut Link,
+    master: &mut Master,
+    shared: &[u8],
+    id: OpId,
+    req: Request,
+    at: usize,
+    now: Instant,
+) -> bool {
+    let started = link.pending.is_empty();
+    if started {
+        link.last_progress = now;
+    }
+    // Already sharing: this request rides along. Empty queue: share from here. Bytes
+    // queued: append a copy behind them.
+    if link.shared_from.is_none() {
+        if link.out.is_empty() {
+            link.shared_from = Some(at);
+        } else {
+            link.out.extend_from_slice(&shared[at..]);
+        }
+    }
+    link.pending.push_back(Tag::Op {
+        id,
+        req,
+        eval: false,
+    });
+    master.stats.requests += 1;
+    started
 }
 
 /// The outcome, value and length of a whole literal answer at the start of `buf` to

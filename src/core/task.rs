@@ -139,6 +139,10 @@ pub(super) struct Task {
     /// The running attempt was started by the announcement of a release (the holder's,
     /// or one made by this client), not by a timer.
     pub woken: bool,
+    /// Some field of the waiting state (`chans` to `woken` above, but `next_poll`) may
+    /// differ from what [`Task::begin`] sets: set wherever one is written (a task that
+    /// never waited, nearly every one, has nothing of it to reset).
+    pub waited: bool,
 }
 
 impl Kind {
@@ -194,10 +198,12 @@ impl Task {
             timed: true,
             refusals: 0,
             woken: false,
+            waited: false,
         }
     }
 
     /// Reset for a new task of `kind` (the slot is reused), submitted at `now`.
+    #[inline]
     pub(super) fn begin(&mut self, kind: Kind, ttl: Duration, now: Instant) {
         self.live = true;
         self.began = now;
@@ -213,6 +219,21 @@ impl Task {
         self.last = None;
         self.result = None;
         self.released = false;
+        self.next_poll = now;
+        if self.waited {
+            self.reset_waiting();
+        }
+        debug_assert!(
+            self.waiting_state_is_reset(),
+            "a waiting field written unflagged"
+        );
+    }
+
+    /// [`Task::begin`]'s reset of the waiting state, for a task that waited.
+    #[cold]
+    #[inline(never)]
+    fn reset_waiting(&mut self) {
+        self.waited = false;
         self.chans.clear();
         self.wait_id = None;
         self.direct = None;
@@ -227,10 +248,27 @@ impl Task {
         self.unknown = 0;
         self.failed = 0;
         self.polls = 0;
-        self.next_poll = now;
         self.timed = true;
         self.refusals = 0;
         self.woken = false;
+    }
+
+    /// The waiting state is as [`Task::begin`] leaves it (see [`Task::waited`]).
+    fn waiting_state_is_reset(&self) -> bool {
+        self.chans.is_empty()
+            && self.wait_id.is_none()
+            && self.direct.is_none()
+            && self.woken_by.is_none()
+            && self.own.is_empty()
+            && self.heard.is_empty()
+            && self.confirmed == 0
+            && !self.out
+            && self.holders.is_empty()
+            && (self.taken | self.blocked | self.unknown | self.failed) == 0
+            && self.polls == 0
+            && self.timed
+            && self.refusals == 0
+            && !self.woken
     }
 
     /// The task's result is in (see [`Task::released`]).
@@ -338,6 +376,7 @@ impl Core {
         let t = &mut self.tasks[id.slot as usize];
         if let Some(line) = line {
             t.wait_id = Some(line.id);
+            t.waited = true;
         }
         t.out = line.is_some_and(|l| l.out);
         t.token = token;
@@ -416,11 +455,11 @@ impl Core {
         match phase {
             Phase::Acquire => {
                 let elapsed = decided_at.saturating_duration_since(t1);
-                let verdict = rules::judge_acquire(
+                let verdict = rules::judge_acquire_drifted(
                     &o.tally,
                     ttl,
                     elapsed,
-                    self.cfg.drift_factor,
+                    self.drift(ttl),
                     self.cfg.min_validity,
                 );
                 let fenced = self.cfg.fencing && !cancelled;
@@ -445,10 +484,10 @@ impl Core {
                 }
                 self.rounds.finish(op);
                 // Validity counts all three rounds.
-                let verdict = match rules::validity(
+                let verdict = match rules::validity_drifted(
                     ttl,
                     decided_at.saturating_duration_since(t1),
-                    self.cfg.drift_factor,
+                    self.drift(ttl),
                 ) {
                     Some(v) if v > self.cfg.min_validity => AcquireVerdict::Acquired(v),
                     _ => AcquireVerdict::ValidityUsedUp,
@@ -521,8 +560,9 @@ impl Core {
             self.rounds.finish(acquire);
             self.finishing(id, true, now);
             let t = &mut self.tasks[id.slot as usize];
-            let mut keys = KeyList::default();
-            keys.assign(&t.keys);
+            // The task is done with its keys (nothing reads a finished task's): they move
+            // into the lock, not copied.
+            let keys = std::mem::take(&mut t.keys);
             // The first attempt began the task: the wait is the attempt's time.
             let waited = match elapsed {
                 Some(e) if t.began == t.t1 => e,
@@ -553,6 +593,9 @@ impl Core {
             self.finished_task(id);
             return;
         }
+        // The attempt failed: what follows (the wait hint, announcements heard, the
+        // sleep, the cleanup's own announcement) is waiting state.
+        t.waited = true;
         if verdict == AcquireVerdict::Taken {
             t.refusals += 1;
         }
@@ -756,6 +799,7 @@ impl Core {
             // have stood, and try behind it only if that frees a quorum for them (not
             // when a holder elsewhere still blocks one: issue 19, item 4).
             let t = &mut self.tasks[id.slot as usize];
+            t.waited = true;
             if t.own.len() == OWN_KEPT {
                 t.own.remove(0);
             }
@@ -823,6 +867,16 @@ impl Core {
         let t = &self.tasks[id.slot as usize];
         let (kind, t1, ttl, valid_until) = (t.kind, t.t1, t.ttl, t.valid_until);
         let o = self.rounds.op(op);
+        if kind == Kind::Release && o.tally.decision() == Decision::Reached {
+            // A release a quorum confirmed (nearly every one): `finish` with
+            // `Ok(Done::Released)`, whose result is a flag (no result passed along).
+            self.rounds.finish(op);
+            self.tasks[id.slot as usize].op = None;
+            self.finishing(id, false, now);
+            self.tasks[id.slot as usize].released = true;
+            self.finished_task(id);
+            return;
+        }
         let what = if kind == Kind::Extend {
             Operation::Extend
         } else {
@@ -839,11 +893,11 @@ impl Core {
                 Err(Error::NoQuorum(self.report(what, op, t1, t1, 1)))
             }
         } else {
-            match rules::judge_acquire(
+            match rules::judge_acquire_drifted(
                 &o.tally,
                 ttl,
                 o.decided_at.saturating_duration_since(t1),
-                self.cfg.drift_factor,
+                self.drift(ttl),
                 self.cfg.min_validity,
             ) {
                 // The script never shortens a key's life, so the old deadline still holds

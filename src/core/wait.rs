@@ -199,6 +199,7 @@ impl Core {
                 return false;
             }
             t.blocked &= !(1u64 << m);
+            t.waited = true;
         }
         // Masters that failed the last attempt stay in the way whatever is announced: a
         // release frees a key, not a master that is down, partitioned, or refuses our vote
@@ -249,7 +250,9 @@ impl Core {
                 .unwrap_or(list.len());
             self.waitlists[k].insert(at, id);
         }
-        self.tasks[id.slot as usize].chans = chans;
+        let t = &mut self.tasks[id.slot as usize];
+        t.chans = chans;
+        t.waited = true;
     }
 
     /// Task `id` stops waiting (granted, failed, cancelled): leave the wait lists and let
@@ -330,6 +333,7 @@ impl Core {
         }
         t.woken = fp.is_some();
         t.timed = false;
+        t.waited = true;
         t.attempt += 1;
         self.start_attempt(id, now);
     }
@@ -455,9 +459,10 @@ impl Core {
             }
             Phase::Acquire | Phase::Draw | Phase::WriteBack => {
                 let m = master.map_or(u32::MAX, |m| m as u32);
-                let heard = &mut self.tasks[id.slot as usize].heard;
-                if heard.len() < 16 && !heard.contains(&(m, fp, turn)) {
-                    heard.push((m, fp, turn));
+                let t = &mut self.tasks[id.slot as usize];
+                if t.heard.len() < 16 && !t.heard.contains(&(m, fp, turn)) {
+                    t.heard.push((m, fp, turn));
+                    t.waited = true;
                 }
             }
             Phase::OnLock | Phase::Done => {}
@@ -494,6 +499,7 @@ impl Core {
                 // dropped here left a waiter whose attempt failed on a cut asleep until its
                 // timed retry: hot::a_cut_subscription_does_not_lose_the_release).
                 t.confirmed |= bit;
+                t.waited = true;
                 continue;
             }
             if !self.sleeping_task(id) || !self.eligible(id) {
@@ -524,6 +530,7 @@ impl Core {
         t.failed &= !back;
         t.blocked &= !(back & t.unknown);
         t.unknown &= !back;
+        t.waited = true;
         let out = (t.blocked | t.failed).count_ones() as usize;
         n - out.min(n) >= quorum
     }

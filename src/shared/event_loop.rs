@@ -18,6 +18,7 @@ use crate::core::{Core, Done, TaskId, WatchId};
 use crate::driver::{Driver, LoopIo};
 use crate::error::Error;
 use crate::keep::{AfterExtend, KeepAlive};
+use crate::lock::Lock;
 
 /// Who waits for a task.
 enum Waiter {
@@ -65,6 +66,18 @@ pub(crate) struct Loop<D = Driver> {
 /// Spare lock states kept at most.
 const MAX_SPARE_STATES: usize = 1024;
 
+/// The shared state of `lock`, just granted: one of the `spare` states refilled, or a new
+/// one (`base`: the origin of the guards' clocks). The lock's keys move into it.
+fn new_state(spare: &mut Vec<Arc<LockState>>, lock: &mut Lock, base: Instant) -> Arc<LockState> {
+    if let Some(mut state) = spare.pop() {
+        if let Some(s) = Arc::get_mut(&mut state) {
+            s.refill(lock, base);
+            return state;
+        }
+    }
+    Arc::new(LockState::new(lock, base))
+}
+
 impl<D: LoopIo> Loop<D> {
     pub(crate) fn new(m: Core, driver: D) -> Self {
         Loop::with_base(m, driver, Instant::now())
@@ -87,18 +100,6 @@ impl<D: LoopIo> Loop<D> {
             spare_states: Vec::new(),
             owed: Owed::default(),
         }
-    }
-
-    /// The shared state of a lock just granted: a spare one refilled, or a new one.
-    fn new_state(&mut self, lock: crate::lock::Lock) -> Arc<LockState> {
-        let fresh = LockState::new(lock, self.base);
-        if let Some(mut spare) = self.spare_states.pop() {
-            if let Some(s) = Arc::get_mut(&mut spare) {
-                *s = fresh;
-                return spare;
-            }
-        }
-        Arc::new(fresh)
     }
 
     /// The loop is done with `state`: kept for reuse when nobody else holds it (a guard
@@ -184,6 +185,13 @@ impl<D: LoopIo> Loop<D> {
 
     /// Take every command queued since the last time round.
     fn drain(&mut self, now: Instant) {
+        // One command (a caller's own, nearly always): taken off the list, no drain.
+        if self.inbox.len() == 1 {
+            if let Some(cmd) = self.inbox.pop() {
+                self.command(cmd, now);
+            }
+            return;
+        }
         let mut inbox = std::mem::take(&mut self.inbox);
         for cmd in inbox.drain(..) {
             self.command(cmd, now);
@@ -204,13 +212,15 @@ impl<D: LoopIo> Loop<D> {
     fn command(&mut self, cmd: Command, now: Instant) {
         match cmd {
             Command::Lock {
-                keys,
+                mut keys,
                 ttl,
                 deadline,
                 retries,
                 slot,
             } => {
-                let id = self.m.submit_lock(keys.iter(), ttl, deadline, retries, now);
+                let id = self
+                    .m
+                    .submit_lock_list(&mut keys, ttl, deadline, retries, now);
                 self.wait_for(id, Waiter::Lock(slot));
             }
             Command::Release { state, slot } => {
@@ -295,19 +305,17 @@ impl<D: LoopIo> Loop<D> {
 
     /// Hand every finished task's result to whoever waits for it.
     fn deliver(&mut self, now: Instant) {
-        let mut done = self.m.take_finished();
-        match done.len() {
+        match self.m.finished_count() {
+            // Half the turns of a caller's operation (the one before its wait).
             0 => {}
             // The common case (one caller): no copy of the list.
             1 => {
-                let id = done.next();
-                drop(done);
-                if let Some(id) = id {
+                if let Some(id) = self.m.take_one_finished() {
                     self.deliver_one(id, now);
                 }
             }
             _ => {
-                self.finished.extend(done);
+                self.finished.extend(self.m.take_finished());
                 let mut finished = std::mem::take(&mut self.finished);
                 for id in finished.drain(..) {
                     self.deliver_one(id, now);
@@ -325,24 +333,35 @@ impl<D: LoopIo> Loop<D> {
             return;
         };
         self.live -= 1;
+        if let Waiter::Lock(slot) = waiter {
+            // The lock's parts go from the task straight into its state (a lock is 272
+            // bytes: not moved out of the core, then into the state).
+            let (spare, base) = (&mut self.spare_states, self.base);
+            let out = self.m.take_in_place(id, |result| match result {
+                Ok(Done::Locked(lock)) => Ok(Out::Lock(new_state(spare, lock, base))),
+                Ok(other) => unreachable!("a lock task ended with {other:?}"),
+                Err(e) => Err(std::mem::replace(e, Error::Cancelled)),
+            });
+            self.settle_lock(slot, out, now);
+            return;
+        }
         let result = self.m.take(id);
         self.settle(waiter, result, now);
     }
 
+    /// Hand a lock task's result to its waiter.
+    fn settle_lock(&mut self, slot: Arc<Slot>, out: Result<Out, Error>, now: Instant) {
+        // Nobody wants it any more (the `Pending` was dropped): released as a dropped lock
+        // is.
+        if let Some(Ok(Out::Lock(state))) = slot.complete_later(out, &mut self.owed) {
+            self.m.release_detached(&state.to_lock(), now);
+            self.recycle(state);
+        }
+    }
+
     fn settle(&mut self, waiter: Waiter, result: Result<Done, Error>, now: Instant) {
         match waiter {
-            Waiter::Lock(slot) => {
-                let out = result.map(|d| match d {
-                    Done::Locked(lock) => Out::Lock(self.new_state(lock)),
-                    other => unreachable!("a lock task ended with {other:?}"),
-                });
-                // Nobody wants it any more (the `Pending` was dropped): released as a
-                // dropped lock is.
-                if let Some(Ok(Out::Lock(state))) = slot.complete_later(out, &mut self.owed) {
-                    self.m.release_detached(&state.to_lock(), now);
-                    self.recycle(state);
-                }
-            }
+            Waiter::Lock(_) => unreachable!("a lock task's result is taken in place"),
             Waiter::Release(slot) => {
                 slot.complete_later(result.map(|_| Out::Unit), &mut self.owed);
             }

@@ -53,7 +53,8 @@ fn ns(base: Instant, t: Instant) -> u64 {
 }
 
 impl LockState {
-    pub(crate) fn new(mut lock: Lock, base: Instant) -> LockState {
+    /// The state of `lock` (its keys taken out of it).
+    pub(crate) fn new(lock: &mut Lock, base: Instant) -> LockState {
         let until = ns(base, lock.valid_until);
         LockState {
             keys: std::mem::take(&mut lock.keys),
@@ -77,6 +78,38 @@ impl LockState {
         }
     }
 
+    /// [`LockState::new`] written into a spare state nobody else holds: the fields one by
+    /// one (no state built aside, moved in and the old one dropped); the keys are swapped
+    /// with the lock's (its old ones go with the lock).
+    pub(crate) fn refill(&mut self, lock: &mut Lock, base: Instant) {
+        let until = ns(base, lock.valid_until);
+        std::mem::swap(&mut self.keys, &mut lock.keys);
+        self.token = lock.token;
+        self.fence = lock.fence;
+        self.acquired_at = lock.acquired_at;
+        self.attempts = lock.attempts;
+        self.waited = lock.waited;
+        self.refusals = lock.refusals;
+        self.woken = lock.woken;
+        #[cfg(feature = "tracing")]
+        std::mem::swap(&mut self.span, &mut lock.span);
+        self.line = lock.line;
+        self.base = base;
+        *self.valid_until_ns.get_mut() = until;
+        *self.ttl_ms.get_mut() = lock.ttl.as_millis() as u64;
+        *self.stop_at_ns.get_mut() = until;
+        *self.lost.get_mut() = false;
+        match self.watch.get_mut() {
+            // As new (nearly always already: nobody watched the last lock's loss).
+            Ok(w) => {
+                if w.lost || w.timer || w.why.is_some() || !w.wakers.is_empty() {
+                    *w = Watch::default();
+                }
+            }
+            Err(_) => self.watch = Mutex::new(Watch::default()),
+        }
+    }
+
     fn at(&self, ns: u64) -> Instant {
         self.base + Duration::from_nanos(ns)
     }
@@ -93,12 +126,13 @@ impl LockState {
         self.at(self.stop_at_ns.load(Ordering::Acquire))
     }
 
-    /// What a release reads of the lock (no [`Lock`] built, no key copied for it).
+    /// What a release reads of the lock (no [`Lock`] built, no key copied for it; no
+    /// deadline, which a release does not read).
     pub(crate) fn on_lock(&self) -> crate::core::OnLock<'_> {
         crate::core::OnLock {
             keys: &self.keys,
             token: self.token,
-            valid_until: self.valid_until(),
+            valid_until: None,
             line: self.line,
         }
     }
