@@ -16,10 +16,22 @@ import os, re, socket, subprocess, sys, time
 here = os.path.dirname(os.path.abspath(__file__))
 src = open(os.path.join(here, "..", "src", "scripts.rs")).read()
 
+def literals(body):
+    return "".join(p.encode().decode("unicode_escape") for p in re.findall(r'"((?:[^"\\]|\\.)*)"', body))
+
 def script(name):
     i = src.index(f"pub const {name}: Script = Script {{")
     body = src[i:src.index("sha:", i)]
-    return "".join(p.encode().decode("unicode_escape") for p in re.findall(r'"((?:[^"\\]|\\.)*)"', body))
+    # A macro of scripts.rs that writes part of a source (announce_release!()).
+    parts = re.split(r'(\w+)!\(\)', body)
+    out = ""
+    for k, part in enumerate(parts):
+        if k % 2 == 0:
+            out += literals(part)
+        else:
+            j = src.index(f"macro_rules! {part} {{")
+            out += literals(src[j:src.index("};", j)])
+    return out
 
 def free_port():
     s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p

@@ -187,6 +187,41 @@ pub fn aux_key(kind: &[u8], key: &[u8]) -> Vec<u8> {
     out
 }
 
+/// The end of [`RELEASE`] and [`RELEASE_LEAN`] (Lua, one source): a marked key `k` was
+/// deleted; its line `q` and liveness set `a` name the first live waiter (dead ones on the
+/// way leave both), announced on its client's channel, else the key's channel hears it.
+macro_rules! announce_release {
+    () => {
+        concat!(
+            "    local turn\n",
+            "    for _ = 1, 8 do\n",
+            "      local r = redis.pcall('zrange', q, 0, 0)\n",
+            "      local h = type(r) == 'table' and r[1]\n",
+            "      if not h then break end\n",
+            "      if not now then local t = redis.call('time') now = t[1] * 1000 + math.floor(t[2] / 1000) end\n",
+            "      local d = tonumber(redis.pcall('zscore', a, h))\n",
+            "      if d and d >= now then\n",
+            "        turn = h\n",
+            "        break\n",
+            "      end\n",
+            "      redis.pcall('zrem', q, h)\n",
+            "      redis.pcall('zrem', a, h)\n",
+            "    end\n",
+            "    local note = string.sub(ARGV[1], 1, 16)\n",
+            "    if turn then\n",
+            "      redis.pcall('publish', 'redlock-mux:next:' .. string.sub(turn, 1, 8), note .. turn)\n",
+            "    else\n",
+            "      redis.pcall('publish', 'redlock-mux:released:' .. k, note)\n",
+            "    end\n",
+            "  else\n",
+            "    held = 0\n",
+            "  end\n",
+            "end\n",
+            "return held"
+        )
+    };
+}
+
 /// Compare-and-delete every key: `KEYS` = the lock's n keys, then their n lines
 /// ([`QUEUE`]), then their n liveness sets ([`ALIVE`]); returns 1 when all held the token,
 /// else 0. A key holds the token when its value is the token, or the token and [`WAITED`]
@@ -226,31 +261,7 @@ pub const RELEASE: Script = Script {
         "    redis.call('del', k)\n",
         "  elseif v == ARGV[1] .. '+' then\n",
         "    redis.call('del', k)\n",
-        "    local turn\n",
-        "    for _ = 1, 8 do\n",
-        "      local r = redis.pcall('zrange', q, 0, 0)\n",
-        "      local h = type(r) == 'table' and r[1]\n",
-        "      if not h then break end\n",
-        "      if not now then local t = redis.call('time') now = t[1] * 1000 + math.floor(t[2] / 1000) end\n",
-        "      local d = tonumber(redis.pcall('zscore', a, h))\n",
-        "      if d and d >= now then\n",
-        "        turn = h\n",
-        "        break\n",
-        "      end\n",
-        "      redis.pcall('zrem', q, h)\n",
-        "      redis.pcall('zrem', a, h)\n",
-        "    end\n",
-        "    local note = string.sub(ARGV[1], 1, 16)\n",
-        "    if turn then\n",
-        "      redis.pcall('publish', 'redlock-mux:next:' .. string.sub(turn, 1, 8), note .. turn)\n",
-        "    else\n",
-        "      redis.pcall('publish', 'redlock-mux:released:' .. k, note)\n",
-        "    end\n",
-        "  else\n",
-        "    held = 0\n",
-        "  end\n",
-        "end\n",
-        "return held"
+        announce_release!()
     ),
     sha: "b9b3d670a9d1db84805c4728751c1382090b4caa",
 };
@@ -280,31 +291,7 @@ pub const RELEASE_LEAN: Script = Script {
         "  elseif v == ARGV[1] .. '+' then\n",
         "    redis.call('del', k)\n",
         "    local q, a = 'redlock-mux:{' .. k .. '}:queue', 'redlock-mux:{' .. k .. '}:alive'\n",
-        "    local turn\n",
-        "    for _ = 1, 8 do\n",
-        "      local r = redis.pcall('zrange', q, 0, 0)\n",
-        "      local h = type(r) == 'table' and r[1]\n",
-        "      if not h then break end\n",
-        "      if not now then local t = redis.call('time') now = t[1] * 1000 + math.floor(t[2] / 1000) end\n",
-        "      local d = tonumber(redis.pcall('zscore', a, h))\n",
-        "      if d and d >= now then\n",
-        "        turn = h\n",
-        "        break\n",
-        "      end\n",
-        "      redis.pcall('zrem', q, h)\n",
-        "      redis.pcall('zrem', a, h)\n",
-        "    end\n",
-        "    local note = string.sub(ARGV[1], 1, 16)\n",
-        "    if turn then\n",
-        "      redis.pcall('publish', 'redlock-mux:next:' .. string.sub(turn, 1, 8), note .. turn)\n",
-        "    else\n",
-        "      redis.pcall('publish', 'redlock-mux:released:' .. k, note)\n",
-        "    end\n",
-        "  else\n",
-        "    held = 0\n",
-        "  end\n",
-        "end\n",
-        "return held"
+        announce_release!()
     ),
     sha: "56ba9b235833d594f3a4e33cf3b1a3cebb776dcf",
 };

@@ -1599,56 +1599,8 @@ impl SimRedis {
             } else if lua_eq(&v, Some(&lua_concat(x, 14, x.arg(1), b"+")?)) {
                 // L15: redis.call('del', k)
                 self.call(x, 15, &[Some(b"del"), key])?;
-                // L16: local turn
-                let mut turn: Option<Vec<u8>> = None;
-                // L17: for _ = 1, 8 do
-                for _ in 1..=8 {
-                    // L18: local r = redis.pcall('zrange', q, 0, 0)
-                    let r = self.pcall(x, &[Some(b"zrange"), q, Some(b"0"), Some(b"0")]);
-                    // L19: local h = type(r) == 'table' and r[1]
-                    // L20: if not h then break end
-                    let Some(h) = first_string(&r) else {
-                        break;
-                    };
-                    // L21: if not now then local t = redis.call('time') now = t[1] * 1000 + math.floor(t[2] / 1000) end
-                    let t = match now {
-                        Some(t) => t,
-                        None => *now.insert(self.lua_time(x, 21)?),
-                    };
-                    // L22: local d = tonumber(redis.pcall('zscore', a, h))
-                    let d = lua_tonumber_reply(&self.pcall(x, &[Some(b"zscore"), a, Some(&h)]));
-                    // L23: if d and d >= now then
-                    if d.is_some_and(|d| d >= t) {
-                        // L24: turn = h
-                        // L25: break
-                        turn = Some(h);
-                        break;
-                    }
-                    // L27: redis.pcall('zrem', q, h)
-                    self.pcall(x, &[Some(b"zrem"), q, Some(&h)]);
-                    // L28: redis.pcall('zrem', a, h)
-                    self.pcall(x, &[Some(b"zrem"), a, Some(&h)]);
-                }
-                // L30: local note = string.sub(ARGV[1], 1, 16)
-                // (ARGV[1] is a string here: it equalled a value.)
-                let note = lua_sub(x.arg(1).unwrap_or_default(), 1, 16);
-                match turn {
-                    // L31: if turn then
-                    // L32: redis.pcall('publish', 'redlock-mux:next:' .. string.sub(turn, 1, 8), note .. turn)
-                    Some(turn) => {
-                        let channel = cat(b"redlock-mux:next:", lua_sub(&turn, 1, 8));
-                        let payload = cat(note, &turn);
-                        self.pcall(x, &[Some(b"publish"), Some(&channel), Some(&payload)]);
-                    }
-                    // L34: redis.pcall('publish', 'redlock-mux:released:' .. k, note)
-                    None => {
-                        let Some(k) = key else {
-                            return Err(lua_concat_nil(x, 34, "k"));
-                        };
-                        let channel = cat(b"redlock-mux:released:", k);
-                        self.pcall(x, &[Some(b"publish"), Some(&channel), Some(note)]);
-                    }
-                }
+                // L16-L35: `announce_release!()`.
+                self.lua_announce(x, key, q, a, &mut now, 16)?;
             } else {
                 // L37: held = 0
                 held = 0;
@@ -1686,52 +1638,8 @@ impl SimRedis {
                 let q = [b"redlock-mux:{".as_slice(), k, b"}:queue"].concat();
                 let a = [b"redlock-mux:{".as_slice(), k, b"}:alive"].concat();
                 let (q, a) = (Some(q.as_slice()), Some(a.as_slice()));
-                // L12: local turn
-                let mut turn: Option<Vec<u8>> = None;
-                // L13: for _ = 1, 8 do
-                for _ in 1..=8 {
-                    // L14: local r = redis.pcall('zrange', q, 0, 0)
-                    let r = self.pcall(x, &[Some(b"zrange"), q, Some(b"0"), Some(b"0")]);
-                    // L15: local h = type(r) == 'table' and r[1]
-                    // L16: if not h then break end
-                    let Some(h) = first_string(&r) else {
-                        break;
-                    };
-                    // L17: if not now then local t = redis.call('time') now = t[1] * 1000 + math.floor(t[2] / 1000) end
-                    let t = match now {
-                        Some(t) => t,
-                        None => *now.insert(self.lua_time(x, 17)?),
-                    };
-                    // L18: local d = tonumber(redis.pcall('zscore', a, h))
-                    let d = lua_tonumber_reply(&self.pcall(x, &[Some(b"zscore"), a, Some(&h)]));
-                    // L19: if d and d >= now then
-                    if d.is_some_and(|d| d >= t) {
-                        // L20: turn = h
-                        // L21: break
-                        turn = Some(h);
-                        break;
-                    }
-                    // L23: redis.pcall('zrem', q, h)
-                    self.pcall(x, &[Some(b"zrem"), q, Some(&h)]);
-                    // L24: redis.pcall('zrem', a, h)
-                    self.pcall(x, &[Some(b"zrem"), a, Some(&h)]);
-                }
-                // L26: local note = string.sub(ARGV[1], 1, 16)
-                let note = lua_sub(x.arg(1).unwrap_or_default(), 1, 16);
-                match turn {
-                    // L27: if turn then
-                    // L28: redis.pcall('publish', 'redlock-mux:next:' .. string.sub(turn, 1, 8), note .. turn)
-                    Some(turn) => {
-                        let channel = cat(b"redlock-mux:next:", lua_sub(&turn, 1, 8));
-                        let payload = cat(note, &turn);
-                        self.pcall(x, &[Some(b"publish"), Some(&channel), Some(&payload)]);
-                    }
-                    // L30: redis.pcall('publish', 'redlock-mux:released:' .. k, note)
-                    None => {
-                        let channel = cat(b"redlock-mux:released:", k);
-                        self.pcall(x, &[Some(b"publish"), Some(&channel), Some(note)]);
-                    }
-                }
+                // L12-L31: `announce_release!()`.
+                self.lua_announce(x, Some(k), q, a, &mut now, 12)?;
             } else {
                 // L33: held = 0
                 held = 0;
@@ -1739,6 +1647,71 @@ impl SimRedis {
         }
         // L36: return held
         Ok(Reply::Int(held))
+    }
+
+    /// `announce_release!()` of `scripts::RELEASE` and `scripts::RELEASE_LEAN`, from its
+    /// first line `at` (`local turn`): the first live waiter in line `q` (liveness `a`) is
+    /// named on its client's channel, else `k`'s channel hears the release.
+    fn lua_announce(
+        &mut self,
+        x: &Run<'_>,
+        key: Option<&[u8]>,
+        q: Option<&[u8]>,
+        a: Option<&[u8]>,
+        now: &mut Option<f64>,
+        at: u32,
+    ) -> Result<(), Raised> {
+        // +0: local turn
+        let mut turn: Option<Vec<u8>> = None;
+        // +1: for _ = 1, 8 do
+        for _ in 1..=8 {
+            // +2: local r = redis.pcall('zrange', q, 0, 0)
+            let r = self.pcall(x, &[Some(b"zrange"), q, Some(b"0"), Some(b"0")]);
+            // +3: local h = type(r) == 'table' and r[1]
+            // +4: if not h then break end
+            let Some(h) = first_string(&r) else {
+                break;
+            };
+            // +5: if not now then local t = redis.call('time') now = t[1] * 1000 + math.floor(t[2] / 1000) end
+            let t = match *now {
+                Some(t) => t,
+                None => *now.insert(self.lua_time(x, at + 5)?),
+            };
+            // +6: local d = tonumber(redis.pcall('zscore', a, h))
+            let d = lua_tonumber_reply(&self.pcall(x, &[Some(b"zscore"), a, Some(&h)]));
+            // +7: if d and d >= now then
+            if d.is_some_and(|d| d >= t) {
+                // +8: turn = h
+                // +9: break
+                turn = Some(h);
+                break;
+            }
+            // +11: redis.pcall('zrem', q, h)
+            self.pcall(x, &[Some(b"zrem"), q, Some(&h)]);
+            // +12: redis.pcall('zrem', a, h)
+            self.pcall(x, &[Some(b"zrem"), a, Some(&h)]);
+        }
+        // +14: local note = string.sub(ARGV[1], 1, 16)
+        // (ARGV[1] is a string here: it equalled a value.)
+        let note = lua_sub(x.arg(1).unwrap_or_default(), 1, 16);
+        match turn {
+            // +15: if turn then
+            // +16: redis.pcall('publish', 'redlock-mux:next:' .. string.sub(turn, 1, 8), note .. turn)
+            Some(turn) => {
+                let channel = cat(b"redlock-mux:next:", lua_sub(&turn, 1, 8));
+                let payload = cat(note, &turn);
+                self.pcall(x, &[Some(b"publish"), Some(&channel), Some(&payload)]);
+            }
+            // +18: redis.pcall('publish', 'redlock-mux:released:' .. k, note)
+            None => {
+                let Some(k) = key else {
+                    return Err(lua_concat_nil(x, at + 18, "k"));
+                };
+                let channel = cat(b"redlock-mux:released:", k);
+                self.pcall(x, &[Some(b"publish"), Some(&channel), Some(note)]);
+            }
+        }
+        Ok(())
     }
 
     /// `local t = redis.call('time') now = t[1] * 1000 + math.floor(t[2] / 1000)` on Lua
