@@ -2192,24 +2192,24 @@ mod tests {
         use crate::scripts::ACQUIRE_MANY;
         let mut m = three();
         let (a, b) = (key_on(0, "a"), key_on(1, "b"));
-        m.submit(&cmd(&[
-            "EVALSHA",
-            ACQUIRE_MANY.sha,
-            "2",
-            &a,
-            &b,
-            "tok",
-            "100",
-        ]));
-        take_out(&mut m, 0);
-        take_out(&mut m, 1);
-        // a's group set its key; b's shard lost its scripts.
-        reply(&mut m, 0, b":1\r\n");
-        reply(
-            &mut m,
-            1,
-            b"-NOSCRIPT No matching script. Please use EVAL.\r\n",
-        );
+        let noscript: &[u8] = b"-NOSCRIPT No matching script. Please use EVAL.\r\n";
+        // a's group sets its key; b's shard lost its scripts.
+        let start = |m: &mut ShardMux| {
+            m.submit(&cmd(&[
+                "EVALSHA",
+                ACQUIRE_MANY.sha,
+                "2",
+                &a,
+                &b,
+                "tok",
+                "100",
+            ]));
+            take_out(m, 0);
+            take_out(m, 1);
+            reply(m, 0, b":1\r\n");
+            reply(m, 1, noscript);
+        };
+        start(&mut m);
         assert!(m.ready().is_empty(), "not answered before b's group is");
         assert!(
             take_out(&mut m, 0).is_empty(),
@@ -2223,29 +2223,9 @@ mod tests {
         assert_eq!(take_ready(&mut m), b":1\r\n");
         // Once only: a second -NOSCRIPT is the group's answer (an error: some group set
         // its keys, the rounds release there).
-        m.submit(&cmd(&[
-            "EVALSHA",
-            ACQUIRE_MANY.sha,
-            "2",
-            &a,
-            &b,
-            "tok",
-            "100",
-        ]));
-        take_out(&mut m, 0);
+        start(&mut m);
         take_out(&mut m, 1);
-        reply(&mut m, 0, b":1\r\n");
-        reply(
-            &mut m,
-            1,
-            b"-NOSCRIPT No matching script. Please use EVAL.\r\n",
-        );
-        take_out(&mut m, 1);
-        reply(
-            &mut m,
-            1,
-            b"-NOSCRIPT No matching script. Please use EVAL.\r\n",
-        );
+        reply(&mut m, 1, noscript);
         assert!(take_ready(&mut m).starts_with(b"-NOSCRIPT"));
     }
 

@@ -286,13 +286,20 @@ impl Core {
         t.gen == id.gen && t.has_result()
     }
 
-    /// Take a finished task's result and free it.
-    pub fn take(&mut self, id: TaskId) -> Result<Done, Error> {
+    /// Free finished task `id` (its slot goes back to the free list) and give it for its
+    /// result to be taken.
+    #[inline]
+    fn free_task(&mut self, id: TaskId) -> &mut Task {
         let t = &mut self.tasks[id.slot as usize];
         debug_assert!(t.gen == id.gen && t.live);
         t.live = false;
         self.free.push(id.slot);
-        let t = &mut self.tasks[id.slot as usize];
+        &mut self.tasks[id.slot as usize]
+    }
+
+    /// Take a finished task's result and free it.
+    pub fn take(&mut self, id: TaskId) -> Result<Done, Error> {
+        let t = self.free_task(id);
         // A result is as large as a lock (272 bytes): a release's is a flag.
         if t.released {
             t.released = false;
@@ -315,11 +322,7 @@ impl Core {
         id: TaskId,
         f: impl FnOnce(&mut Result<Done, Error>) -> R,
     ) -> R {
-        let t = &mut self.tasks[id.slot as usize];
-        debug_assert!(t.gen == id.gen && t.live);
-        t.live = false;
-        self.free.push(id.slot);
-        let t = &mut self.tasks[id.slot as usize];
+        let t = self.free_task(id);
         if t.released {
             t.released = false;
             return f(&mut Ok(Done::Released));

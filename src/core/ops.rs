@@ -69,17 +69,18 @@ impl OpArgs {
         for k in keys {
             self.keys.push(k);
         }
-        self.token = Some(token);
-        self.ttl_ms = ttl_ms;
-        self.line = None;
-        self.leave = None;
-        self.of_lock = false;
-        self.put = false;
+        self.set_rest(token, ttl_ms);
     }
 
     /// [`OpArgs::set`] with the keys of a list (copied whole: see [`KeyList::assign`]).
     pub(crate) fn set_list(&mut self, keys: &KeyList, token: Token, ttl_ms: u64) {
         self.keys.assign(keys);
+        self.set_rest(token, ttl_ms);
+    }
+
+    /// Everything but the keys, for a plain round.
+    #[inline]
+    fn set_rest(&mut self, token: Token, ttl_ms: u64) {
         self.token = Some(token);
         self.ttl_ms = ttl_ms;
         self.line = None;
