@@ -434,6 +434,10 @@ impl Rounds {
         self.actions_push(Action::Connect(LinkId(l)));
         self.chans.dirty = true;
         self.due_by(now + self.cfg.connect_timeout.min(self.cfg.stall_timeout));
+        if self.clusters && self.masters[i].cluster.is_some() {
+            // Its listeners open at the next tick (`Rounds::listeners_tick`): now.
+            self.due_by(now);
+        }
     }
 
     /// A sub link could not be opened, or broke before answering: back off as the lock
