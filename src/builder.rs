@@ -252,9 +252,11 @@ impl Builder {
     /// that crashed is followed within its TTL.
     ///
     /// **Woken on release** ([`WaitMode::Notify`]): a refused call of one resource takes its
-    /// place in the resource's *line* on each master (`redlock-mux:{T}:queue:<resource>`,
-    /// beside its waiters' liveness, `redlock-mux:{T}:alive:<resource>`, both in the
-    /// resource's cluster slot;
+    /// place in the resource's *line* on each master (`redlock-mux:{<resource>}:queue`,
+    /// beside its waiters' liveness, `redlock-mux:{<resource>}:alive`, both in the
+    /// resource's cluster slot; a name with a `}` has them as
+    /// `redlock-mux:{T}:queue:<resource>`, `T` three characters of its slot: see
+    /// the crate's `scripts::aux_key`;
     /// ordered by the call's arrival on its client's clock, so every master orders it
     /// alike; a waiter stays in line while it keeps asking, and leaves with its release, or
     /// on every master when the call ends without the lock).
