@@ -74,15 +74,8 @@ fn keys_on(c: &LocalCluster, node: usize, count: usize, prefix: &str) -> Vec<Str
 #[test]
 fn locks_on_cluster_masters_land_on_the_shard_of_their_key() {
     let clusters: Vec<LocalCluster> = (0..3).map(|_| cluster()).collect();
-    let mut client = Redlock::builder()
-        .masters(clusters.iter().map(LocalCluster::seed_url))
-        .retry_count(0)
-        .node_timeout(ROUND)
-        .build()
-        .unwrap();
     // Connected (a discovery and a connection per shard, for each master).
-    let warm = client.try_lock("warm", Duration::from_secs(10)).unwrap();
-    client.release(warm).unwrap();
+    let mut client = warm_client(&clusters);
     for node in 0..3 {
         for key in keys_on(&clusters[0], node, 4, &format!("sku:{node}:")) {
             let lock = client
