@@ -6,8 +6,9 @@
 # summary gives each configuration's median rate, its ratio to 1 shard, and the server CPU
 # per lock+release cycle (INFO cpu, summed over every shard primary of the 3 masters).
 #
-#   scripts/shard-scaling.sh                      # 3 rounds of 5 s runs, 0.1 core per primary
+#   scripts/shard-scaling.sh                      # 5 rounds of 5 s runs, 0.05 core per primary
 #   ROUNDS=5 DURATION=8s CPU=0.2 scripts/shard-scaling.sh
+#   RELEASE_WITH_NEXT=0 scripts/shard-scaling.sh  # wait for each batch's releases
 #   scripts/shard-scaling.sh --clients 4 --in-flight 16   # extra arguments go to every bench
 #
 # Needs the cgroup v1 cpu controller, writable (root). Every run starts its own clusters and
@@ -15,9 +16,17 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-ROUNDS=${ROUNDS:-3}
+ROUNDS=${ROUNDS:-5}
 DURATION=${DURATION:-5s}
-CPU=${CPU:-0.1}
+# 0.05 core per primary: 9 primaries at 3 shards then take 0.45 core, which leaves this
+# 2-core machine's other work (the client, builds beside) room, so the quotas bind.
+CPU=${CPU:-0.05}
+# Each batch's releases go out with the next batch's locks (one server turn per shard and
+# cycle instead of two: with more shards each turn carries fewer of the 64 requests, and a
+# turn's own cost is what otherwise grows the servers' CPU per cycle with the shards).
+RELEASE_WITH_NEXT=${RELEASE_WITH_NEXT:-1}
+extra=()
+[ "$RELEASE_WITH_NEXT" = 1 ] && extra+=(--release-with-next)
 SHARDS=${SHARDS:-"1 2 3"}
 IN_FLIGHT=${IN_FLIGHT:-64}
 OUT=${OUT:-$(mktemp -d -t shard-scaling.XXXXXX)}
@@ -33,14 +42,14 @@ target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_d
 bin="${target_dir:-target}/release/redlock"
 
 say "$("$bin" --version); $(redis-server --version | cut -d' ' -f1-3); $(nproc) CPUs; load $(cut -d' ' -f1-3 /proc/loadavg)"
-say "3 masters of S shard primaries each, S in: $SHARDS; $CPU core per primary; $IN_FLIGHT locks in flight; $ROUNDS rounds of $DURATION, interleaved; JSON in $OUT"
+say "3 masters of S shard primaries each, S in: $SHARDS; $CPU core per primary; $IN_FLIGHT locks in flight${extra[*]:+ (${extra[*]})}; $ROUNDS rounds of $DURATION, interleaved; JSON in $OUT"
 printf '%-6s %-3s %12s %8s %10s %10s %s\n' round S cycles/s errors srv-us/cyc cli-us/cyc "operations per shard (master 1)"
 for round in $(seq 1 "$ROUNDS"); do
     for s in $SHARDS; do
         f="$OUT/r$round-s$s.json"
         code=0
         "$bin" bench --local 3 --local-shards "$s" --shard-cpu "$CPU" --in-flight "$IN_FLIGHT" \
-            --duration "$DURATION" --json "$@" >"$f" || code=$?
+            --duration "$DURATION" --json "${extra[@]}" "$@" >"$f" || code=$?
         if [ "$code" -ne 0 ]; then
             say "round $round, $s shards: redlock bench exited $code (JSON, if any, in $f)"
             exit "$code"

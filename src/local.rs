@@ -757,7 +757,7 @@ impl LocalMaster {
     /// ```no_run
     /// let mut master = redlock_mux::local::LocalMaster::start()?;
     /// master.limit_cpu(0.1)?;
-    /// assert_eq!(master.cpu_cgroup().unwrap().quota_us()?, 10_000);
+    /// assert_eq!(master.cpu_cgroup().unwrap().quota_us()?, 2_000); // per 20 ms
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn limit_cpu(&mut self, cores: f64) -> io::Result<()> {

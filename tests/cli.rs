@@ -839,6 +839,64 @@ fn bench_with_locks_in_flight_reports_no_violations() {
     assert_eq!(j["round_timeout_ms"], 2000.0);
 }
 
+/// `--release-with-next` (issue 22's scaling runs): each batch's locks are dropped, and
+/// the client releases them with the next batch's locks, in the same write. Contended
+/// resources still pass the mutual-exclusion check (a hold is recorded as ending before
+/// its keys are deleted); the locks are released during the run (3 resources under a 10 s
+/// TTL could give 3 grants in 1 s otherwise) and after it (no key left once the bench has
+/// exited, long before any TTL); no release latency is reported, none being measured.
+#[test]
+fn bench_release_with_next_releases_every_lock() {
+    let m = masters(3);
+    let urls = m.urls().join(",");
+    let args = [
+        "bench",
+        "--json",
+        "--masters",
+        urls.as_str(),
+        "--duration",
+        "1s",
+        "--round-timeout",
+        "2s",
+        "--clients",
+        "2",
+        "--in-flight",
+        "4",
+        "--resources",
+        "3",
+        "--release-with-next",
+    ];
+    let out = output(redlock(None, &args), Duration::from_secs(60));
+    assert_eq!(code(&out), 0, "stderr: {}", stderr(&out));
+    let j = json(&out);
+    assert_eq!(j["release_with_next"], true, "{j}");
+    let me = &j["mutual_exclusion"];
+    assert_eq!(me["ok"], true, "{j}");
+    assert_eq!(me["violations"], 0, "{j}");
+    let acquired = j["acquired"].as_u64().unwrap();
+    assert!(acquired > 3, "locks released during the run: {j}");
+    assert_eq!(j["cycles"], acquired, "{j}");
+    assert_eq!(me["holds_checked"], acquired, "{j}");
+    assert_eq!(j["errors"], 0, "{j}");
+    assert_eq!(j["latency_us"]["release"]["count"], 0, "{j}");
+    assert_eq!(j["latency_us"]["cycle"]["count"], acquired, "{j}");
+    // The last batch's locks were released when the client was dropped: bounded poll (the
+    // releases were written before the process exited; each master runs them in order).
+    let keys = || -> i64 {
+        (0..3)
+            .map(|i| match m[i].cmd(&[b"DBSIZE"]).unwrap() {
+                AdminReply::Int(n) => n,
+                other => panic!("DBSIZE: {other:?}"),
+            })
+            .sum()
+    };
+    let until = Instant::now() + Duration::from_secs(5);
+    while keys() != 0 && Instant::now() < until {
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(keys(), 0, "keys left after the bench (TTL 10 s): {j}");
+}
+
 #[test]
 fn bench_callers_share_one_client_with_no_violations() {
     let (_, j) = bench(&["--callers", "4"]);

@@ -296,12 +296,19 @@ fn a_cpu_quota_is_applied_and_removed() {
     });
     let group = master.cpu_cgroup().unwrap();
     let path = group.path().to_path_buf();
-    assert_eq!(group.quota_us().unwrap(), 10_000);
-    assert_eq!(group.period_us().unwrap(), 100_000);
+    assert_eq!(group.quota_us().unwrap(), 2_000);
+    assert_eq!(group.period_us().unwrap(), 20_000);
     assert_eq!(group.processes().unwrap(), vec![master.pid().unwrap()]);
     // A second call changes the quota; a restart keeps the group.
     master.limit_cpu(0.25).unwrap();
-    assert_eq!(master.cpu_cgroup().unwrap().quota_us().unwrap(), 25_000);
+    assert_eq!(master.cpu_cgroup().unwrap().quota_us().unwrap(), 5_000);
+    // Under 0.05 core the period grows (the kernel's least quota is 1 ms).
+    master.limit_cpu(0.02).unwrap();
+    let group = master.cpu_cgroup().unwrap();
+    assert_eq!(
+        (group.quota_us().unwrap(), group.period_us().unwrap()),
+        (1_000, 50_000)
+    );
     master.restart().unwrap();
     assert_eq!(
         master.cpu_cgroup().unwrap().processes().unwrap(),
@@ -320,7 +327,7 @@ fn a_cpu_quota_is_applied_and_removed() {
         .iter()
         .map(|n| {
             let group = n.cpu_cgroup().unwrap();
-            assert_eq!(group.quota_us().unwrap(), 10_000);
+            assert_eq!(group.quota_us().unwrap(), 2_000);
             assert_eq!(group.processes().unwrap(), vec![n.pid().unwrap()]);
             group.path().to_path_buf()
         })

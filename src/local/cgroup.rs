@@ -10,8 +10,17 @@ use std::time::{Duration, Instant};
 /// Where the cgroup v1 `cpu` controller is mounted.
 pub const CPU_CGROUP_ROOT: &str = "/sys/fs/cgroup/cpu";
 
-/// The CFS period this module sets (the kernel's default): a quota is a share of it.
-const PERIOD_US: u64 = 100_000;
+/// The CFS period this module sets: a quota is a share of it. Not the kernel's default
+/// (100 ms): a small quota in a long period runs the group for its share and then freezes
+/// it for the rest, so that at 0.05 core a server answers nothing for 95 ms at a time,
+/// longer than a lock round's timeout (10-50 ms), and rounds fail on the period's beat,
+/// not under load (measured: thousands of round timeouts in 5 s at 0.05 core per primary
+/// with 100 ms, none with 20 ms; `benches/README.md`). The same share in a shorter period
+/// is spread more evenly.
+const PERIOD_US: u64 = 20_000;
+/// The longest period this module sets: for quotas below [`MIN_QUOTA_US`] per
+/// [`PERIOD_US`] (under 0.05 core), the period grows so the quota is the kernel's least.
+const MAX_PERIOD_US: u64 = 100_000;
 /// The smallest quota the kernel accepts (1 ms per period).
 const MIN_QUOTA_US: u64 = 1_000;
 /// How long dropping waits for the group's last processes to leave it.
@@ -22,8 +31,10 @@ const REMOVE_TIMEOUT: Duration = Duration::from_secs(2);
 /// not the machine, must bound).
 ///
 /// It is made under the `cpu` cgroup of the calling process (under
-/// [`CPU_CGROUP_ROOT`], named `redlock-mux-<pid>-<n>`), with `cpu.cfs_period_us` 100,000
-/// and `cpu.cfs_quota_us` the share of that period. Dropping it moves any process still
+/// [`CPU_CGROUP_ROOT`], named `redlock-mux-<pid>-<n>`), with `cpu.cfs_period_us` 20,000
+/// (20 ms, not the kernel's 100: a small share in a long period freezes a server longer
+/// than a lock round waits; up to 100 ms for shares under 0.05 core) and
+/// `cpu.cfs_quota_us` the share of that period. Dropping it moves any process still
 /// in it back to the calling process's group and removes the directory.
 ///
 /// Needs the cgroup v1 `cpu` controller mounted and writable (root, or a delegated
@@ -36,8 +47,8 @@ const REMOVE_TIMEOUT: Duration = Duration::from_secs(2);
 /// ```no_run
 /// use redlock_mux::local::CpuCgroup;
 ///
-/// let group = CpuCgroup::create(0.1)?; // 10% of one core
-/// assert_eq!(group.quota_us()?, 10_000);
+/// let group = CpuCgroup::create(0.1)?; // 10% of one core: 2 ms in every 20 ms
+/// assert_eq!((group.quota_us()?, group.period_us()?), (2_000, 20_000));
 /// group.add_process(std::process::id())?; // this very process, from now on
 /// # Ok::<(), std::io::Error>(())
 /// ```
@@ -95,7 +106,7 @@ fn own_cpu_group() -> io::Result<PathBuf> {
 
 impl CpuCgroup {
     /// Makes a new group whose processes together may use `cores` of a CPU's time
-    /// (`0.1`: 10 ms per 100 ms period; `2.0`: two cores' worth).
+    /// (`0.1`: 2 ms per 20 ms period; `2.0`: two cores' worth; `0.01`: 1 ms per 100 ms).
     ///
     /// # Errors
     ///
@@ -103,7 +114,7 @@ impl CpuCgroup {
     /// kernel's smallest quota); `Unsupported` without a cgroup v1 `cpu` controller;
     /// `PermissionDenied` (with a hint) where the hierarchy is not writable.
     pub fn create(cores: f64) -> io::Result<CpuCgroup> {
-        let quota = quota_us(cores)?;
+        let (period, quota) = period_and_quota_us(cores)?;
         let parent = own_cpu_group()?;
         static COUNTER: AtomicU64 = AtomicU64::new(0);
         let name = format!(
@@ -119,7 +130,7 @@ impl CpuCgroup {
             parent,
             cores,
         };
-        group.write("cpu.cfs_period_us", &PERIOD_US.to_string())?;
+        group.write("cpu.cfs_period_us", &period.to_string())?;
         group.write("cpu.cfs_quota_us", &quota.to_string())?;
         Ok(group)
     }
@@ -136,7 +147,11 @@ impl CpuCgroup {
 
     /// Changes the quota to `cores` of a CPU's time (see [`create`](Self::create)).
     pub fn set_cores(&mut self, cores: f64) -> io::Result<()> {
-        let quota = quota_us(cores)?;
+        let (period, quota) = period_and_quota_us(cores)?;
+        // No quota while the period changes: a quota above a new, shorter period would be
+        // refused for a group limited to one CPU's share by its parent.
+        self.write("cpu.cfs_quota_us", "-1")?;
+        self.write("cpu.cfs_period_us", &period.to_string())?;
         self.write("cpu.cfs_quota_us", &quota.to_string())?;
         self.cores = cores;
         Ok(())
@@ -188,14 +203,21 @@ impl CpuCgroup {
     }
 }
 
-fn quota_us(cores: f64) -> io::Result<u64> {
+/// The period and quota (µs) that give `cores` of a CPU's time: [`PERIOD_US`], or a longer
+/// period (up to [`MAX_PERIOD_US`]) where the quota would be below the kernel's least.
+fn period_and_quota_us(cores: f64) -> io::Result<(u64, u64)> {
     if !cores.is_finite() || cores <= 0.0 {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("a CPU quota must be a positive number of cores, not {cores}"),
         ));
     }
-    let quota = (cores * PERIOD_US as f64).round();
+    let period = if cores * (PERIOD_US as f64) < MIN_QUOTA_US as f64 {
+        ((MIN_QUOTA_US as f64 / cores).ceil() as u64).min(MAX_PERIOD_US)
+    } else {
+        PERIOD_US
+    };
+    let quota = (cores * period as f64).round();
     if quota < MIN_QUOTA_US as f64 || quota > 1e12 {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -205,7 +227,7 @@ fn quota_us(cores: f64) -> io::Result<u64> {
             ),
         ));
     }
-    Ok(quota as u64)
+    Ok((period, quota as u64))
 }
 
 fn parse_number(text: &str, path: &Path) -> io::Result<i64> {
@@ -242,11 +264,15 @@ mod tests {
 
     #[test]
     fn quotas_are_checked() {
-        assert_eq!(quota_us(0.1).unwrap(), 10_000);
-        assert_eq!(quota_us(2.0).unwrap(), 200_000);
-        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 0.001] {
+        assert_eq!(period_and_quota_us(0.1).unwrap(), (20_000, 2_000));
+        assert_eq!(period_and_quota_us(0.05).unwrap(), (20_000, 1_000));
+        assert_eq!(period_and_quota_us(2.0).unwrap(), (20_000, 40_000));
+        // Under 0.05 core the period grows, so that the quota is still the kernel's least.
+        assert_eq!(period_and_quota_us(0.04).unwrap(), (25_000, 1_000));
+        assert_eq!(period_and_quota_us(0.01).unwrap(), (100_000, 1_000));
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 0.001, 0.009] {
             assert_eq!(
-                quota_us(bad).unwrap_err().kind(),
+                period_and_quota_us(bad).unwrap_err().kind(),
                 io::ErrorKind::InvalidInput,
                 "{bad}"
             );

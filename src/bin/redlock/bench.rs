@@ -85,6 +85,12 @@ pub struct BenchArgs {
     /// round trip (pipelined try_lock_batch / release_batch).
     #[arg(long, value_name = "K", default_value_t = 1)]
     in_flight: usize,
+    /// With --in-flight above 1: send each batch's releases with the next batch's locks,
+    /// in the same write (a dropped Lock is released by its client's next call): one round
+    /// trip and one server turn per shard per cycle instead of two. Release latency is then
+    /// not measured (the cycle ends when its release is handed over).
+    #[arg(long)]
+    release_with_next: bool,
     /// K threads sharing one SharedRedlock handle, each locking and releasing in a loop
     /// (blocking on every result with wait()).
     #[arg(
@@ -355,6 +361,8 @@ struct Shared {
     in_flight: usize,
     /// `lock()` instead of `try_lock` retried at once.
     lock_calls: bool,
+    /// `--release-with-next`: a batch's locks are dropped, released with the next batch.
+    release_with_next: bool,
     /// Pause after each release (`--think`).
     think: Duration,
 }
@@ -385,6 +393,10 @@ pub fn main(args: BenchArgs) -> u8 {
     }
     if args.duration.is_zero() {
         say!("--duration must be above zero");
+        return exit::USAGE;
+    }
+    if args.release_with_next && (args.mode() != Mode::Clients || args.in_flight < 2) {
+        say!("--release-with-next pipelines batches: it needs --in-flight 2 or more");
         return exit::USAGE;
     }
     if args.wait_mode != WaitArg::Spin && args.mode() == Mode::Clients && args.in_flight > 1 {
@@ -677,6 +689,7 @@ fn bench(
             1
         },
         lock_calls: args.wait_mode != WaitArg::Spin,
+        release_with_next: args.release_with_next,
         think: args.think.unwrap_or_default(),
     });
     // The shared client of --callers / --tasks: one handle, cloned for every caller.
@@ -1389,18 +1402,27 @@ fn run_batched(id: usize, client: &mut Redlock, shared: &Shared, out: &mut Clien
             );
         }
         let done_slots: Vec<usize> = held.iter().map(|(slot, _)| *slot).collect();
-        let batch = client.release_batch(held.drain(..).map(|(_, lock)| lock), &mut released);
+        if shared.release_with_next {
+            // Dropped unreleased: the client releases them at its next call, first in the
+            // same write as the next batch's locks. The holds recorded above end at
+            // `release_start`, before the masters delete the keys: the check stays sound.
+            held.clear();
+        } else {
+            let batch = client.release_batch(held.drain(..).map(|(_, lock)| lock), &mut released);
+            if let Err(e) = batch {
+                out.error(&e);
+            }
+            for e in released.drain(..).filter_map(Result::err) {
+                out.error(&e);
+            }
+        }
         let done = Instant::now();
-        if let Err(e) = batch {
-            out.error(&e);
-        }
-        for e in released.drain(..).filter_map(Result::err) {
-            out.error(&e);
-        }
         for slot in done_slots {
             let (r, since, k) = &mut slots[slot];
-            out.release
-                .saturating_record(micros(done - release_start).max(1));
+            if !shared.release_with_next {
+                out.release
+                    .saturating_record(micros(done - release_start).max(1));
+            }
             out.cycle
                 .saturating_record(micros(done - since.unwrap_or(t0)).max(1));
             out.cycles += 1;
@@ -1662,6 +1684,7 @@ impl Report<'_> {
             "callers": (mode != Mode::Clients).then(|| self.args.lockers()),
             "tokio_worker_threads": (mode == Mode::Tasks).then_some(TOKIO_WORKERS),
             "in_flight": self.args.in_flight(),
+            "release_with_next": self.args.release_with_next,
             "resources": self.resources,
             "ttl_ms": self.args.ttl.as_millis() as u64,
             "round_timeout_ms": self.round_timeout.as_secs_f64() * 1000.0,
@@ -1700,9 +1723,14 @@ impl Report<'_> {
         let k = a.lockers();
         let who = match a.mode() {
             Mode::Clients if a.in_flight > 1 => format!(
-                "{k} client{} x {} in flight",
+                "{k} client{} x {} in flight{}",
                 if k == 1 { "" } else { "s" },
-                a.in_flight
+                a.in_flight,
+                if a.release_with_next {
+                    " (releases sent with the next batch)"
+                } else {
+                    ""
+                }
             ),
             Mode::Clients => format!("{k} client{}", if k == 1 { "" } else { "s" }),
             Mode::Callers => format!(
