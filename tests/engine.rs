@@ -480,6 +480,43 @@ fn wrong_password_is_a_handshake_error_naming_the_master() {
     assert!(!format!("{err:?}").contains("b4dpw"));
 }
 
+/// A batch's locks dropped unreleased go out with the next call, ahead of its own requests
+/// and in the same write (what `redlock bench --release-with-next` and docs/production.md's
+/// "Many locks in flight" rely on): the next batch on the same names is granted at its
+/// first attempt (each master ran the releases before the new `SET`s), and each master
+/// got one write for both.
+#[test]
+fn dropped_batch_is_released_in_the_next_batchs_write() {
+    let m = masters(3);
+    let mut a = client(&m);
+    let names: Vec<String> = (0..16).map(|k| format!("relnext:{k}")).collect();
+    let mut out = Vec::new();
+    a.try_lock_batch(&names, Duration::from_secs(30), &mut out)
+        .unwrap();
+    assert!(out.iter().all(Result::is_ok), "{out:?}");
+    // Every master answered (the call returned at a quorum), so that the next call's
+    // writes are its own.
+    settle(&mut a, 3);
+    out.clear(); // drops the 16 locks: queued for the next call
+    let before = a.stats();
+    a.try_lock_batch(&names, Duration::from_secs(30), &mut out)
+        .unwrap();
+    let after = a.stats();
+    for (k, r) in out.iter().enumerate() {
+        let lock = r.as_ref().unwrap_or_else(|e| panic!("{k}: {e}"));
+        assert_eq!(lock.attempts(), 1);
+        assert!(holders(&m, &names[k], lock) >= 2);
+    }
+    for (i, (x, y)) in before.iter().zip(&after).enumerate() {
+        let w = y.writes() - x.writes();
+        assert_eq!(w, 1, "master {i}: {w} writes for 16 releases and 16 locks");
+    }
+    let mut rel = Vec::new();
+    a.release_batch(out.drain(..).filter_map(Result::ok), &mut rel)
+        .unwrap();
+    assert!(rel.iter().all(Result::is_ok), "{rel:?}");
+}
+
 #[test]
 fn batch_pipelines_many_locks_in_one_write_per_master() {
     let m = masters(5);
