@@ -358,15 +358,30 @@ fn channels_of(node: &redlock_mux::local::LocalMaster, key: &str) -> usize {
 
 #[test]
 fn a_waiter_on_cluster_masters_is_woken_by_the_release() {
-    woken_by_the_release(false);
+    woken_by_the_release(false, false);
 }
 
 #[test]
 fn a_fair_waiter_on_cluster_masters_is_woken_by_the_release() {
-    woken_by_the_release(true);
+    woken_by_the_release(true, false);
 }
 
-fn woken_by_the_release(fair: bool) {
+/// A listener whose connection is lost while its client waits is opened again (after
+/// `LISTENER_RETRY`, 1 s), to the shard's primary: killed on the key's shard of every
+/// cluster, it is back there within the wait.
+#[test]
+fn a_listener_lost_while_waiting_is_opened_again() {
+    woken_by_the_release(false, true);
+}
+
+/// Subscribed on the seed (node 0) and listening on `key`'s shard (node 2) of every cluster.
+fn listening(clusters: &[LocalCluster], key: &str) -> bool {
+    clusters
+        .iter()
+        .all(|c| channels_of(c.node(0), key) > 0 && channels_of(c.node(2), key) > 0)
+}
+
+fn woken_by_the_release(fair: bool, kill_listeners: bool) {
     // The release runs on the key's shard; its announcement reaches the waiter there, where
     // the client listens while it waits (a listener per shard primary), and crosses the
     // cluster bus to the node of its subscription connection (the first seed).
@@ -397,10 +412,7 @@ fn woken_by_the_release(fair: bool) {
     // Subscribed on the seed (its subscription connection) and on the key's shard (a
     // listener): without the listener, the announcement would only reach it over the
     // cluster bus, about 40 ms late now and then.
-    while !clusters
-        .iter()
-        .all(|c| channels_of(c.node(0), key) > 0 && channels_of(c.node(2), key) > 0)
-    {
+    while !listening(&clusters, key) {
         assert!(
             std::time::Instant::now() < deadline,
             "the waiter never subscribed on the seed and on its key's shard: {:?}",
@@ -410,6 +422,31 @@ fn woken_by_the_release(fair: bool) {
                 .collect::<Vec<_>>()
         );
         std::thread::sleep(Duration::from_millis(10));
+    }
+    if kill_listeners {
+        for c in &clusters {
+            // The listener is the waiter's only subscriber connection on node 2 (its
+            // subscription connection is on the seed, node 0).
+            match c.node(2).cmd(&[b"CLIENT", b"KILL", b"TYPE", b"pubsub"]) {
+                Ok(AdminReply::Int(n)) => assert_eq!(n, 1, "one listener killed"),
+                r => panic!("CLIENT KILL: {r:?}"),
+            }
+            assert_eq!(channels_of(c.node(2), key), 0, "the listener is gone");
+        }
+        // Back within the wait: reopened after 1 s (bounded by 5 s of a loaded machine;
+        // the waiter's retry comes only after 10 s).
+        let deadline = std::time::Instant::now() + Duration::from_secs(6);
+        while !listening(&clusters, key) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no listener on the key's shard again: {:?}",
+                clusters
+                    .iter()
+                    .map(|c| (channels_of(c.node(0), key), channels_of(c.node(2), key)))
+                    .collect::<Vec<_>>()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
     let released = std::time::Instant::now();
     holder.release(held).unwrap();
