@@ -374,11 +374,24 @@ fn a_listener_lost_while_waiting_is_opened_again() {
     woken_by_the_release(false, true);
 }
 
-/// Subscribed on the seed (node 0) and listening on `key`'s shard (node 2) of every cluster.
-fn listening(clusters: &[LocalCluster], key: &str) -> bool {
-    clusters
-        .iter()
-        .all(|c| channels_of(c.node(0), key) > 0 && channels_of(c.node(2), key) > 0)
+/// Waits, up to `bound`, until the waiter is subscribed on the seed (node 0) and listens on
+/// `key`'s shard (node 2) of every cluster; panics with `what` and the channel counts.
+fn wait_listening(clusters: &[LocalCluster], key: &str, bound: Duration, what: &str) {
+    let counts = || -> Vec<(usize, usize)> {
+        clusters
+            .iter()
+            .map(|c| (channels_of(c.node(0), key), channels_of(c.node(2), key)))
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + bound;
+    while !counts().iter().all(|&(seed, shard)| seed > 0 && shard > 0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: {:?}",
+            counts()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 fn woken_by_the_release(fair: bool, kill_listeners: bool) {
@@ -408,21 +421,15 @@ fn woken_by_the_release(fair: bool, kill_listeners: bool) {
         let r = waiter.lock(key, Duration::from_secs(30));
         let _ = tx.send(r);
     });
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
     // Subscribed on the seed (its subscription connection) and on the key's shard (a
     // listener): without the listener, the announcement would only reach it over the
     // cluster bus, about 40 ms late now and then.
-    while !listening(&clusters, key) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the waiter never subscribed on the seed and on its key's shard: {:?}",
-            clusters
-                .iter()
-                .map(|c| (channels_of(c.node(0), key), channels_of(c.node(2), key)))
-                .collect::<Vec<_>>()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_listening(
+        &clusters,
+        key,
+        Duration::from_secs(5),
+        "the waiter never subscribed on the seed and on its key's shard",
+    );
     if kill_listeners {
         for c in &clusters {
             // The listener is the waiter's only subscriber connection on node 2 (its
@@ -435,18 +442,12 @@ fn woken_by_the_release(fair: bool, kill_listeners: bool) {
         }
         // Back within the wait: reopened after 1 s (bounded by 5 s of a loaded machine;
         // the waiter's retry comes only after 10 s).
-        let deadline = std::time::Instant::now() + Duration::from_secs(6);
-        while !listening(&clusters, key) {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "no listener on the key's shard again: {:?}",
-                clusters
-                    .iter()
-                    .map(|c| (channels_of(c.node(0), key), channels_of(c.node(2), key)))
-                    .collect::<Vec<_>>()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_listening(
+            &clusters,
+            key,
+            Duration::from_secs(6),
+            "no listener on the key's shard again",
+        );
     }
     let released = std::time::Instant::now();
     holder.release(held).unwrap();
