@@ -163,82 +163,77 @@ fn online_primary<'a>(node: &Frame<'a>, tls: bool) -> Result<Option<Primary<'a>>
     }))
 }
 
-/// Parse a `CLUSTER SHARDS` reply (RESP2 or RESP3): every shard with slots and an
-/// online primary. `tls`: take a node's `tls-port` where it has one.
-pub(crate) fn parse_shards(reply: &Frame<'_>, tls: bool) -> Result<Vec<ShardInfo>, MapError> {
+/// A cluster map reply read by [`each_shard`] or [`each_slot_range`]: not its shape (what
+/// is wrong), or the caller's own error.
+enum Walk<E> {
+    Shape(&'static str),
+    Caller(E),
+}
+
+/// The shards of a `CLUSTER SHARDS` reply (RESP2 or RESP3), one call of `f` each: its slot
+/// ranges as given (unchecked) and its online primary (`None`: none online, a failover
+/// under way; the last where a reply names two). `tls`: a node's `tls-port` where it has
+/// one. Shared by discovery ([`parse_shards`]) and refresh (`ShardMux`, no allocation).
+fn each_shard<'a, E>(
+    reply: &Frame<'a>,
+    tls: bool,
+    mut f: impl FnMut(&[(i64, i64)], Option<Primary<'a>>) -> Result<(), E>,
+) -> Result<(), Walk<E>> {
     let Frame::Aggregate(shards) = reply else {
-        return Err(MapError::Shape("CLUSTER SHARDS is not an array"));
+        return Err(Walk::Shape("CLUSTER SHARDS is not an array"));
     };
-    let mut out = Vec::with_capacity(shards.len());
+    let mut ranges: smallvec::SmallVec<[(i64, i64); 8]> = smallvec::SmallVec::new();
     for shard in shards.iter() {
-        let fields = pairs(&shard).ok_or(MapError::Shape("a shard is not a map"))?;
-        let mut ranges = Vec::new();
+        let fields = pairs(&shard).ok_or(Walk::Shape("a shard is not a map"))?;
+        ranges.clear();
         let mut primary = None;
         for (k, v) in fields {
             match text(&k) {
                 Some(b"slots") => {
                     let Frame::Aggregate(a) = v else {
-                        return Err(MapError::Shape("slots is not an array"));
+                        return Err(Walk::Shape("slots is not an array"));
                     };
                     let mut it = a.iter();
                     while let Some(s) = it.next() {
-                        let e = it.next().ok_or(MapError::Shape("an odd slot list"))?;
-                        let (s, e) = (int(&s), int(&e));
-                        let (Some(s), Some(e)) = (s, e) else {
-                            return Err(MapError::Shape("a slot that is not a number"));
+                        let e = it.next().ok_or(Walk::Shape("an odd slot list"))?;
+                        let (Some(s), Some(e)) = (int(&s), int(&e)) else {
+                            return Err(Walk::Shape("a slot that is not a number"));
                         };
-                        ranges.push(range(s, e)?);
+                        ranges.push((s, e));
                     }
                 }
                 Some(b"nodes") => {
                     let Frame::Aggregate(nodes) = v else {
-                        return Err(MapError::Shape("nodes is not an array"));
+                        return Err(Walk::Shape("nodes is not an array"));
                     };
                     for node in nodes.iter() {
-                        let Some(p) = online_primary(&node, tls)
-                            .map_err(|()| MapError::Shape("a node is not a map"))?
-                        else {
-                            continue;
-                        };
-                        let (host, port, id) = (p.host, p.port, p.id);
-                        let port = port
-                            .and_then(|p| u16::try_from(p).ok())
-                            .filter(|p| *p != 0)
-                            .ok_or(MapError::Shape("a primary without a port"))?;
-                        primary = Some(ShardInfo {
-                            primary: NodeAddr {
-                                host: endpoint_host(host)?,
-                                port,
-                            },
-                            node_id: id.and_then(node_id),
-                            ranges: Vec::new(),
-                        });
+                        if let Some(p) = online_primary(&node, tls)
+                            .map_err(|()| Walk::Shape("a node is not a map"))?
+                        {
+                            primary = Some(p);
+                        }
                     }
                 }
                 _ => {}
             }
         }
-        // A shard without slots (a new, empty primary) or without an online primary (a
-        // failover under way) serves nothing now: its slots, if any, stay unmapped and
-        // their requests fail until the next refresh.
-        if let (Some(mut p), false) = (primary, ranges.is_empty()) {
-            p.ranges = ranges;
-            out.push(p);
-        }
+        f(&ranges, primary).map_err(Walk::Caller)?;
     }
-    Ok(out)
+    Ok(())
 }
 
-/// Parse a `CLUSTER SLOTS` reply: `[start, end, [host, port, id, ...], replicas...]` per
-/// range, merged by primary.
-pub(crate) fn parse_slots(reply: &Frame<'_>) -> Result<Vec<ShardInfo>, MapError> {
+/// The ranges of a `CLUSTER SLOTS` reply, one call of `f` each: start and end (unchecked),
+/// and its primary's host (`?` when the reply has none), port (if a number) and id.
+fn each_slot_range<'a, E>(
+    reply: &Frame<'a>,
+    mut f: impl FnMut(i64, i64, &'a [u8], Option<i64>, Option<&'a [u8]>) -> Result<(), E>,
+) -> Result<(), Walk<E>> {
     let Frame::Aggregate(entries) = reply else {
-        return Err(MapError::Shape("CLUSTER SLOTS is not an array"));
+        return Err(Walk::Shape("CLUSTER SLOTS is not an array"));
     };
-    let mut out: Vec<ShardInfo> = Vec::new();
     for entry in entries.iter() {
         let Frame::Aggregate(e) = entry else {
-            return Err(MapError::Shape("a slot range is not an array"));
+            return Err(Walk::Shape("a slot range is not an array"));
         };
         let mut it = e.iter();
         let (Some(s), Some(end), Some(Frame::Aggregate(node))) = (
@@ -246,32 +241,81 @@ pub(crate) fn parse_slots(reply: &Frame<'_>) -> Result<Vec<ShardInfo>, MapError>
             it.next().as_ref().and_then(int),
             it.next(),
         ) else {
-            return Err(MapError::Shape("a slot range without its primary"));
+            return Err(Walk::Shape("a slot range without its primary"));
         };
-        let r = range(s, end)?;
         let mut n = node.iter();
         let host = n.next().as_ref().and_then(text).unwrap_or(b"?");
-        let port = n
-            .next()
-            .as_ref()
-            .and_then(int)
-            .and_then(|p| u16::try_from(p).ok())
-            .filter(|p| *p != 0)
-            .ok_or(MapError::Shape("a primary without a port"))?;
-        let id = n.next().as_ref().and_then(text).and_then(node_id);
+        let port = n.next().as_ref().and_then(int);
+        let id = n.next().as_ref().and_then(text);
+        f(s, end, host, port, id).map_err(Walk::Caller)?;
+    }
+    Ok(())
+}
+
+impl From<Walk<MapError>> for MapError {
+    fn from(w: Walk<MapError>) -> MapError {
+        match w {
+            Walk::Shape(what) => MapError::Shape(what),
+            Walk::Caller(e) => e,
+        }
+    }
+}
+
+/// A primary's port as a map holds it: a nonzero `u16`.
+fn primary_port(port: Option<i64>) -> Result<u16, MapError> {
+    port.and_then(|p| u16::try_from(p).ok())
+        .filter(|p| *p != 0)
+        .ok_or(MapError::Shape("a primary without a port"))
+}
+
+/// Parse a `CLUSTER SHARDS` reply (RESP2 or RESP3): every shard with slots and an
+/// online primary. `tls`: take a node's `tls-port` where it has one.
+pub(crate) fn parse_shards(reply: &Frame<'_>, tls: bool) -> Result<Vec<ShardInfo>, MapError> {
+    let mut out = Vec::new();
+    each_shard(reply, tls, |ranges, primary| {
+        let ranges = ranges
+            .iter()
+            .map(|&(s, e)| range(s, e))
+            .collect::<Result<Vec<_>, _>>()?;
+        // A shard without slots (a new, empty primary) or without an online primary (a
+        // failover under way) serves nothing now: its slots, if any, stay unmapped and
+        // their requests fail until the next refresh.
+        let Some(p) = primary.filter(|_| !ranges.is_empty()) else {
+            return Ok(());
+        };
+        out.push(ShardInfo {
+            primary: NodeAddr {
+                host: endpoint_host(p.host)?,
+                port: primary_port(p.port)?,
+            },
+            node_id: p.id.and_then(node_id),
+            ranges,
+        });
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// Parse a `CLUSTER SLOTS` reply: `[start, end, [host, port, id, ...], replicas...]` per
+/// range, merged by primary.
+pub(crate) fn parse_slots(reply: &Frame<'_>) -> Result<Vec<ShardInfo>, MapError> {
+    let mut out: Vec<ShardInfo> = Vec::new();
+    each_slot_range(reply, |s, end, host, port, id| {
+        let r = range(s, end)?;
         let primary = NodeAddr {
             host: endpoint_host(if host.is_empty() { b"?" } else { host })?,
-            port,
+            port: primary_port(port)?,
         };
         match out.iter_mut().find(|sh| sh.primary == primary) {
             Some(sh) => sh.ranges.push(r),
             None => out.push(ShardInfo {
                 primary,
-                node_id: id,
+                node_id: id.and_then(node_id),
                 ranges: vec![r],
             }),
         }
-    }
+        Ok(())
+    })?;
     Ok(out)
 }
 
@@ -402,6 +446,15 @@ enum Refresh {
     Unknown,
     /// It does not make sense (a bad range, a slot claimed twice): the map stays.
     Bad,
+}
+
+impl From<Walk<Refresh>> for Refresh {
+    fn from(w: Walk<Refresh>) -> Refresh {
+        match w {
+            Walk::Shape(_) => Refresh::Bad,
+            Walk::Caller(r) => r,
+        }
+    }
 }
 
 /// A cluster master's lock connection as the rounds see it: one ordered stream of
@@ -801,7 +854,9 @@ impl ShardMux {
     fn refreshed(&mut self, frame: &Frame<'_>) {
         self.refreshing = false;
         // Refused (an ACL without CLUSTER, a node loading): the map stays.
-        let Frame::Aggregate(top) = frame else { return };
+        if !matches!(frame, Frame::Aggregate(_)) {
+            return;
+        }
         let mut owner = std::mem::take(&mut self.spare_owner);
         if owner.len() == SLOTS {
             owner.fill(SlotMap::NONE);
@@ -809,9 +864,9 @@ impl ShardMux {
             owner = vec![SlotMap::NONE; SLOTS].into_boxed_slice();
         }
         let read = if self.slots_only {
-            self.owner_from_slots(top, &mut owner)
+            self.owner_from_slots(frame, &mut owner)
         } else {
-            self.owner_from_shards(top, &mut owner)
+            self.owner_from_shards(frame, &mut owner)
         };
         match read {
             Ok(()) => std::mem::swap(&mut self.map.owner, &mut owner),
@@ -846,82 +901,29 @@ impl ShardMux {
     }
 
     /// A `CLUSTER SHARDS` answer into `owner`, by the shards this layer knows.
-    fn owner_from_shards(
-        &self,
-        top: &crate::resp::Aggregate<'_>,
-        owner: &mut [u16],
-    ) -> Result<(), Refresh> {
-        for shard in top.iter() {
-            let fields = pairs(&shard).ok_or(Refresh::Bad)?;
-            let mut ranges: smallvec::SmallVec<[(i64, i64); 8]> = smallvec::SmallVec::new();
-            let mut primary = None;
-            for (k, v) in fields {
-                match text(&k) {
-                    Some(b"slots") => {
-                        let Frame::Aggregate(a) = v else {
-                            return Err(Refresh::Bad);
-                        };
-                        let mut it = a.iter();
-                        while let Some(s) = it.next() {
-                            let e = it.next().ok_or(Refresh::Bad)?;
-                            let (Some(s), Some(e)) = (int(&s), int(&e)) else {
-                                return Err(Refresh::Bad);
-                            };
-                            ranges.push((s, e));
-                        }
-                    }
-                    Some(b"nodes") => {
-                        let Frame::Aggregate(nodes) = v else {
-                            return Err(Refresh::Bad);
-                        };
-                        for node in nodes.iter() {
-                            let Some(p) =
-                                online_primary(&node, self.tls).map_err(|()| Refresh::Bad)?
-                            else {
-                                continue;
-                            };
-                            let port = p.port.ok_or(Refresh::Bad)?;
-                            primary = Some(self.known(p.host, port).ok_or(Refresh::Unknown)?);
-                        }
-                    }
-                    _ => {}
-                }
-            }
+    fn owner_from_shards(&self, reply: &Frame<'_>, owner: &mut [u16]) -> Result<(), Refresh> {
+        each_shard(reply, self.tls, |ranges, primary| {
             // A shard without an online primary serves nothing now (as at discovery).
-            if let Some(k) = primary {
-                for (s, e) in ranges {
-                    Self::claim(owner, s, e, k)?;
-                }
-            }
-        }
-        Ok(())
+            let Some(p) = primary else { return Ok(()) };
+            let k = self
+                .known(p.host, p.port.ok_or(Refresh::Bad)?)
+                .ok_or(Refresh::Unknown)?;
+            ranges
+                .iter()
+                .try_for_each(|&(s, e)| Self::claim(owner, s, e, k))
+        })
+        .map_err(Refresh::from)
     }
 
     /// A `CLUSTER SLOTS` answer into `owner`, by the shards this layer knows.
-    fn owner_from_slots(
-        &self,
-        top: &crate::resp::Aggregate<'_>,
-        owner: &mut [u16],
-    ) -> Result<(), Refresh> {
-        for entry in top.iter() {
-            let Frame::Aggregate(e) = entry else {
-                return Err(Refresh::Bad);
-            };
-            let mut it = e.iter();
-            let (Some(s), Some(end), Some(Frame::Aggregate(node))) = (
-                it.next().as_ref().and_then(int),
-                it.next().as_ref().and_then(int),
-                it.next(),
-            ) else {
-                return Err(Refresh::Bad);
-            };
-            let mut n = node.iter();
-            let host = n.next().as_ref().and_then(text).unwrap_or(b"?");
-            let port = n.next().as_ref().and_then(int).ok_or(Refresh::Bad)?;
-            let k = self.known(host, port).ok_or(Refresh::Unknown)?;
-            Self::claim(owner, s, end, k)?;
-        }
-        Ok(())
+    fn owner_from_slots(&self, reply: &Frame<'_>, owner: &mut [u16]) -> Result<(), Refresh> {
+        each_slot_range(reply, |s, end, host, port, _| {
+            let k = self
+                .known(host, port.ok_or(Refresh::Bad)?)
+                .ok_or(Refresh::Unknown)?;
+            Self::claim(owner, s, end, k)
+        })
+        .map_err(Refresh::from)
     }
 
     pub(crate) fn shards(&mut self) -> &mut [ShardLink] {
