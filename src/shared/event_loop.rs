@@ -61,6 +61,10 @@ pub(crate) struct Loop<D = Driver> {
     /// The wake-ups of the parked callers whose results this turn handed over, paid once
     /// the turn's requests are written (see `pending::Handover`).
     owed: Owed,
+    /// The slot (its address; 0: none) of the caller driving the loop for its result,
+    /// which it takes from `direct` (see [`Loop::aim`]).
+    aimed: usize,
+    direct: Option<Result<Out, Error>>,
 }
 
 /// Spare lock states kept at most.
@@ -99,6 +103,8 @@ impl<D: LoopIo> Loop<D> {
             base,
             spare_states: Vec::new(),
             owed: Owed::default(),
+            aimed: 0,
+            direct: None,
         }
     }
 
@@ -152,6 +158,44 @@ impl<D: LoopIo> Loop<D> {
             return wake;
         }
         [wake, self.next_wake(now)].into_iter().flatten().min()
+    }
+
+    /// Where [`Loop::iterate`] takes the queued commands into (empty between turns: each
+    /// turn runs all it took).
+    pub(crate) fn inbox(&mut self) -> &mut Vec<Command> {
+        &mut self.inbox
+    }
+
+    /// The caller about to drive the loop waits for `slot`: its result goes to
+    /// [`Loop::take_direct`], not into the slot (no lock, no wake-up, nothing for the
+    /// caller to take from the slot). Only while that caller holds the loop: it takes the
+    /// result (or learns it has none, then its slot has it or will) before letting go.
+    pub(crate) fn aim(&mut self, slot: &Slot) {
+        self.aimed = slot as *const Slot as usize;
+    }
+
+    /// The aimed caller's result is in.
+    pub(crate) fn has_direct(&self) -> bool {
+        self.direct.is_some()
+    }
+
+    /// Stop aiming; the aimed caller's result, if it came.
+    pub(crate) fn take_direct(&mut self) -> Option<Result<Out, Error>> {
+        self.aimed = 0;
+        self.direct.take()
+    }
+
+    /// Hand `out` to `slot`'s waiter: the aimed caller directly, anyone else through the
+    /// slot ([`Slot::complete_later`], whose return it returns).
+    #[inline]
+    fn complete(&mut self, slot: Arc<Slot>, out: Result<Out, Error>) -> Option<Result<Out, Error>> {
+        if Arc::as_ptr(&slot) as usize == self.aimed {
+            self.aimed = 0;
+            slot.let_go_unfilled();
+            self.direct = Some(out);
+            return None;
+        }
+        slot.complete_later(out, &mut self.owed)
     }
 
     /// Wait for the masters until `wake` at the latest.
@@ -276,7 +320,7 @@ impl<D: LoopIo> Loop<D> {
             }
             Command::Stats(slot) => {
                 let stats = Ok(Out::Stats(self.driver.stats(&self.m)));
-                slot.complete_later(stats, &mut self.owed);
+                self.complete(slot, stats);
             }
             Command::Admin {
                 resource,
@@ -353,7 +397,7 @@ impl<D: LoopIo> Loop<D> {
     fn settle_lock(&mut self, slot: Arc<Slot>, out: Result<Out, Error>, now: Instant) {
         // Nobody wants it any more (the `Pending` was dropped): released as a dropped lock
         // is.
-        if let Some(Ok(Out::Lock(state))) = slot.complete_later(out, &mut self.owed) {
+        if let Some(Ok(Out::Lock(state))) = self.complete(slot, out) {
             self.m.release_detached(&state.to_lock(), now);
             self.recycle(state);
         }
@@ -363,7 +407,7 @@ impl<D: LoopIo> Loop<D> {
         match waiter {
             Waiter::Lock(_) => unreachable!("a lock task's result is taken in place"),
             Waiter::Release(slot) => {
-                slot.complete_later(result.map(|_| Out::Unit), &mut self.owed);
+                self.complete(slot, result.map(|_| Out::Unit));
             }
             Waiter::Admin(slot) => {
                 let out = result.map(|d| match d {
@@ -371,7 +415,7 @@ impl<D: LoopIo> Loop<D> {
                     Done::ForceReleased(f) => Out::Forced(Box::new(f)),
                     other => unreachable!("an operator's task ended with {other:?}"),
                 });
-                slot.complete_later(out, &mut self.owed);
+                self.complete(slot, out);
             }
             Waiter::Extend { state, slot } => {
                 let k = self
@@ -392,7 +436,7 @@ impl<D: LoopIo> Loop<D> {
                         if let Err(e @ (Error::NotHeld(_) | Error::Expired)) = &r {
                             state.mark_lost(Some(e));
                         }
-                        slot.complete_later(r.map(|()| Out::Unit), &mut self.owed);
+                        self.complete(slot, r.map(|()| Out::Unit));
                     }
                     None => {
                         let Some(k) = k else { return };

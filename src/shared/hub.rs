@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::event_loop::Loop;
-use super::pending::Slot;
+use super::pending::{Out, Slot};
 use super::sync::{lock, thread, AtomicBool, Condvar, Mutex, MutexGuard, Ordering, TryLockError};
 use super::Command;
 use crate::core::Core;
@@ -48,6 +48,15 @@ pub(crate) trait Drive: Send + 'static {
         take: impl FnOnce(&mut Vec<Self::Command>),
         now: Instant,
     ) -> Option<Instant>;
+    /// Where [`Drive::iterate`] takes the queued commands into (empty between turns).
+    fn inbox(&mut self) -> &mut Vec<Self::Command>;
+    /// The caller driving for `slot` takes its result from the loop, not from the slot
+    /// (see [`Loop::aim`]).
+    fn aim(&mut self, slot: &Slot);
+    /// The result handed to the aimed caller, once in.
+    fn has_direct(&self) -> bool;
+    /// Stop aiming: the result handed to the caller, if it came.
+    fn take_direct(&mut self) -> Option<Result<Out, Error>>;
     fn wait(&mut self, now: Instant, wake: Option<Instant>) -> io::Result<Instant>;
     fn has_work(&self) -> bool;
     fn wants_loop(&self) -> bool;
@@ -72,6 +81,18 @@ impl<D: LoopIo> Drive for Loop<D> {
     }
     fn iterate(&mut self, take: impl FnOnce(&mut Vec<Command>), now: Instant) -> Option<Instant> {
         Loop::iterate(self, take, now)
+    }
+    fn inbox(&mut self) -> &mut Vec<Command> {
+        Loop::inbox(self)
+    }
+    fn aim(&mut self, slot: &Slot) {
+        Loop::aim(self, slot);
+    }
+    fn has_direct(&self) -> bool {
+        Loop::has_direct(self)
+    }
+    fn take_direct(&mut self) -> Option<Result<Out, Error>> {
+        Loop::take_direct(self)
     }
     fn wait(&mut self, now: Instant, wake: Option<Instant>) -> io::Result<Instant> {
         Loop::wait(self, now, wake)
@@ -206,7 +227,12 @@ impl<L: Drive> Hub<L> {
 
     /// A blocked caller waits for `slot`: drive the loop until it is complete if nobody
     /// else drives; otherwise leave it to the driver (the caller parks on the slot).
-    pub(crate) fn drive_for(&self, slot: &Slot) {
+    ///
+    /// A caller that drives gets its result straight from the loop (`Some`), not through
+    /// the slot: it holds the loop from before its result comes until it takes it, so
+    /// nobody else sees the hand-over. The slot is then never completed; the loop lets go
+    /// of it as completing would. `None`: the result is (or will be) in the slot.
+    pub(crate) fn drive_for(&self, slot: &Slot) -> Option<Result<Out, Error>> {
         let mut lp = match self.lp.try_lock() {
             Ok(lp) => lp,
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
@@ -215,7 +241,7 @@ impl<L: Drive> Hub<L> {
                 // it is just leaving, the loop's thread takes over.
                 let q = lock(&self.queue);
                 self.wake_driver(q);
-                return;
+                return None;
             }
         };
         if lp.has_work() {
@@ -231,18 +257,27 @@ impl<L: Drive> Hub<L> {
             } else {
                 self.wake_driver(q);
             }
-            return;
+            return None;
         }
-        lock(&self.queue).driving = true;
+        {
+            // Driving from now on, and the queue (our command in it) taken at once: one
+            // hold of the queue's lock for both; the first turn takes nothing more.
+            let mut q = lock(&self.queue);
+            q.driving = true;
+            q.woken = false;
+            std::mem::swap(&mut q.commands, lp.inbox());
+        }
+        lp.aim(slot);
         let result = catch_unwind(AssertUnwindSafe(|| {
-            self.run_until(&mut lp, || slot.is_ready())
+            self.run_until(&mut lp, |lp| lp.has_direct() || slot.is_ready())
         }))
         .unwrap_or_else(|_| Err(panicked()));
         if let Err(e) = result {
             lp.shut(e, |into| self.kill(into));
-            return;
+        } else {
+            self.stop_driving(&lp);
         }
-        self.stop_driving(&lp);
+        lp.take_direct()
     }
 
     /// Stop driving: if work is left (or queued meanwhile), hand it to the loop's thread.
@@ -257,15 +292,15 @@ impl<L: Drive> Hub<L> {
     }
 
     /// Drive until `done` (or until the loop has nothing left, when `done` never holds).
-    fn run_until(&self, lp: &mut L, mut done: impl FnMut() -> bool) -> io::Result<()> {
+    /// The queue was taken as driving began: the first turn runs what it took.
+    fn run_until(&self, lp: &mut L, mut done: impl FnMut(&L) -> bool) -> io::Result<()> {
         let mut now = lp.enter()?;
-        loop {
-            let wake = lp.iterate(|into| self.take_commands(into), now);
-            if done() {
-                return Ok(());
-            }
+        let mut wake = lp.iterate(|_| {}, now);
+        while !done(lp) {
             now = lp.wait(now, wake)?;
+            wake = lp.iterate(|into| self.take_commands(into), now);
         }
+        Ok(())
     }
 
     /// The loop's own thread: drive while work is left that nobody else drives, park

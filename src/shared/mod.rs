@@ -550,10 +550,12 @@ impl<S: FnMut(usize, &[u8], &mut Vec<u8>) + Send + 'static> InMemoryShared<S> {
 
     /// `Pending::wait`: drive the loop until the result is in, take it, let the slot go.
     fn wait(&self, slot: &Arc<Slot>) -> Result<Out, Error> {
-        if !slot.is_ready() {
-            self.hub.drive_for(slot);
-        }
-        let r = slot.wait();
+        let direct = if slot.is_ready() {
+            None
+        } else {
+            self.hub.drive_for(slot)
+        };
+        let r = direct.unwrap_or_else(|| slot.wait());
         self.slots.let_go(slot);
         r
     }

@@ -126,6 +126,13 @@ impl Slot {
         None
     }
 
+    /// The loop handed this slot's result to its waiter directly (the caller that drove
+    /// the loop for it, see `Hub::drive_for`): it lets go as [`Slot::complete`] would, the
+    /// slot left unfilled (its waiter never looks).
+    pub(crate) fn let_go_unfilled(&self) {
+        self.holders.fetch_sub(1, Ordering::AcqRel);
+    }
+
     /// Block the calling thread until the result is in, and take it.
     ///
     /// The thread is registered under the lock that [`Slot::complete`] stores the result
@@ -426,7 +433,10 @@ impl<T> Pending<T> {
     /// nobody else does (no hand-off), otherwise park until the driver has it.
     pub(crate) fn wait_out(&mut self) -> Result<Out, Error> {
         if !self.slot.is_ready() {
-            self.inner.hub().drive_for(&self.slot);
+            if let Some(r) = self.inner.hub().drive_for(&self.slot) {
+                self.taken = true;
+                return r;
+            }
         }
         if self.inner.busy_poll {
             let until = Instant::now() + SPIN;
