@@ -73,7 +73,12 @@ impl Slot {
     /// Ready for another operation with `holders` holders.
     fn reset(&self, holders: u32) {
         let mut st = lock(&self.state);
-        *st = SlotState::default();
+        // Field by field (no drop of a whole `SlotState` built aside): a slot comes back
+        // with its result taken and no thread registered, a future's waker maybe left.
+        st.result = None;
+        st.waker = None;
+        st.thread = None;
+        st.dropped = false;
         self.ready.store(false, Ordering::Relaxed);
         self.holders.store(holders, Ordering::Relaxed);
     }
