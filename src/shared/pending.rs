@@ -71,16 +71,33 @@ impl Slot {
     }
 
     /// Ready for another operation with `holders` holders.
+    ///
+    /// INVARIANT (a slot comes back clean): a slot goes back to the pool with its state
+    /// as new, so that only the two atomics are reset here, without the lock: its result
+    /// was taken (by [`Slot::wait`], [`Slot::poll`] or [`SlotPool::abandon`]) or never
+    /// stored (a result handed over directly), whoever took it also took the future's
+    /// waker and the parked thread (or found none), and a slot marked `dropped` is never
+    /// let go by its `Pending`, so never comes back. Every write to the state happened
+    /// before the last holder let go, which happened before the pool handed it out again
+    /// (its mutex).
     fn reset(&self, holders: u32) {
-        let mut st = lock(&self.state);
-        // Field by field (no drop of a whole `SlotState` built aside): a slot comes back
-        // with its result taken and no thread registered, a future's waker maybe left.
-        st.result = None;
-        st.waker = None;
-        st.thread = None;
-        st.dropped = false;
+        #[cfg(debug_assertions)]
+        {
+            let st = lock(&self.state);
+            debug_assert!(
+                st.result.is_none() && st.waker.is_none() && st.thread.is_none() && !st.dropped,
+                "a slot came back to the pool with its state not clean"
+            );
+        }
         self.ready.store(false, Ordering::Relaxed);
         self.holders.store(holders, Ordering::Relaxed);
+    }
+
+    /// The waiter took its result another way ([`Pending`]'s direct hand-over) after a
+    /// poll that may have left a waker: the slot is made clean for the pool.
+    pub(crate) fn clear_waker(&self) {
+        let waker = lock(&self.state).waker.take();
+        drop(waker);
     }
 
     /// Store the result and wake whoever waits. Returns it back when the `Pending` is
@@ -164,7 +181,10 @@ impl Slot {
                 // the wake-ups queued after ours are ours to pass on.
                 let woken = registered && st.thread.is_none();
                 st.thread = None;
+                // A waker of an earlier poll (the slot goes back to the pool clean).
+                let waker = st.waker.take();
                 drop(st);
+                drop(waker);
                 if woken {
                     self.hand.forward();
                 }
@@ -185,6 +205,11 @@ impl Slot {
     pub(crate) fn poll(&self, cx: &mut Context<'_>) -> Poll<Result<Out, Error>> {
         let mut st = lock(&self.state);
         if let Some(r) = st.result.take() {
+            // Not needed any more (the slot goes back to the pool clean); dropped outside
+            // the lock.
+            let waker = st.waker.take();
+            drop(st);
+            drop(waker);
             return Poll::Ready(r);
         }
         match &st.waker {
@@ -344,10 +369,15 @@ impl SlotPool {
     pub(crate) fn abandon(&self, slot: &Arc<Slot>) -> Option<Result<Out, Error>> {
         let mut st = lock(&slot.state);
         let result = st.result.take();
-        if result.is_none() {
+        let waker = if result.is_none() {
             st.dropped = true;
-        }
+            None
+        } else {
+            // Let go below: the slot goes back to the pool clean.
+            st.waker.take()
+        };
         drop(st);
+        drop(waker);
         if result.is_some() {
             self.let_go(slot);
         }
@@ -439,6 +469,10 @@ impl<T> Pending<T> {
     pub(crate) fn wait_out(&mut self) -> Result<Out, Error> {
         if !self.slot.is_ready() {
             if let Some(r) = self.inner.hub().drive_for(&self.slot) {
+                if self.kicked {
+                    // Polled before: its waker must not come back to the pool with it.
+                    self.slot.clear_waker();
+                }
                 self.taken = true;
                 return r;
             }
