@@ -126,7 +126,8 @@ impl<D: LoopIo> Loop<D> {
     }
 
     /// One turn at `now`: commands, tasks, results, keepers, watchers, writes. Returns
-    /// when the loop must look again at the latest.
+    /// when the loop must look again at the latest (`None` too once the aimed caller's
+    /// result is in: its driver stops after this turn).
     /// `take` moves the queued commands into the vector it is given.
     pub(crate) fn iterate(
         &mut self,
@@ -153,6 +154,11 @@ impl<D: LoopIo> Loop<D> {
         // Then the callers whose results came: the loop wakes the first few, they wake the
         // rest (see `pending::Handover`).
         self.owed.pay();
+        if self.direct.is_some() {
+            // The caller driving for its result has it: it stops driving after this turn
+            // and nobody uses the next wake (whoever drives next computes it afresh).
+            return None;
+        }
         let wake = self.driver.next_wake(&self.m, None);
         if !timers {
             return wake;
