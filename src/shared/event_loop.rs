@@ -141,7 +141,10 @@ impl<D: LoopIo> Loop<D> {
             self.drain(now);
         }
         self.m.step(now);
-        self.deliver(now);
+        // Half the turns of a caller's operation (the one before its wait) finish no task.
+        if self.m.finished_count() != 0 {
+            self.deliver(now);
+        }
         let timers =
             !self.keepers.is_empty() || !self.watched.is_empty() || !self.watches.is_empty();
         if timers {
@@ -234,6 +237,7 @@ impl<D: LoopIo> Loop<D> {
     }
 
     /// Take every command queued since the last time round.
+    #[inline]
     fn drain(&mut self, now: Instant) {
         // One command (a caller's own, nearly always): taken off the list, no drain.
         if self.inbox.len() == 1 {
@@ -242,6 +246,12 @@ impl<D: LoopIo> Loop<D> {
             }
             return;
         }
+        self.drain_all(now);
+    }
+
+    /// [`Loop::drain`] of several commands.
+    #[inline(never)]
+    fn drain_all(&mut self, now: Instant) {
         let mut inbox = std::mem::take(&mut self.inbox);
         for cmd in inbox.drain(..) {
             self.command(cmd, now);
@@ -354,25 +364,27 @@ impl<D: LoopIo> Loop<D> {
     }
 
     /// Hand every finished task's result to whoever waits for it.
+    #[inline]
     fn deliver(&mut self, now: Instant) {
-        match self.m.finished_count() {
-            // Half the turns of a caller's operation (the one before its wait).
-            0 => {}
-            // The common case (one caller): no copy of the list.
-            1 => {
-                if let Some(id) = self.m.take_one_finished() {
-                    self.deliver_one(id, now);
-                }
+        // The common case (one caller): no copy of the list.
+        if self.m.finished_count() == 1 {
+            if let Some(id) = self.m.take_one_finished() {
+                self.deliver_one(id, now);
             }
-            _ => {
-                self.finished.extend(self.m.take_finished());
-                let mut finished = std::mem::take(&mut self.finished);
-                for id in finished.drain(..) {
-                    self.deliver_one(id, now);
-                }
-                self.finished = finished;
-            }
+            return;
         }
+        self.deliver_all(now);
+    }
+
+    /// [`Loop::deliver`] of several finished tasks (or none).
+    #[inline(never)]
+    fn deliver_all(&mut self, now: Instant) {
+        self.finished.extend(self.m.take_finished());
+        let mut finished = std::mem::take(&mut self.finished);
+        for id in finished.drain(..) {
+            self.deliver_one(id, now);
+        }
+        self.finished = finished;
     }
 
     /// Hand finished task `id`'s result to whoever waits for it.
