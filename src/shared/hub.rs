@@ -121,6 +121,13 @@ pub(crate) struct Hub<L: Drive = Loop> {
     lp: Mutex<L>,
     /// Every handle is gone: finish what is in flight, then stop.
     closed: AtomicBool,
+    /// The queue holds commands: set with the first one queued, cleared as the queue is
+    /// taken, both under the queue's lock, so that a driver's turn that finds it clear
+    /// skips the lock (most turns: the one after each wait). A command queued just after
+    /// that look is not lost: its submitter wakes the driver (`woken` is only set with
+    /// commands queued), whose next turn, after that wake-up, sees the flag; and a
+    /// driver that stops reads the queue under its lock.
+    queued: AtomicBool,
     waker: L::Waker,
     busy_poll: bool,
 }
@@ -169,6 +176,7 @@ impl<L: Drive> Hub<L> {
             busy_poll,
             lp: Mutex::new(lp),
             closed: AtomicBool::new(false),
+            queued: AtomicBool::new(false),
         });
         let h = hub.clone();
         let handle = thread::Builder::new()
@@ -186,6 +194,7 @@ impl<L: Drive> Hub<L> {
             return;
         }
         q.commands.push(cmd);
+        self.queued.store(true, Ordering::Relaxed);
         if wake {
             self.wake_driver(q);
         }
@@ -266,6 +275,7 @@ impl<L: Drive> Hub<L> {
             q.driving = true;
             q.woken = false;
             std::mem::swap(&mut q.commands, lp.inbox());
+            self.queued.store(false, Ordering::Relaxed);
         }
         lp.aim(slot);
         let result = catch_unwind(AssertUnwindSafe(|| {
@@ -367,9 +377,14 @@ impl<L: Drive> Hub<L> {
 
     /// Move every queued command into `into` (the driver).
     pub(crate) fn take_commands(&self, into: &mut Vec<L::Command>) {
+        if !self.queued.load(Ordering::Relaxed) {
+            // Nothing queued (see `queued`): `woken` is clear too.
+            return;
+        }
         let mut q = lock(&self.queue);
         q.woken = false;
         std::mem::swap(&mut q.commands, into);
+        self.queued.store(false, Ordering::Relaxed);
     }
 
     /// The loop stops: take what is queued, refuse what comes.
@@ -378,6 +393,7 @@ impl<L: Drive> Hub<L> {
         q.dead = true;
         q.driving = false;
         into.append(&mut q.commands);
+        self.queued.store(false, Ordering::Relaxed);
     }
 }
 
