@@ -376,6 +376,7 @@ impl<L: Drive> Hub<L> {
     }
 
     /// Move every queued command into `into` (the driver).
+    #[inline]
     pub(crate) fn take_commands(&self, into: &mut Vec<L::Command>) {
         if !self.queued.load(Ordering::Relaxed) {
             // Nothing queued (see `queued`): `woken` is clear too.

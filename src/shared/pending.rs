@@ -57,6 +57,7 @@ struct SlotState {
 
 impl Slot {
     /// Whether the result is in.
+    #[inline]
     pub(crate) fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
     }
@@ -306,6 +307,7 @@ impl Owed {
     }
 
     /// Wake the first [`FAN_OUT`] of what is queued (they pass the rest on).
+    #[inline]
     pub(crate) fn pay(&self) {
         if let Some(h) = &self.hand {
             h.forward();
