@@ -196,7 +196,7 @@ impl<D: LoopIo> Loop<D> {
 
     /// Hand `out` to `slot`'s waiter: the aimed caller directly, anyone else through the
     /// slot ([`Slot::complete_later`], whose return it returns).
-    #[inline]
+    #[inline(always)]
     fn complete(&mut self, slot: Arc<Slot>, out: Result<Out, Error>) -> Option<Result<Out, Error>> {
         if Arc::as_ptr(&slot) as usize == self.aimed {
             self.aimed = 0;

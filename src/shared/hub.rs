@@ -186,6 +186,7 @@ impl<L: Drive> Hub<L> {
     }
 
     /// Queue `cmd`; with `wake`, make sure someone drives the loop to run it.
+    #[inline]
     pub(crate) fn submit(&self, cmd: L::Command, wake: bool) {
         let mut q = lock(&self.queue);
         if q.dead {
