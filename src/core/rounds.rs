@@ -921,6 +921,9 @@ impl Rounds {
         mut write: impl FnMut(LinkId, &[u8]) -> Result<usize, Fault>,
     ) {
         let n = self.n();
+        // Some lock link may still hold a share of the shared buffer (for `flushed` to
+        // move into its own queue); clear when every link took all of its share here.
+        let mut kept = self.clusters;
         if !self.shared.is_empty() || self.lock_dirty {
             if self.clusters {
                 // Clusters' requests to their shards' links, written below.
@@ -942,6 +945,7 @@ impl Rounds {
                         }
                         Err(f) => {
                             self.handle_closed(LinkId(i), f, now);
+                            kept = true;
                             continue;
                         }
                     }
@@ -949,6 +953,7 @@ impl Rounds {
                 if self.has_output(LinkId(i)) {
                     self.write_with(LinkId(i), now, &mut write);
                 }
+                kept |= self.links[i].shared_from.is_some();
             }
         }
         if self.chans.dirty {
@@ -963,7 +968,14 @@ impl Rounds {
                 self.write_with(LinkId(l), now, &mut write);
             }
         }
-        self.flushed();
+        if kept {
+            self.flushed();
+        } else {
+            // `flushed` without its walk of the lock links: none holds a share.
+            self.chans.dirty = false;
+            self.lock_dirty = false;
+            self.shared.clear();
+        }
     }
 
     /// Read link `l` with `read` (see `Core::read_with`); returns whether the link asks to
