@@ -129,6 +129,7 @@ impl<D: LoopIo> Loop<D> {
     /// when the loop must look again at the latest (`None` too once the aimed caller's
     /// result is in: its driver stops after this turn).
     /// `take` moves the queued commands into the vector it is given.
+    #[inline(always)]
     pub(crate) fn iterate(
         &mut self,
         take: impl FnOnce(&mut Vec<Command>),

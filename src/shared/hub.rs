@@ -79,6 +79,7 @@ impl<D: LoopIo> Drive for Loop<D> {
     fn enter(&mut self) -> io::Result<Instant> {
         Loop::enter(self)
     }
+    #[inline(always)]
     fn iterate(&mut self, take: impl FnOnce(&mut Vec<Command>), now: Instant) -> Option<Instant> {
         Loop::iterate(self, take, now)
     }
