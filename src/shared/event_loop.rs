@@ -396,20 +396,32 @@ impl<D: LoopIo> Loop<D> {
             return;
         };
         self.live -= 1;
-        if let Waiter::Lock(slot) = waiter {
-            // The lock's parts go from the task straight into its state (a lock is 272
-            // bytes: not moved out of the core, then into the state).
-            let (spare, base) = (&mut self.spare_states, self.base);
-            let out = self.m.take_in_place(id, |result| match result {
-                Ok(Done::Locked(lock)) => Ok(Out::Lock(new_state(spare, lock, base))),
-                Ok(other) => unreachable!("a lock task ended with {other:?}"),
-                Err(e) => Err(std::mem::replace(e, Error::Cancelled)),
-            });
-            self.settle_lock(slot, out, now);
-            return;
+        match waiter {
+            Waiter::Lock(slot) => {
+                // The lock's parts go from the task straight into its state (a lock is 272
+                // bytes: not moved out of the core, then into the state).
+                let (spare, base) = (&mut self.spare_states, self.base);
+                let out = self.m.take_in_place(id, |result| match result {
+                    Ok(Done::Locked(lock)) => Ok(Out::Lock(new_state(spare, lock, base))),
+                    Ok(other) => unreachable!("a lock task ended with {other:?}"),
+                    Err(e) => Err(std::mem::replace(e, Error::Cancelled)),
+                });
+                self.settle_lock(slot, out, now);
+            }
+            Waiter::Release(slot) => {
+                // Read where the task holds it too: a result is 272 bytes, a release's
+                // says only whether it went through.
+                let out = self.m.take_in_place(id, |result| match result {
+                    Ok(_) => Ok(Out::Unit),
+                    Err(e) => Err(std::mem::replace(e, Error::Cancelled)),
+                });
+                self.complete(slot, out);
+            }
+            waiter => {
+                let result = self.m.take(id);
+                self.settle(waiter, result, now);
+            }
         }
-        let result = self.m.take(id);
-        self.settle(waiter, result, now);
     }
 
     /// Hand a lock task's result to its waiter.
@@ -424,9 +436,8 @@ impl<D: LoopIo> Loop<D> {
 
     fn settle(&mut self, waiter: Waiter, result: Result<Done, Error>, now: Instant) {
         match waiter {
-            Waiter::Lock(_) => unreachable!("a lock task's result is taken in place"),
-            Waiter::Release(slot) => {
-                self.complete(slot, result.map(|_| Out::Unit));
+            Waiter::Lock(_) | Waiter::Release(_) => {
+                unreachable!("a lock or release task's result is taken in place")
             }
             Waiter::Admin(slot) => {
                 let out = result.map(|d| match d {
