@@ -312,6 +312,22 @@ impl Core {
         }
     }
 
+    /// [`Core::take`] of a task whose result says only whether it went through (a
+    /// release): nothing built, moved or dropped when it did.
+    #[inline]
+    pub(crate) fn take_unit(&mut self, id: TaskId) -> Result<(), Error> {
+        let t = self.free_task(id);
+        if t.released {
+            t.released = false;
+            return Ok(());
+        }
+        match t.result.take() {
+            Some(Ok(_)) => Ok(()),
+            Some(Err(e)) => Err(e),
+            None => Err(Error::Cancelled),
+        }
+    }
+
     /// [`Core::take`] for a front-end that keeps a lock's parts elsewhere (the shared
     /// client's lock state): `f` reads the result where the task holds it (a result is as
     /// large as a lock, 272 bytes: not moved out whole), then the task is freed and what
