@@ -703,6 +703,13 @@ impl Core {
         self.rounds.take_action()
     }
 
+    /// Whether [`Core::take_action`] has something to give (a test for the loop's turn,
+    /// which nearly never has: connects and closes).
+    #[inline]
+    pub(crate) fn has_actions(&self) -> bool {
+        self.rounds.has_actions()
+    }
+
     /// A connect of link `l` has come as far as `phase` (what its timeout will mean).
     pub fn handle_connect_phase(&mut self, l: LinkId, phase: ConnectPhase) {
         self.rounds.handle_connect_phase(l, phase);

@@ -728,6 +728,12 @@ impl Rounds {
 
     // ---- What the driver calls -------------------------------------------------------
 
+    /// Whether the driver has something to do with a socket.
+    #[inline]
+    pub(crate) fn has_actions(&self) -> bool {
+        !self.actions.is_empty()
+    }
+
     /// The next thing the driver must do with a socket.
     #[inline]
     pub(crate) fn take_action(&mut self) -> Option<Action> {

@@ -152,8 +152,11 @@ impl<D: LoopIo> Loop<D> {
             self.keep_alive(now);
             self.watch(now);
         }
-        // What the tasks, results and keepers started (releases, extensions) goes out now.
-        self.driver.apply_actions(&mut self.m, now);
+        // What the tasks, results and keepers started (releases, extensions) goes out now:
+        // first the connects and closes they asked for, if any (nearly never).
+        if self.m.has_actions() {
+            self.driver.apply_actions(&mut self.m, now);
+        }
         self.driver.flush(&mut self.m, now);
         // Then the callers whose results came: the loop wakes the first few, they wake the
         // rest (see `pending::Handover`).
