@@ -806,14 +806,17 @@ impl Rounds {
         if !link.is_up() {
             return None;
         }
-        let floor = if l.0 < n || l.0 >= 2 * n {
-            INBUF_START
-        } else {
-            chans::SUB_INBUF
-        };
-        if let Err(f) = link.input.make_room(floor) {
-            self.handle_closed(l, f, now);
-            return None;
+        // Room left (nearly always): no floor worked out, no call.
+        if link.input.in_end >= link.input.inbuf.len() {
+            let floor = if l.0 < n || l.0 >= 2 * n {
+                INBUF_START
+            } else {
+                chans::SUB_INBUF
+            };
+            if let Err(f) = link.input.make_room(floor) {
+                self.handle_closed(l, f, now);
+                return None;
+            }
         }
         let input = &mut self.links[l.0].input;
         Some(&mut input.inbuf[input.in_end..])
