@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use super::pending::{Out, Owed, Slot};
 use super::state::LockState;
-use super::Command;
+use super::{Command, KeyStore};
 use crate::core::{Core, Done, TaskId, WatchId};
 use crate::driver::{Driver, LoopIo};
 use crate::error::Error;
@@ -53,6 +53,8 @@ pub(crate) struct Loop<D = Driver> {
     /// The locks the masters watch for a loss (auto-extended, or someone awaits `lost()`).
     watches: Vec<(WatchId, Arc<LockState>)>,
     inbox: Vec<Command>,
+    /// The keys of the keyed commands of `inbox`.
+    keys: KeyStore,
     finished: Vec<TaskId>,
     /// The origin of the guards' clocks.
     base: Instant,
@@ -99,6 +101,7 @@ impl<D: LoopIo> Loop<D> {
             watched: Vec::new(),
             watches: Vec::new(),
             inbox: Vec::with_capacity(64),
+            keys: KeyStore::with_capacity(64),
             finished: Vec::with_capacity(64),
             base,
             spare_states: Vec::new(),
@@ -132,10 +135,10 @@ impl<D: LoopIo> Loop<D> {
     #[inline(always)]
     pub(crate) fn iterate(
         &mut self,
-        take: impl FnOnce(&mut Vec<Command>),
+        take: impl FnOnce(&mut Vec<Command>, &mut KeyStore),
         now: Instant,
     ) -> Option<Instant> {
-        take(&mut self.inbox);
+        take(&mut self.inbox, &mut self.keys);
         // Half the turns of a caller's operation take no command (the one after a wait)
         // and most hold no auto-extended or watched lock: tests, not calls.
         if !self.inbox.is_empty() {
@@ -175,8 +178,8 @@ impl<D: LoopIo> Loop<D> {
 
     /// Where [`Loop::iterate`] takes the queued commands into (empty between turns: each
     /// turn runs all it took).
-    pub(crate) fn inbox(&mut self) -> &mut Vec<Command> {
-        &mut self.inbox
+    pub(crate) fn inbox(&mut self) -> (&mut Vec<Command>, &mut KeyStore) {
+        (&mut self.inbox, &mut self.keys)
     }
 
     /// The caller about to drive the loop waits for `slot`: its result goes to
@@ -248,6 +251,7 @@ impl<D: LoopIo> Loop<D> {
             if let Some(cmd) = self.inbox.pop() {
                 self.command(cmd, now);
             }
+            self.keys.reset();
             return;
         }
         self.drain_all(now);
@@ -261,6 +265,7 @@ impl<D: LoopIo> Loop<D> {
             self.command(cmd, now);
         }
         self.inbox = inbox;
+        self.keys.reset();
     }
 
     #[inline]
@@ -276,15 +281,14 @@ impl<D: LoopIo> Loop<D> {
     fn command(&mut self, cmd: Command, now: Instant) {
         match cmd {
             Command::Lock {
-                mut keys,
                 ttl,
                 deadline,
                 retries,
                 slot,
             } => {
-                let id = self
-                    .m
-                    .submit_lock_list(&mut keys, ttl, deadline, retries, now);
+                // The keys swapped into the task where the store holds them.
+                let keys = self.keys.take();
+                let id = self.m.submit_lock_list(keys, ttl, deadline, retries, now);
                 self.wait_for(id, Waiter::Lock(slot));
             }
             Command::Release { state, slot } => {
@@ -342,11 +346,8 @@ impl<D: LoopIo> Loop<D> {
                 let stats = Ok(Out::Stats(self.driver.stats(&self.m)));
                 self.complete(slot, stats);
             }
-            Command::Admin {
-                resource,
-                force,
-                slot,
-            } => {
+            Command::Admin { force, slot } => {
+                let resource = self.keys.take();
                 let r = resource.iter().next().unwrap_or_default();
                 let id = if force {
                     self.m.submit_force_release(r, now)
@@ -561,6 +562,7 @@ impl<D: LoopIo> Loop<D> {
     pub(crate) fn shut(&mut self, why: io::Error, kill: impl FnOnce(&mut Vec<Command>)) {
         let err = || Error::Io(io::Error::new(why.kind(), why.to_string()));
         kill(&mut self.inbox);
+        self.keys.reset();
         for cmd in self.inbox.drain(..) {
             match cmd {
                 Command::Lock { slot, .. }

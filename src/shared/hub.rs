@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 use super::event_loop::Loop;
 use super::pending::{Out, Slot};
 use super::sync::{lock, thread, AtomicBool, Condvar, Mutex, MutexGuard, Ordering, TryLockError};
-use super::Command;
-use crate::core::Core;
+use super::{Command, KeyStore};
+use crate::core::{Core, KeyList};
 use crate::driver::{Driver, LoopIo};
 use crate::error::Error;
 
@@ -45,11 +45,12 @@ pub(crate) trait Drive: Send + 'static {
     fn enter(&mut self) -> io::Result<Instant>;
     fn iterate(
         &mut self,
-        take: impl FnOnce(&mut Vec<Self::Command>),
+        take: impl FnOnce(&mut Vec<Self::Command>, &mut KeyStore),
         now: Instant,
     ) -> Option<Instant>;
-    /// Where [`Drive::iterate`] takes the queued commands into (empty between turns).
-    fn inbox(&mut self) -> &mut Vec<Self::Command>;
+    /// Where [`Drive::iterate`] takes the queued commands and their keys into (empty
+    /// between turns).
+    fn inbox(&mut self) -> (&mut Vec<Self::Command>, &mut KeyStore);
     /// The caller driving for `slot` takes its result from the loop, not from the slot
     /// (see [`Loop::aim`]).
     fn aim(&mut self, slot: &Slot);
@@ -80,10 +81,14 @@ impl<D: LoopIo> Drive for Loop<D> {
         Loop::enter(self)
     }
     #[inline(always)]
-    fn iterate(&mut self, take: impl FnOnce(&mut Vec<Command>), now: Instant) -> Option<Instant> {
+    fn iterate(
+        &mut self,
+        take: impl FnOnce(&mut Vec<Command>, &mut KeyStore),
+        now: Instant,
+    ) -> Option<Instant> {
         Loop::iterate(self, take, now)
     }
-    fn inbox(&mut self) -> &mut Vec<Command> {
+    fn inbox(&mut self) -> (&mut Vec<Command>, &mut KeyStore) {
         Loop::inbox(self)
     }
     fn aim(&mut self, slot: &Slot) {
@@ -135,6 +140,8 @@ pub(crate) struct Hub<L: Drive = Loop> {
 
 pub(crate) struct Queue<C> {
     pub commands: Vec<C>,
+    /// The keys of the keyed commands among them.
+    keys: KeyStore,
     /// Someone holds the loop and is driving it (in a poll, or about to be).
     driving: bool,
     /// Work is left that the loop's thread must drive.
@@ -167,6 +174,7 @@ impl<L: Drive> Hub<L> {
         let hub = Arc::new(Hub {
             queue: Mutex::new(Queue {
                 commands: Vec::with_capacity(64),
+                keys: KeyStore::with_capacity(64),
                 driving: false,
                 wanted: false,
                 woken: false,
@@ -200,6 +208,21 @@ impl<L: Drive> Hub<L> {
         if wake {
             self.wake_driver(q);
         }
+    }
+
+    /// [`Hub::submit`] of a keyed command (`Lock`, `Admin`), no wake-up: `keys` writes its
+    /// keys into the queue's store, in place.
+    #[inline]
+    pub(crate) fn submit_keyed(&self, cmd: L::Command, keys: impl FnOnce(&mut KeyList)) {
+        let mut q = lock(&self.queue);
+        if q.dead {
+            drop(q);
+            L::fail(cmd);
+            return;
+        }
+        keys(q.keys.next());
+        q.commands.push(cmd);
+        self.queued.store(true, Ordering::Relaxed);
     }
 
     /// Make sure someone drives the loop soon (a future was polled).
@@ -276,7 +299,9 @@ impl<L: Drive> Hub<L> {
             let mut q = lock(&self.queue);
             q.driving = true;
             q.woken = false;
-            std::mem::swap(&mut q.commands, lp.inbox());
+            let (commands, keys) = lp.inbox();
+            std::mem::swap(&mut q.commands, commands);
+            std::mem::swap(&mut q.keys, keys);
             self.queued.store(false, Ordering::Relaxed);
         }
         lp.aim(slot);
@@ -307,10 +332,10 @@ impl<L: Drive> Hub<L> {
     /// The queue was taken as driving began: the first turn runs what it took.
     fn run_until(&self, lp: &mut L, mut done: impl FnMut(&L) -> bool) -> io::Result<()> {
         let mut now = lp.enter()?;
-        let mut wake = lp.iterate(|_| {}, now);
+        let mut wake = lp.iterate(|_, _| {}, now);
         while !done(lp) {
             now = lp.wait(now, wake)?;
-            wake = lp.iterate(|into| self.take_commands(into), now);
+            wake = lp.iterate(|into, keys| self.take_commands(into, keys), now);
         }
         Ok(())
     }
@@ -359,7 +384,7 @@ impl<L: Drive> Hub<L> {
             if closing.is_none() && self.closed.load(Ordering::Acquire) {
                 *closing = Some(now + DRAIN);
             }
-            let mut wake = lp.iterate(|into| self.take_commands(into), now);
+            let mut wake = lp.iterate(|into, keys| self.take_commands(into, keys), now);
             if let Some(end) = *closing {
                 // Done once nothing is in flight and every release reached its master.
                 if (!lp.has_work() && lp.rounds_idle() && !lp.owes_releases()) || now >= end {
@@ -379,7 +404,7 @@ impl<L: Drive> Hub<L> {
 
     /// Move every queued command into `into` (the driver).
     #[inline]
-    pub(crate) fn take_commands(&self, into: &mut Vec<L::Command>) {
+    pub(crate) fn take_commands(&self, into: &mut Vec<L::Command>, keys: &mut KeyStore) {
         if !self.queued.load(Ordering::Relaxed) {
             // Nothing queued (see `queued`): `woken` is clear too.
             return;
@@ -387,6 +412,7 @@ impl<L: Drive> Hub<L> {
         let mut q = lock(&self.queue);
         q.woken = false;
         std::mem::swap(&mut q.commands, into);
+        std::mem::swap(&mut q.keys, keys);
         self.queued.store(false, Ordering::Relaxed);
     }
 
@@ -396,6 +422,8 @@ impl<L: Drive> Hub<L> {
         q.dead = true;
         q.driving = false;
         into.append(&mut q.commands);
+        // The commands fail: their keys are not read.
+        q.keys.reset();
         self.queued.store(false, Ordering::Relaxed);
     }
 }

@@ -37,6 +37,7 @@ use loom::sync::mpsc;
 use super::hub::{Drive, Hub};
 use super::pending::{Out, Owed, Slot, SlotPool, FAN_OUT};
 use super::sync::{lock, thread, Condvar, Mutex};
+use super::KeyStore;
 use crate::error::Error;
 
 /// Run `f` at every interleaving, with at most 3 preemptions unless
@@ -305,6 +306,9 @@ struct FakeLoop {
     /// The fixed start of time: time moves only to the deadlines `wait` is given.
     t0: Instant,
     inbox: Vec<Cmd>,
+    /// The keys of keyed commands (none here), swapped with the queue's as the shared
+    /// client's loop does.
+    keys: KeyStore,
     /// Sent, not answered yet.
     sent: Vec<Cmd>,
     /// Answered by the last wait, for the next turn to deliver.
@@ -325,6 +329,7 @@ impl FakeLoop {
             poll,
             t0: Instant::now(),
             inbox: Vec::new(),
+            keys: KeyStore::default(),
             sent: Vec::new(),
             answered: Vec::new(),
             waiting: Vec::new(),
@@ -368,8 +373,12 @@ impl Drive for FakeLoop {
         Ok(self.t0)
     }
 
-    fn iterate(&mut self, take: impl FnOnce(&mut Vec<Cmd>), _now: Instant) -> Option<Instant> {
-        take(&mut self.inbox);
+    fn iterate(
+        &mut self,
+        take: impl FnOnce(&mut Vec<Cmd>, &mut KeyStore),
+        _now: Instant,
+    ) -> Option<Instant> {
+        take(&mut self.inbox, &mut self.keys);
         let mut answered = std::mem::take(&mut self.answered);
         for cmd in answered.drain(..) {
             match cmd {
@@ -394,8 +403,8 @@ impl Drive for FakeLoop {
         None
     }
 
-    fn inbox(&mut self) -> &mut Vec<Cmd> {
-        &mut self.inbox
+    fn inbox(&mut self) -> (&mut Vec<Cmd>, &mut KeyStore) {
+        (&mut self.inbox, &mut self.keys)
     }
 
     fn aim(&mut self, slot: &Slot) {
