@@ -426,6 +426,7 @@ impl<D: LoopIo> Loop<D> {
     }
 
     /// Hand a lock task's result to its waiter.
+    #[inline]
     fn settle_lock(&mut self, slot: Arc<Slot>, out: Result<Out, Error>, now: Instant) {
         // Nobody wants it any more (the `Pending` was dropped): released as a dropped lock
         // is.
