@@ -312,6 +312,22 @@ impl Core {
         }
     }
 
+    /// [`Core::take`] of a task whose result says only whether it went through (a
+    /// release): nothing built, moved or dropped when it did.
+    #[inline]
+    pub(crate) fn take_unit(&mut self, id: TaskId) -> Result<(), Error> {
+        let t = self.free_task(id);
+        if t.released {
+            t.released = false;
+            return Ok(());
+        }
+        match t.result.take() {
+            Some(Ok(_)) => Ok(()),
+            Some(Err(e)) => Err(e),
+            None => Err(Error::Cancelled),
+        }
+    }
+
     /// [`Core::take`] for a front-end that keeps a lock's parts elsewhere (the shared
     /// client's lock state): `f` reads the result where the task holds it (a result is as
     /// large as a lock, 272 bytes: not moved out whole), then the task is freed and what
@@ -685,6 +701,13 @@ impl Core {
     #[inline]
     pub fn take_action(&mut self) -> Option<Action> {
         self.rounds.take_action()
+    }
+
+    /// Whether [`Core::take_action`] has something to give (a test for the loop's turn,
+    /// which nearly never has: connects and closes).
+    #[inline]
+    pub(crate) fn has_actions(&self) -> bool {
+        self.rounds.has_actions()
     }
 
     /// A connect of link `l` has come as far as `phase` (what its timeout will mean).

@@ -728,6 +728,12 @@ impl Rounds {
 
     // ---- What the driver calls -------------------------------------------------------
 
+    /// Whether the driver has something to do with a socket.
+    #[inline]
+    pub(crate) fn has_actions(&self) -> bool {
+        !self.actions.is_empty()
+    }
+
     /// The next thing the driver must do with a socket.
     #[inline]
     pub(crate) fn take_action(&mut self) -> Option<Action> {
@@ -800,14 +806,17 @@ impl Rounds {
         if !link.is_up() {
             return None;
         }
-        let floor = if l.0 < n || l.0 >= 2 * n {
-            INBUF_START
-        } else {
-            chans::SUB_INBUF
-        };
-        if let Err(f) = link.input.make_room(floor) {
-            self.handle_closed(l, f, now);
-            return None;
+        // Room left (nearly always): no floor worked out, no call.
+        if link.input.in_end >= link.input.inbuf.len() {
+            let floor = if l.0 < n || l.0 >= 2 * n {
+                INBUF_START
+            } else {
+                chans::SUB_INBUF
+            };
+            if let Err(f) = link.input.make_room(floor) {
+                self.handle_closed(l, f, now);
+                return None;
+            }
         }
         let input = &mut self.links[l.0].input;
         Some(&mut input.inbuf[input.in_end..])
@@ -921,6 +930,9 @@ impl Rounds {
         mut write: impl FnMut(LinkId, &[u8]) -> Result<usize, Fault>,
     ) {
         let n = self.n();
+        // Some lock link may still hold a share of the shared buffer (for `flushed` to
+        // move into its own queue); clear when every link took all of its share here.
+        let mut kept = self.clusters;
         if !self.shared.is_empty() || self.lock_dirty {
             if self.clusters {
                 // Clusters' requests to their shards' links, written below.
@@ -942,6 +954,7 @@ impl Rounds {
                         }
                         Err(f) => {
                             self.handle_closed(LinkId(i), f, now);
+                            kept = true;
                             continue;
                         }
                     }
@@ -949,6 +962,7 @@ impl Rounds {
                 if self.has_output(LinkId(i)) {
                     self.write_with(LinkId(i), now, &mut write);
                 }
+                kept |= self.links[i].shared_from.is_some();
             }
         }
         if self.chans.dirty {
@@ -963,7 +977,14 @@ impl Rounds {
                 self.write_with(LinkId(l), now, &mut write);
             }
         }
-        self.flushed();
+        if kept {
+            self.flushed();
+        } else {
+            // `flushed` without its walk of the lock links: none holds a share.
+            self.chans.dirty = false;
+            self.lock_dirty = false;
+            self.shared.clear();
+        }
     }
 
     /// Read link `l` with `read` (see `Core::read_with`); returns whether the link asks to

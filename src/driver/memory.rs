@@ -44,6 +44,17 @@ impl<S: Script> InMemory<S> {
         }
     }
 
+    /// [`LoopIo::flush`] when some link may have bytes to write.
+    #[inline(never)]
+    fn flush_wanted(&mut self, core: &mut Core, now: Instant) {
+        let (script, input, ready) = (&mut self.script, &mut self.input, &mut self.ready);
+        core.flush_with(now, |l, bytes| {
+            answer(script, input, ready, l, bytes);
+            Ok(bytes.len())
+        });
+        self.apply_actions(core, now);
+    }
+
     /// Write what link `l` may write (all of it: memory never blocks).
     fn write_link(&mut self, core: &mut Core, l: LinkId, now: Instant) {
         let (script, input, ready) = (&mut self.script, &mut self.input, &mut self.ready);
@@ -97,16 +108,12 @@ impl<S: Script> LoopIo for InMemory<S> {
         }
     }
 
-    #[inline]
+    /// As [`Driver::flush`](super::Driver::flush): a test here, the flush out of line.
+    #[inline(always)]
     fn flush(&mut self, core: &mut Core, now: Instant) {
         let (lock, sub) = core.flush_wanted();
         if lock || sub {
-            let (script, input, ready) = (&mut self.script, &mut self.input, &mut self.ready);
-            core.flush_with(now, |l, bytes| {
-                answer(script, input, ready, l, bytes);
-                Ok(bytes.len())
-            });
-            self.apply_actions(core, now);
+            self.flush_wanted(core, now);
         }
     }
 

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use super::pending::{Out, Owed, Slot};
 use super::state::LockState;
-use super::Command;
+use super::{Command, KeyStore};
 use crate::core::{Core, Done, TaskId, WatchId};
 use crate::driver::{Driver, LoopIo};
 use crate::error::Error;
@@ -53,6 +53,8 @@ pub(crate) struct Loop<D = Driver> {
     /// The locks the masters watch for a loss (auto-extended, or someone awaits `lost()`).
     watches: Vec<(WatchId, Arc<LockState>)>,
     inbox: Vec<Command>,
+    /// The keys of the keyed commands of `inbox`.
+    keys: KeyStore,
     finished: Vec<TaskId>,
     /// The origin of the guards' clocks.
     base: Instant,
@@ -61,6 +63,10 @@ pub(crate) struct Loop<D = Driver> {
     /// The wake-ups of the parked callers whose results this turn handed over, paid once
     /// the turn's requests are written (see `pending::Handover`).
     owed: Owed,
+    /// The slot (its address; 0: none) of the caller driving the loop for its result,
+    /// which it takes from `direct` (see [`Loop::aim`]).
+    aimed: usize,
+    direct: Option<Result<Out, Error>>,
 }
 
 /// Spare lock states kept at most.
@@ -95,10 +101,13 @@ impl<D: LoopIo> Loop<D> {
             watched: Vec::new(),
             watches: Vec::new(),
             inbox: Vec::with_capacity(64),
+            keys: KeyStore::with_capacity(64),
             finished: Vec::with_capacity(64),
             base,
             spare_states: Vec::new(),
             owed: Owed::default(),
+            aimed: 0,
+            direct: None,
         }
     }
 
@@ -120,38 +129,89 @@ impl<D: LoopIo> Loop<D> {
     }
 
     /// One turn at `now`: commands, tasks, results, keepers, watchers, writes. Returns
-    /// when the loop must look again at the latest.
+    /// when the loop must look again at the latest (`None` too once the aimed caller's
+    /// result is in: its driver stops after this turn).
     /// `take` moves the queued commands into the vector it is given.
+    #[inline(always)]
     pub(crate) fn iterate(
         &mut self,
-        take: impl FnOnce(&mut Vec<Command>),
+        take: impl FnOnce(&mut Vec<Command>, &mut KeyStore),
         now: Instant,
     ) -> Option<Instant> {
-        take(&mut self.inbox);
+        take(&mut self.inbox, &mut self.keys);
         // Half the turns of a caller's operation take no command (the one after a wait)
         // and most hold no auto-extended or watched lock: tests, not calls.
         if !self.inbox.is_empty() {
             self.drain(now);
         }
         self.m.step(now);
-        self.deliver(now);
+        // Half the turns of a caller's operation (the one before its wait) finish no task.
+        if self.m.finished_count() != 0 {
+            self.deliver(now);
+        }
         let timers =
             !self.keepers.is_empty() || !self.watched.is_empty() || !self.watches.is_empty();
         if timers {
             self.keep_alive(now);
             self.watch(now);
         }
-        // What the tasks, results and keepers started (releases, extensions) goes out now.
-        self.driver.apply_actions(&mut self.m, now);
+        // What the tasks, results and keepers started (releases, extensions) goes out now:
+        // first the connects and closes they asked for, if any (nearly never).
+        if self.m.has_actions() {
+            self.driver.apply_actions(&mut self.m, now);
+        }
         self.driver.flush(&mut self.m, now);
         // Then the callers whose results came: the loop wakes the first few, they wake the
         // rest (see `pending::Handover`).
         self.owed.pay();
+        if self.direct.is_some() {
+            // The caller driving for its result has it: it stops driving after this turn
+            // and nobody uses the next wake (whoever drives next computes it afresh).
+            return None;
+        }
         let wake = self.driver.next_wake(&self.m, None);
         if !timers {
             return wake;
         }
         [wake, self.next_wake(now)].into_iter().flatten().min()
+    }
+
+    /// Where [`Loop::iterate`] takes the queued commands into (empty between turns: each
+    /// turn runs all it took).
+    pub(crate) fn inbox(&mut self) -> (&mut Vec<Command>, &mut KeyStore) {
+        (&mut self.inbox, &mut self.keys)
+    }
+
+    /// The caller about to drive the loop waits for `slot`: its result goes to
+    /// [`Loop::take_direct`], not into the slot (no lock, no wake-up, nothing for the
+    /// caller to take from the slot). Only while that caller holds the loop: it takes the
+    /// result (or learns it has none, then its slot has it or will) before letting go.
+    pub(crate) fn aim(&mut self, slot: &Slot) {
+        self.aimed = slot as *const Slot as usize;
+    }
+
+    /// The aimed caller's result is in.
+    pub(crate) fn has_direct(&self) -> bool {
+        self.direct.is_some()
+    }
+
+    /// Stop aiming; the aimed caller's result, if it came.
+    pub(crate) fn take_direct(&mut self) -> Option<Result<Out, Error>> {
+        self.aimed = 0;
+        self.direct.take()
+    }
+
+    /// Hand `out` to `slot`'s waiter: the aimed caller directly, anyone else through the
+    /// slot ([`Slot::complete_later`], whose return it returns).
+    #[inline(always)]
+    fn complete(&mut self, slot: Arc<Slot>, out: Result<Out, Error>) -> Option<Result<Out, Error>> {
+        if Arc::as_ptr(&slot) as usize == self.aimed {
+            self.aimed = 0;
+            slot.let_go_unfilled();
+            self.direct = Some(out);
+            return None;
+        }
+        slot.complete_later(out, &mut self.owed)
     }
 
     /// Wait for the masters until `wake` at the latest.
@@ -184,19 +244,28 @@ impl<D: LoopIo> Loop<D> {
     }
 
     /// Take every command queued since the last time round.
+    #[inline]
     fn drain(&mut self, now: Instant) {
         // One command (a caller's own, nearly always): taken off the list, no drain.
         if self.inbox.len() == 1 {
             if let Some(cmd) = self.inbox.pop() {
                 self.command(cmd, now);
             }
+            self.keys.reset();
             return;
         }
+        self.drain_all(now);
+    }
+
+    /// [`Loop::drain`] of several commands.
+    #[inline(never)]
+    fn drain_all(&mut self, now: Instant) {
         let mut inbox = std::mem::take(&mut self.inbox);
         for cmd in inbox.drain(..) {
             self.command(cmd, now);
         }
         self.inbox = inbox;
+        self.keys.reset();
     }
 
     #[inline]
@@ -212,15 +281,14 @@ impl<D: LoopIo> Loop<D> {
     fn command(&mut self, cmd: Command, now: Instant) {
         match cmd {
             Command::Lock {
-                mut keys,
                 ttl,
                 deadline,
                 retries,
                 slot,
             } => {
-                let id = self
-                    .m
-                    .submit_lock_list(&mut keys, ttl, deadline, retries, now);
+                // The keys swapped into the task where the store holds them.
+                let keys = self.keys.take();
+                let id = self.m.submit_lock_list(keys, ttl, deadline, retries, now);
                 self.wait_for(id, Waiter::Lock(slot));
             }
             Command::Release { state, slot } => {
@@ -276,13 +344,10 @@ impl<D: LoopIo> Loop<D> {
             }
             Command::Stats(slot) => {
                 let stats = Ok(Out::Stats(self.driver.stats(&self.m)));
-                slot.complete_later(stats, &mut self.owed);
+                self.complete(slot, stats);
             }
-            Command::Admin {
-                resource,
-                force,
-                slot,
-            } => {
+            Command::Admin { force, slot } => {
+                let resource = self.keys.take();
                 let r = resource.iter().next().unwrap_or_default();
                 let id = if force {
                     self.m.submit_force_release(r, now)
@@ -304,25 +369,27 @@ impl<D: LoopIo> Loop<D> {
     }
 
     /// Hand every finished task's result to whoever waits for it.
+    #[inline]
     fn deliver(&mut self, now: Instant) {
-        match self.m.finished_count() {
-            // Half the turns of a caller's operation (the one before its wait).
-            0 => {}
-            // The common case (one caller): no copy of the list.
-            1 => {
-                if let Some(id) = self.m.take_one_finished() {
-                    self.deliver_one(id, now);
-                }
+        // The common case (one caller): no copy of the list.
+        if self.m.finished_count() == 1 {
+            if let Some(id) = self.m.take_one_finished() {
+                self.deliver_one(id, now);
             }
-            _ => {
-                self.finished.extend(self.m.take_finished());
-                let mut finished = std::mem::take(&mut self.finished);
-                for id in finished.drain(..) {
-                    self.deliver_one(id, now);
-                }
-                self.finished = finished;
-            }
+            return;
         }
+        self.deliver_all(now);
+    }
+
+    /// [`Loop::deliver`] of several finished tasks (or none).
+    #[inline(never)]
+    fn deliver_all(&mut self, now: Instant) {
+        self.finished.extend(self.m.take_finished());
+        let mut finished = std::mem::take(&mut self.finished);
+        for id in finished.drain(..) {
+            self.deliver_one(id, now);
+        }
+        self.finished = finished;
     }
 
     /// Hand finished task `id`'s result to whoever waits for it.
@@ -333,27 +400,37 @@ impl<D: LoopIo> Loop<D> {
             return;
         };
         self.live -= 1;
-        if let Waiter::Lock(slot) = waiter {
-            // The lock's parts go from the task straight into its state (a lock is 272
-            // bytes: not moved out of the core, then into the state).
-            let (spare, base) = (&mut self.spare_states, self.base);
-            let out = self.m.take_in_place(id, |result| match result {
-                Ok(Done::Locked(lock)) => Ok(Out::Lock(new_state(spare, lock, base))),
-                Ok(other) => unreachable!("a lock task ended with {other:?}"),
-                Err(e) => Err(std::mem::replace(e, Error::Cancelled)),
-            });
-            self.settle_lock(slot, out, now);
-            return;
+        match waiter {
+            Waiter::Lock(slot) => {
+                // The lock's parts go from the task straight into its state (a lock is 272
+                // bytes: not moved out of the core, then into the state).
+                let (spare, base) = (&mut self.spare_states, self.base);
+                let out = self.m.take_in_place(id, |result| match result {
+                    Ok(Done::Locked(lock)) => Ok(Out::Lock(new_state(spare, lock, base))),
+                    Ok(other) => unreachable!("a lock task ended with {other:?}"),
+                    Err(e) => Err(std::mem::replace(e, Error::Cancelled)),
+                });
+                self.settle_lock(slot, out, now);
+            }
+            Waiter::Release(slot) => {
+                // Not the whole result (272 bytes): a release's says only whether it went
+                // through.
+                let out = self.m.take_unit(id).map(|()| Out::Unit);
+                self.complete(slot, out);
+            }
+            waiter => {
+                let result = self.m.take(id);
+                self.settle(waiter, result, now);
+            }
         }
-        let result = self.m.take(id);
-        self.settle(waiter, result, now);
     }
 
     /// Hand a lock task's result to its waiter.
+    #[inline]
     fn settle_lock(&mut self, slot: Arc<Slot>, out: Result<Out, Error>, now: Instant) {
         // Nobody wants it any more (the `Pending` was dropped): released as a dropped lock
         // is.
-        if let Some(Ok(Out::Lock(state))) = slot.complete_later(out, &mut self.owed) {
+        if let Some(Ok(Out::Lock(state))) = self.complete(slot, out) {
             self.m.release_detached(&state.to_lock(), now);
             self.recycle(state);
         }
@@ -361,9 +438,8 @@ impl<D: LoopIo> Loop<D> {
 
     fn settle(&mut self, waiter: Waiter, result: Result<Done, Error>, now: Instant) {
         match waiter {
-            Waiter::Lock(_) => unreachable!("a lock task's result is taken in place"),
-            Waiter::Release(slot) => {
-                slot.complete_later(result.map(|_| Out::Unit), &mut self.owed);
+            Waiter::Lock(_) | Waiter::Release(_) => {
+                unreachable!("a lock or release task's result is taken in place")
             }
             Waiter::Admin(slot) => {
                 let out = result.map(|d| match d {
@@ -371,7 +447,7 @@ impl<D: LoopIo> Loop<D> {
                     Done::ForceReleased(f) => Out::Forced(Box::new(f)),
                     other => unreachable!("an operator's task ended with {other:?}"),
                 });
-                slot.complete_later(out, &mut self.owed);
+                self.complete(slot, out);
             }
             Waiter::Extend { state, slot } => {
                 let k = self
@@ -392,7 +468,7 @@ impl<D: LoopIo> Loop<D> {
                         if let Err(e @ (Error::NotHeld(_) | Error::Expired)) = &r {
                             state.mark_lost(Some(e));
                         }
-                        slot.complete_later(r.map(|()| Out::Unit), &mut self.owed);
+                        self.complete(slot, r.map(|()| Out::Unit));
                     }
                     None => {
                         let Some(k) = k else { return };
@@ -487,6 +563,7 @@ impl<D: LoopIo> Loop<D> {
     pub(crate) fn shut(&mut self, why: io::Error, kill: impl FnOnce(&mut Vec<Command>)) {
         let err = || Error::Io(io::Error::new(why.kind(), why.to_string()));
         kill(&mut self.inbox);
+        self.keys.reset();
         for cmd in self.inbox.drain(..) {
             match cmd {
                 Command::Lock { slot, .. }

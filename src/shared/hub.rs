@@ -23,10 +23,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::event_loop::Loop;
-use super::pending::Slot;
+use super::pending::{Out, Slot};
 use super::sync::{lock, thread, AtomicBool, Condvar, Mutex, MutexGuard, Ordering, TryLockError};
-use super::Command;
-use crate::core::Core;
+use super::{Command, KeyStore};
+use crate::core::{Core, KeyList};
 use crate::driver::{Driver, LoopIo};
 use crate::error::Error;
 
@@ -45,9 +45,19 @@ pub(crate) trait Drive: Send + 'static {
     fn enter(&mut self) -> io::Result<Instant>;
     fn iterate(
         &mut self,
-        take: impl FnOnce(&mut Vec<Self::Command>),
+        take: impl FnOnce(&mut Vec<Self::Command>, &mut KeyStore),
         now: Instant,
     ) -> Option<Instant>;
+    /// Where [`Drive::iterate`] takes the queued commands and their keys into (empty
+    /// between turns).
+    fn inbox(&mut self) -> (&mut Vec<Self::Command>, &mut KeyStore);
+    /// The caller driving for `slot` takes its result from the loop, not from the slot
+    /// (see [`Loop::aim`]).
+    fn aim(&mut self, slot: &Slot);
+    /// The result handed to the aimed caller, once in.
+    fn has_direct(&self) -> bool;
+    /// Stop aiming: the result handed to the caller, if it came.
+    fn take_direct(&mut self) -> Option<Result<Out, Error>>;
     fn wait(&mut self, now: Instant, wake: Option<Instant>) -> io::Result<Instant>;
     fn has_work(&self) -> bool;
     fn wants_loop(&self) -> bool;
@@ -70,8 +80,25 @@ impl<D: LoopIo> Drive for Loop<D> {
     fn enter(&mut self) -> io::Result<Instant> {
         Loop::enter(self)
     }
-    fn iterate(&mut self, take: impl FnOnce(&mut Vec<Command>), now: Instant) -> Option<Instant> {
+    #[inline(always)]
+    fn iterate(
+        &mut self,
+        take: impl FnOnce(&mut Vec<Command>, &mut KeyStore),
+        now: Instant,
+    ) -> Option<Instant> {
         Loop::iterate(self, take, now)
+    }
+    fn inbox(&mut self) -> (&mut Vec<Command>, &mut KeyStore) {
+        Loop::inbox(self)
+    }
+    fn aim(&mut self, slot: &Slot) {
+        Loop::aim(self, slot);
+    }
+    fn has_direct(&self) -> bool {
+        Loop::has_direct(self)
+    }
+    fn take_direct(&mut self) -> Option<Result<Out, Error>> {
+        Loop::take_direct(self)
     }
     fn wait(&mut self, now: Instant, wake: Option<Instant>) -> io::Result<Instant> {
         Loop::wait(self, now, wake)
@@ -100,12 +127,21 @@ pub(crate) struct Hub<L: Drive = Loop> {
     lp: Mutex<L>,
     /// Every handle is gone: finish what is in flight, then stop.
     closed: AtomicBool,
+    /// The queue holds commands: set with the first one queued, cleared as the queue is
+    /// taken, both under the queue's lock, so that a driver's turn that finds it clear
+    /// skips the lock (most turns: the one after each wait). A command queued just after
+    /// that look is not lost: its submitter wakes the driver (`woken` is only set with
+    /// commands queued), whose next turn, after that wake-up, sees the flag; and a
+    /// driver that stops reads the queue under its lock.
+    queued: AtomicBool,
     waker: L::Waker,
     busy_poll: bool,
 }
 
 pub(crate) struct Queue<C> {
     pub commands: Vec<C>,
+    /// The keys of the keyed commands among them.
+    keys: KeyStore,
     /// Someone holds the loop and is driving it (in a poll, or about to be).
     driving: bool,
     /// Work is left that the loop's thread must drive.
@@ -138,6 +174,7 @@ impl<L: Drive> Hub<L> {
         let hub = Arc::new(Hub {
             queue: Mutex::new(Queue {
                 commands: Vec::with_capacity(64),
+                keys: KeyStore::with_capacity(64),
                 driving: false,
                 wanted: false,
                 woken: false,
@@ -148,6 +185,7 @@ impl<L: Drive> Hub<L> {
             busy_poll,
             lp: Mutex::new(lp),
             closed: AtomicBool::new(false),
+            queued: AtomicBool::new(false),
         });
         let h = hub.clone();
         let handle = thread::Builder::new()
@@ -157,6 +195,7 @@ impl<L: Drive> Hub<L> {
     }
 
     /// Queue `cmd`; with `wake`, make sure someone drives the loop to run it.
+    #[inline]
     pub(crate) fn submit(&self, cmd: L::Command, wake: bool) {
         let mut q = lock(&self.queue);
         if q.dead {
@@ -165,9 +204,25 @@ impl<L: Drive> Hub<L> {
             return;
         }
         q.commands.push(cmd);
+        self.queued.store(true, Ordering::Relaxed);
         if wake {
             self.wake_driver(q);
         }
+    }
+
+    /// [`Hub::submit`] of a keyed command (`Lock`, `Admin`), no wake-up: `keys` writes its
+    /// keys into the queue's store, in place.
+    #[inline]
+    pub(crate) fn submit_keyed(&self, cmd: L::Command, keys: impl FnOnce(&mut KeyList)) {
+        let mut q = lock(&self.queue);
+        if q.dead {
+            drop(q);
+            L::fail(cmd);
+            return;
+        }
+        keys(q.keys.next());
+        q.commands.push(cmd);
+        self.queued.store(true, Ordering::Relaxed);
     }
 
     /// Make sure someone drives the loop soon (a future was polled).
@@ -206,7 +261,12 @@ impl<L: Drive> Hub<L> {
 
     /// A blocked caller waits for `slot`: drive the loop until it is complete if nobody
     /// else drives; otherwise leave it to the driver (the caller parks on the slot).
-    pub(crate) fn drive_for(&self, slot: &Slot) {
+    ///
+    /// A caller that drives gets its result straight from the loop (`Some`), not through
+    /// the slot: it holds the loop from before its result comes until it takes it, so
+    /// nobody else sees the hand-over. The slot is then never completed; the loop lets go
+    /// of it as completing would. `None`: the result is (or will be) in the slot.
+    pub(crate) fn drive_for(&self, slot: &Slot) -> Option<Result<Out, Error>> {
         let mut lp = match self.lp.try_lock() {
             Ok(lp) => lp,
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
@@ -215,7 +275,7 @@ impl<L: Drive> Hub<L> {
                 // it is just leaving, the loop's thread takes over.
                 let q = lock(&self.queue);
                 self.wake_driver(q);
-                return;
+                return None;
             }
         };
         if lp.has_work() {
@@ -231,18 +291,30 @@ impl<L: Drive> Hub<L> {
             } else {
                 self.wake_driver(q);
             }
-            return;
+            return None;
         }
-        lock(&self.queue).driving = true;
+        {
+            // Driving from now on, and the queue (our command in it) taken at once: one
+            // hold of the queue's lock for both; the first turn takes nothing more.
+            let mut q = lock(&self.queue);
+            q.driving = true;
+            q.woken = false;
+            let (commands, keys) = lp.inbox();
+            std::mem::swap(&mut q.commands, commands);
+            std::mem::swap(&mut q.keys, keys);
+            self.queued.store(false, Ordering::Relaxed);
+        }
+        lp.aim(slot);
         let result = catch_unwind(AssertUnwindSafe(|| {
-            self.run_until(&mut lp, || slot.is_ready())
+            self.run_until(&mut lp, |lp| lp.has_direct() || slot.is_ready())
         }))
         .unwrap_or_else(|_| Err(panicked()));
         if let Err(e) = result {
             lp.shut(e, |into| self.kill(into));
-            return;
+        } else {
+            self.stop_driving(&lp);
         }
-        self.stop_driving(&lp);
+        lp.take_direct()
     }
 
     /// Stop driving: if work is left (or queued meanwhile), hand it to the loop's thread.
@@ -257,15 +329,15 @@ impl<L: Drive> Hub<L> {
     }
 
     /// Drive until `done` (or until the loop has nothing left, when `done` never holds).
-    fn run_until(&self, lp: &mut L, mut done: impl FnMut() -> bool) -> io::Result<()> {
+    /// The queue was taken as driving began: the first turn runs what it took.
+    fn run_until(&self, lp: &mut L, mut done: impl FnMut(&L) -> bool) -> io::Result<()> {
         let mut now = lp.enter()?;
-        loop {
-            let wake = lp.iterate(|into| self.take_commands(into), now);
-            if done() {
-                return Ok(());
-            }
+        let mut wake = lp.iterate(|_, _| {}, now);
+        while !done(lp) {
             now = lp.wait(now, wake)?;
+            wake = lp.iterate(|into, keys| self.take_commands(into, keys), now);
         }
+        Ok(())
     }
 
     /// The loop's own thread: drive while work is left that nobody else drives, park
@@ -312,7 +384,7 @@ impl<L: Drive> Hub<L> {
             if closing.is_none() && self.closed.load(Ordering::Acquire) {
                 *closing = Some(now + DRAIN);
             }
-            let mut wake = lp.iterate(|into| self.take_commands(into), now);
+            let mut wake = lp.iterate(|into, keys| self.take_commands(into, keys), now);
             if let Some(end) = *closing {
                 // Done once nothing is in flight and every release reached its master.
                 if (!lp.has_work() && lp.rounds_idle() && !lp.owes_releases()) || now >= end {
@@ -331,10 +403,17 @@ impl<L: Drive> Hub<L> {
     }
 
     /// Move every queued command into `into` (the driver).
-    pub(crate) fn take_commands(&self, into: &mut Vec<L::Command>) {
+    #[inline]
+    pub(crate) fn take_commands(&self, into: &mut Vec<L::Command>, keys: &mut KeyStore) {
+        if !self.queued.load(Ordering::Relaxed) {
+            // Nothing queued (see `queued`): `woken` is clear too.
+            return;
+        }
         let mut q = lock(&self.queue);
         q.woken = false;
         std::mem::swap(&mut q.commands, into);
+        std::mem::swap(&mut q.keys, keys);
+        self.queued.store(false, Ordering::Relaxed);
     }
 
     /// The loop stops: take what is queued, refuse what comes.
@@ -343,6 +422,9 @@ impl<L: Drive> Hub<L> {
         q.dead = true;
         q.driving = false;
         into.append(&mut q.commands);
+        // The commands fail: their keys are not read.
+        q.keys.reset();
+        self.queued.store(false, Ordering::Relaxed);
     }
 }
 

@@ -37,6 +37,7 @@ use loom::sync::mpsc;
 use super::hub::{Drive, Hub};
 use super::pending::{Out, Owed, Slot, SlotPool, FAN_OUT};
 use super::sync::{lock, thread, Condvar, Mutex};
+use super::KeyStore;
 use crate::error::Error;
 
 /// Run `f` at every interleaving, with at most 3 preemptions unless
@@ -305,6 +306,9 @@ struct FakeLoop {
     /// The fixed start of time: time moves only to the deadlines `wait` is given.
     t0: Instant,
     inbox: Vec<Cmd>,
+    /// The keys of keyed commands (none here), swapped with the queue's as the shared
+    /// client's loop does.
+    keys: KeyStore,
     /// Sent, not answered yet.
     sent: Vec<Cmd>,
     /// Answered by the last wait, for the next turn to deliver.
@@ -314,6 +318,9 @@ struct FakeLoop {
     freed: bool,
     /// Wake-ups of parked waiters, paid at the end of each turn.
     owed: Owed,
+    /// The slot of the caller driving for its result (see `Loop::aim`), and that result.
+    aimed: usize,
+    direct: Option<Result<Out, Error>>,
 }
 
 impl FakeLoop {
@@ -322,12 +329,30 @@ impl FakeLoop {
             poll,
             t0: Instant::now(),
             inbox: Vec::new(),
+            keys: KeyStore::default(),
             sent: Vec::new(),
             answered: Vec::new(),
             waiting: Vec::new(),
             freed: false,
             owed: Owed::default(),
+            aimed: 0,
+            direct: None,
         }
+    }
+}
+
+impl FakeLoop {
+    /// Complete `cmd`: to the aimed caller directly (as `Loop::complete` does), or
+    /// through its slot.
+    fn complete(&mut self, cmd: Cmd) {
+        let (Cmd::Op(slot, t) | Cmd::Waits(slot, t) | Cmd::Free(slot, t)) = &cmd;
+        if Arc::as_ptr(slot) as usize == self.aimed {
+            self.aimed = 0;
+            slot.let_go_unfilled();
+            self.direct = Some(tagged(*t));
+            return;
+        }
+        cmd.done_later(tagged, &mut self.owed);
     }
 }
 
@@ -348,26 +373,51 @@ impl Drive for FakeLoop {
         Ok(self.t0)
     }
 
-    fn iterate(&mut self, take: impl FnOnce(&mut Vec<Cmd>), _now: Instant) -> Option<Instant> {
-        take(&mut self.inbox);
-        for cmd in self.answered.drain(..) {
+    fn iterate(
+        &mut self,
+        take: impl FnOnce(&mut Vec<Cmd>, &mut KeyStore),
+        _now: Instant,
+    ) -> Option<Instant> {
+        take(&mut self.inbox, &mut self.keys);
+        let mut answered = std::mem::take(&mut self.answered);
+        for cmd in answered.drain(..) {
             match cmd {
                 Cmd::Waits(..) => self.waiting.push(cmd),
                 Cmd::Free(..) => {
                     self.freed = true;
-                    cmd.done_later(tagged, &mut self.owed);
+                    self.complete(cmd);
                 }
-                Cmd::Op(..) => cmd.done_later(tagged, &mut self.owed),
+                Cmd::Op(..) => self.complete(cmd),
             }
         }
+        self.answered = answered;
         if self.freed {
-            for cmd in self.waiting.drain(..) {
-                cmd.done_later(tagged, &mut self.owed);
+            let mut waiting = std::mem::take(&mut self.waiting);
+            for cmd in waiting.drain(..) {
+                self.complete(cmd);
             }
+            self.waiting = waiting;
         }
         self.sent.append(&mut self.inbox);
         self.owed.pay();
         None
+    }
+
+    fn inbox(&mut self) -> (&mut Vec<Cmd>, &mut KeyStore) {
+        (&mut self.inbox, &mut self.keys)
+    }
+
+    fn aim(&mut self, slot: &Slot) {
+        self.aimed = slot as *const Slot as usize;
+    }
+
+    fn has_direct(&self) -> bool {
+        self.direct.is_some()
+    }
+
+    fn take_direct(&mut self) -> Option<Result<Out, Error>> {
+        self.aimed = 0;
+        self.direct.take()
     }
 
     fn wait(&mut self, now: Instant, wake: Option<Instant>) -> io::Result<Instant> {
@@ -420,11 +470,13 @@ impl Drive for FakeLoop {
     }
 }
 
-/// What `Pending::wait` does: drive the loop for its slot if nobody else does, then park
-/// until the result is in.
+/// What `Pending::wait` does: drive the loop for its slot if nobody else does (then the
+/// result comes straight from the loop), or park until the result is in the slot.
 fn wait_out(hub: &Hub<FakeLoop>, slot: &Slot) -> Option<u32> {
     if !slot.is_ready() {
-        hub.drive_for(slot);
+        if let Some(r) = hub.drive_for(slot) {
+            return tag(&r);
+        }
     }
     tag(&slot.wait())
 }
@@ -467,6 +519,38 @@ fn loom_hub_caller_drives_while_a_release_comes() {
             "a release was left with nobody to run it"
         );
         assert_eq!(tag(&release.wait()), Some(2));
+    });
+}
+
+/// A caller's two operations one after the other, each waited for on its thread (so
+/// mostly driven by the caller, its result handed over directly), while a guard's
+/// release comes from another thread: each gets its own result, and the slot of the
+/// first, let go by both holders whichever way its result came, is the one the second
+/// operation takes from the pool.
+#[test]
+fn loom_hub_direct_results_and_slot_reuse() {
+    model(|| {
+        let (hub, background) = start();
+        let pool = Arc::new(SlotPool::new());
+        let (h, p) = (hub.clone(), pool.clone());
+        let caller = thread::spawn(move || {
+            let first = p.take();
+            h.submit(Cmd::Op(first.clone(), 1), false);
+            let a = wait_out(&h, &first);
+            p.let_go(&first);
+            let second = p.take();
+            assert!(Arc::ptr_eq(&first, &second), "the first slot went back");
+            h.submit(Cmd::Op(second.clone(), 2), false);
+            let b = wait_out(&h, &second);
+            p.let_go(&second);
+            (a, b)
+        });
+        let release = SlotPool::new().take();
+        hub.submit(Cmd::Free(release.clone(), 3), true);
+        assert_eq!(caller.join().unwrap(), (Some(1), Some(2)));
+        hub.close();
+        background.join().unwrap();
+        assert_eq!(tag(&release.wait()), Some(3));
     });
 }
 

@@ -33,10 +33,13 @@ use hub::Hub;
 use pending::{Out, Slot, SlotPool};
 use state::LockState;
 
-/// What a handle asks of the loop.
+/// What a handle asks of the loop. A lock's or an operator's keys are not in the command
+/// (120 bytes, as large as the rest of it twice over: every move of a command was a
+/// `memcpy`): they are written straight into the queue's [`KeyStore`], in the commands'
+/// order, and the loop reads them there.
 pub(crate) enum Command {
+    /// Its keys: the next of the [`KeyStore`].
     Lock {
-        keys: KeyList,
         ttl: Duration,
         deadline: Option<Instant>,
         retries: u32,
@@ -62,12 +65,60 @@ pub(crate) enum Command {
     Cancel(Arc<Slot>),
     /// A snapshot of the masters' statistics.
     Stats(Arc<Slot>),
-    /// An operator's look at a resource (`force: false`) or forced release (`true`).
-    Admin {
-        resource: KeyList,
-        force: bool,
-        slot: Arc<Slot>,
-    },
+    /// An operator's look at a resource (`force: false`) or forced release (`true`); the
+    /// resource: the next of the [`KeyStore`].
+    Admin { force: bool, slot: Arc<Slot> },
+}
+
+/// The keys of the queued `Lock` and `Admin` commands, in their order: written in place by
+/// the submitter (under the queue's lock), read in place by the loop (a lock's are swapped
+/// into its task), and kept for reuse, with the storage the tasks swapped back, once the
+/// loop has read them all ([`KeyStore::reset`]). It travels with the commands: the queue's
+/// and the loop's are swapped with them.
+#[derive(Default)]
+pub(crate) struct KeyStore {
+    lists: Vec<KeyList>,
+    /// Lists written (the first `used` of `lists`).
+    used: usize,
+    /// Lists the loop has read.
+    read: usize,
+}
+
+impl KeyStore {
+    pub(crate) fn with_capacity(n: usize) -> Self {
+        KeyStore {
+            lists: Vec::with_capacity(n),
+            used: 0,
+            read: 0,
+        }
+    }
+
+    /// The list of the next command's keys, empty.
+    #[inline]
+    pub(crate) fn next(&mut self) -> &mut KeyList {
+        if self.used == self.lists.len() {
+            self.lists.push(KeyList::default());
+        } else {
+            self.lists[self.used].clear();
+        }
+        self.used += 1;
+        &mut self.lists[self.used - 1]
+    }
+
+    /// The keys of the next command the loop runs.
+    #[inline]
+    pub(crate) fn take(&mut self) -> &mut KeyList {
+        debug_assert!(self.read < self.used, "a keyed command without its keys");
+        self.read += 1;
+        &mut self.lists[self.read - 1]
+    }
+
+    /// Every list read (or the commands gone): all of them reusable.
+    #[inline]
+    pub(crate) fn reset(&mut self) {
+        self.used = 0;
+        self.read = 0;
+    }
 }
 
 /// What the handles share; dropped with the last handle, guard and pending operation.
@@ -96,6 +147,12 @@ impl Inner {
     /// wake-up now: a caller about to wait drives the loop itself, without a hand-off.
     pub(crate) fn queue(&self, cmd: Command) {
         self.hub.submit(cmd, false);
+    }
+
+    /// [`Inner::queue`] of a `Lock` or `Admin` command, its keys written by `keys` into the
+    /// queue's [`KeyStore`].
+    pub(crate) fn queue_keyed(&self, cmd: Command, keys: impl FnOnce(&mut KeyList)) {
+        self.hub.submit_keyed(cmd, keys);
     }
 
     pub(crate) fn hub(&self) -> &Hub {
@@ -330,17 +387,19 @@ impl SharedRedlock {
             return Pending::ready(self.inner.clone(), Err(e));
         }
         let slot = self.inner.slots.take();
-        self.inner.queue(Command::Admin {
-            resource: one(resource),
-            force,
-            slot: slot.clone(),
-        });
+        self.inner.queue_keyed(
+            Command::Admin {
+                force,
+                slot: slot.clone(),
+            },
+            |keys| keys.push(resource),
+        );
         Pending::new(self.inner.clone(), slot)
     }
 
     /// One attempt to take `resource` for `ttl` (see [`crate::Redlock::try_lock`]).
     pub fn try_lock(&self, resource: impl AsRef<[u8]>, ttl: Duration) -> Pending<LockGuard> {
-        self.submit_lock(one(resource.as_ref()), ttl, None, 0)
+        self.submit_one(resource.as_ref(), ttl, None, 0)
     }
 
     /// Take `resource` for `ttl`, waiting until it is granted: retrying while it is taken
@@ -381,7 +440,7 @@ impl SharedRedlock {
     /// ```
     pub fn lock(&self, resource: impl AsRef<[u8]>, ttl: Duration) -> Pending<LockGuard> {
         let retries = self.inner.lock_retries;
-        self.submit_lock(one(resource.as_ref()), ttl, None, retries)
+        self.submit_one(resource.as_ref(), ttl, None, retries)
     }
 
     /// Like [`SharedRedlock::lock`], but never past `deadline`: it retries until then
@@ -394,7 +453,7 @@ impl SharedRedlock {
         deadline: Instant,
     ) -> Pending<LockGuard> {
         let retries = self.inner.lock_retries;
-        self.submit_lock(one(resource.as_ref()), ttl, Some(deadline), retries)
+        self.submit_one(resource.as_ref(), ttl, Some(deadline), retries)
     }
 
     /// Several resources as one lock (see [`crate::Redlock::lock_many`]); it waits like
@@ -411,42 +470,56 @@ impl SharedRedlock {
         if let Err(e) = check_distinct(&keys) {
             return Pending::ready(self.inner.clone(), Err(e));
         }
+        let checked = if keys.len() == 0 {
+            Err(Error::InvalidArgument("no resource given".into()))
+        } else {
+            check_resources(keys.iter())
+        };
         let retries = self.inner.lock_retries;
-        self.submit_lock(keys, ttl, None, retries)
+        // The list moves into the queue's store (a swap: no key copied).
+        self.submit_lock(checked, ttl, None, retries, |k| {
+            std::mem::swap(k, &mut keys)
+        })
     }
 
-    fn submit_lock(
+    /// A lock on one resource: its key written straight into the queue.
+    fn submit_one(
         &self,
-        keys: KeyList,
+        resource: &[u8],
         ttl: Duration,
         deadline: Option<Instant>,
         retries: u32,
     ) -> Pending<LockGuard> {
-        let checked = if keys.len() == 0 {
-            Err(Error::InvalidArgument("no resource given".into()))
-        } else {
-            check_resources(keys.iter()).and_then(|()| self.inner.settings.check_ttl(ttl))
-        };
-        let ttl = match checked {
+        let checked = check_resources([resource]);
+        self.submit_lock(checked, ttl, deadline, retries, |k| k.push(resource))
+    }
+
+    /// A lock whose resources were checked (`checked`), its keys written by `keys`.
+    #[inline]
+    fn submit_lock(
+        &self,
+        checked: Result<(), Error>,
+        ttl: Duration,
+        deadline: Option<Instant>,
+        retries: u32,
+        keys: impl FnOnce(&mut KeyList),
+    ) -> Pending<LockGuard> {
+        let ttl = match checked.and_then(|()| self.inner.settings.check_ttl(ttl)) {
             Ok(t) => t,
             Err(e) => return Pending::ready(self.inner.clone(), Err(e)),
         };
         let slot = self.inner.slots.take();
-        self.inner.queue(Command::Lock {
+        self.inner.queue_keyed(
+            Command::Lock {
+                ttl,
+                deadline,
+                retries,
+                slot: slot.clone(),
+            },
             keys,
-            ttl,
-            deadline,
-            retries,
-            slot: slot.clone(),
-        });
+        );
         Pending::new(self.inner.clone(), slot)
     }
-}
-
-fn one(resource: &[u8]) -> KeyList {
-    let mut keys = KeyList::default();
-    keys.push(resource);
-    keys
 }
 
 impl Builder {
@@ -515,19 +588,17 @@ pub struct InMemoryLock(Arc<LockState>);
 impl<S: FnMut(usize, &[u8], &mut Vec<u8>) + Send + 'static> InMemoryShared<S> {
     /// `SharedRedlock::try_lock(resource, ttl).wait()`.
     pub fn try_lock(&self, resource: &[u8], ttl: Duration) -> Result<InMemoryLock, Error> {
-        let keys = one(resource);
-        check_resources(keys.iter())?;
+        check_resources([resource])?;
         let ttl = self.settings.check_ttl(ttl)?;
         let slot = self.slots.take();
-        self.hub.submit(
+        self.hub.submit_keyed(
             Command::Lock {
-                keys,
                 ttl,
                 deadline: None,
                 retries: 0,
                 slot: slot.clone(),
             },
-            false,
+            |keys| keys.push(resource),
         );
         match self.wait(&slot)? {
             Out::Lock(state) => Ok(InMemoryLock(state)),
@@ -550,10 +621,12 @@ impl<S: FnMut(usize, &[u8], &mut Vec<u8>) + Send + 'static> InMemoryShared<S> {
 
     /// `Pending::wait`: drive the loop until the result is in, take it, let the slot go.
     fn wait(&self, slot: &Arc<Slot>) -> Result<Out, Error> {
-        if !slot.is_ready() {
-            self.hub.drive_for(slot);
-        }
-        let r = slot.wait();
+        let direct = if slot.is_ready() {
+            None
+        } else {
+            self.hub.drive_for(slot)
+        };
+        let r = direct.unwrap_or_else(|| slot.wait());
         self.slots.let_go(slot);
         r
     }

@@ -57,6 +57,7 @@ struct SlotState {
 
 impl Slot {
     /// Whether the result is in.
+    #[inline]
     pub(crate) fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
     }
@@ -71,11 +72,33 @@ impl Slot {
     }
 
     /// Ready for another operation with `holders` holders.
+    ///
+    /// INVARIANT (a slot comes back clean): a slot goes back to the pool with its state
+    /// as new, so that only the two atomics are reset here, without the lock: its result
+    /// was taken (by [`Slot::wait`], [`Slot::poll`] or [`SlotPool::abandon`]) or never
+    /// stored (a result handed over directly), whoever took it also took the future's
+    /// waker and the parked thread (or found none), and a slot marked `dropped` is never
+    /// let go by its `Pending`, so never comes back. Every write to the state happened
+    /// before the last holder let go, which happened before the pool handed it out again
+    /// (its mutex).
     fn reset(&self, holders: u32) {
-        let mut st = lock(&self.state);
-        *st = SlotState::default();
+        #[cfg(debug_assertions)]
+        {
+            let st = lock(&self.state);
+            debug_assert!(
+                st.result.is_none() && st.waker.is_none() && st.thread.is_none() && !st.dropped,
+                "a slot came back to the pool with its state not clean"
+            );
+        }
         self.ready.store(false, Ordering::Relaxed);
         self.holders.store(holders, Ordering::Relaxed);
+    }
+
+    /// The waiter took its result another way ([`Pending`]'s direct hand-over) after a
+    /// poll that may have left a waker: the slot is made clean for the pool.
+    pub(crate) fn clear_waker(&self) {
+        let waker = lock(&self.state).waker.take();
+        drop(waker);
     }
 
     /// Store the result and wake whoever waits. Returns it back when the `Pending` is
@@ -126,6 +149,13 @@ impl Slot {
         None
     }
 
+    /// The loop handed this slot's result to its waiter directly (the caller that drove
+    /// the loop for it, see `Hub::drive_for`): it lets go as [`Slot::complete`] would, the
+    /// slot left unfilled (its waiter never looks).
+    pub(crate) fn let_go_unfilled(&self) {
+        self.holders.fetch_sub(1, Ordering::AcqRel);
+    }
+
     /// Block the calling thread until the result is in, and take it.
     ///
     /// The thread is registered under the lock that [`Slot::complete`] stores the result
@@ -152,7 +182,10 @@ impl Slot {
                 // the wake-ups queued after ours are ours to pass on.
                 let woken = registered && st.thread.is_none();
                 st.thread = None;
+                // A waker of an earlier poll (the slot goes back to the pool clean).
+                let waker = st.waker.take();
                 drop(st);
+                drop(waker);
                 if woken {
                     self.hand.forward();
                 }
@@ -173,6 +206,11 @@ impl Slot {
     pub(crate) fn poll(&self, cx: &mut Context<'_>) -> Poll<Result<Out, Error>> {
         let mut st = lock(&self.state);
         if let Some(r) = st.result.take() {
+            // Not needed any more (the slot goes back to the pool clean); dropped outside
+            // the lock.
+            let waker = st.waker.take();
+            drop(st);
+            drop(waker);
             return Poll::Ready(r);
         }
         match &st.waker {
@@ -269,6 +307,7 @@ impl Owed {
     }
 
     /// Wake the first [`FAN_OUT`] of what is queued (they pass the rest on).
+    #[inline]
     pub(crate) fn pay(&self) {
         if let Some(h) = &self.hand {
             h.forward();
@@ -332,10 +371,15 @@ impl SlotPool {
     pub(crate) fn abandon(&self, slot: &Arc<Slot>) -> Option<Result<Out, Error>> {
         let mut st = lock(&slot.state);
         let result = st.result.take();
-        if result.is_none() {
+        let waker = if result.is_none() {
             st.dropped = true;
-        }
+            None
+        } else {
+            // Let go below: the slot goes back to the pool clean.
+            st.waker.take()
+        };
         drop(st);
+        drop(waker);
         if result.is_some() {
             self.let_go(slot);
         }
@@ -426,7 +470,14 @@ impl<T> Pending<T> {
     /// nobody else does (no hand-off), otherwise park until the driver has it.
     pub(crate) fn wait_out(&mut self) -> Result<Out, Error> {
         if !self.slot.is_ready() {
-            self.inner.hub().drive_for(&self.slot);
+            if let Some(r) = self.inner.hub().drive_for(&self.slot) {
+                if self.kicked {
+                    // Polled before: its waker must not come back to the pool with it.
+                    self.slot.clear_waker();
+                }
+                self.taken = true;
+                return r;
+            }
         }
         if self.inner.busy_poll {
             let until = Instant::now() + SPIN;
