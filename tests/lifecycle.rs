@@ -123,22 +123,30 @@ fn extensions_are_bounded() {
     assert!(t.elapsed() < ttl * 5, "{:?}", t.elapsed());
 }
 
+/// A hand-written keep-alive loop (`should_extend` + `extend`) keeps a lock valid for 3
+/// TTLs: it never lapses, and since an extension gives at most one TTL from its round's
+/// start, that takes at least 3 extensions. The margin (a third of the TTL) must cover
+/// the loop's sleep, the thread's scheduling and an extend round: with a 300 ms TTL it was
+/// 100 ms, less than a loaded 2-core machine can take to run a thread again. The TTL is
+/// 1.5 s, as in the tests above: the loop is what is tested, not its speed.
 #[test]
 fn manual_keep_alive_building_block() {
     let m = masters(3);
     let mut c = builder(&m).build().unwrap();
-    let ttl = Duration::from_millis(300);
+    let ttl = Duration::from_millis(1500);
     let mut lock = c.lock("manual", ttl).unwrap();
     let mut extended = 0;
     let start = Instant::now();
-    while start.elapsed() < Duration::from_millis(900) {
+    while start.elapsed() < ttl * 3 {
+        assert!(lock.is_valid(), "lapsed after {extended} extensions");
         if lock.should_extend(ttl / 3) {
-            c.extend(&mut lock, ttl).unwrap();
+            c.extend(&mut lock, ttl)
+                .unwrap_or_else(|e| panic!("extension {}: {e}", extended + 1));
             extended += 1;
         }
         thread::sleep(Duration::from_millis(5));
     }
-    assert!(lock.is_valid());
+    assert!(lock.is_valid(), "lapsed after {extended} extensions");
     assert!(extended >= 3, "{extended}");
     c.release(lock).unwrap();
 }
