@@ -22,7 +22,17 @@ fn builder(m: &LocalMasters) -> redlock_mux::Builder {
 #[test]
 fn run_locked_keeps_the_lock_alive_past_its_ttl() {
     let m = masters(3);
-    let mut c = builder(&m).build().unwrap();
+    // The keeper extends with a third of the TTL left, and the lock counts as lost with a
+    // tenth left: 350 ms for its extension rounds. With the 150 ms round timeout of the
+    // other tests, an extension answered later than that (a loaded machine) failed, and
+    // its retry, a round timeout later, had 50 ms before the lock counted as lost. How
+    // fast the masters answer is not what this test is about: its client's rounds may
+    // take 1 s (a late answer still extends while validity is left; so does the first
+    // round, which also makes the connections).
+    let mut c = builder(&m)
+        .node_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
     // Long enough that a loaded machine's scheduling delays (hundreds of ms) do not eat a
     // TTL: the test is about extensions keeping the lock, not about their speed.
     let ttl = Duration::from_millis(1500);
@@ -34,9 +44,16 @@ fn run_locked_keeps_the_lock_alive_past_its_ttl() {
             assert!(first_until > start && first_until <= start + ttl);
             // Work for 4 TTLs; the lock must stay ours throughout, its validity ahead.
             while start.elapsed() < ttl * 4 {
-                assert!(!signal.is_lost());
-                assert!(signal.valid_until() > Instant::now());
-                assert!(other.try_lock("long-job", Duration::from_secs(5)).is_err());
+                let at = start.elapsed();
+                assert!(!signal.is_lost(), "lost after {at:?} of work");
+                assert!(
+                    signal.valid_until() > Instant::now(),
+                    "validity ran out after {at:?} of work"
+                );
+                assert!(
+                    other.try_lock("long-job", Duration::from_secs(5)).is_err(),
+                    "another client got the lock after {at:?} of work"
+                );
                 signal.wait_lost(Duration::from_millis(100));
             }
             // Extensions moved the validity forward.
@@ -123,22 +140,30 @@ fn extensions_are_bounded() {
     assert!(t.elapsed() < ttl * 5, "{:?}", t.elapsed());
 }
 
+/// A hand-written keep-alive loop (`should_extend` + `extend`) keeps a lock valid for 3
+/// TTLs: it never lapses, and since an extension gives at most one TTL from its round's
+/// start, that takes at least 3 extensions. The margin (a third of the TTL) must cover
+/// the loop's sleep, the thread's scheduling and an extend round: with a 300 ms TTL it was
+/// 100 ms, less than a loaded 2-core machine can take to run a thread again. The TTL is
+/// 1.5 s, as in the tests above: the loop is what is tested, not its speed.
 #[test]
 fn manual_keep_alive_building_block() {
     let m = masters(3);
     let mut c = builder(&m).build().unwrap();
-    let ttl = Duration::from_millis(300);
+    let ttl = Duration::from_millis(1500);
     let mut lock = c.lock("manual", ttl).unwrap();
     let mut extended = 0;
     let start = Instant::now();
-    while start.elapsed() < Duration::from_millis(900) {
+    while start.elapsed() < ttl * 3 {
+        assert!(lock.is_valid(), "lapsed after {extended} extensions");
         if lock.should_extend(ttl / 3) {
-            c.extend(&mut lock, ttl).unwrap();
+            c.extend(&mut lock, ttl)
+                .unwrap_or_else(|e| panic!("extension {}: {e}", extended + 1));
             extended += 1;
         }
         thread::sleep(Duration::from_millis(5));
     }
-    assert!(lock.is_valid());
+    assert!(lock.is_valid(), "lapsed after {extended} extensions");
     assert!(extended >= 3, "{extended}");
     c.release(lock).unwrap();
 }

@@ -143,12 +143,26 @@ fn shared_lock_waits_until_granted_while_the_blocking_lock_keeps_its_default_bou
     releaser.join().unwrap();
     drop(guard);
 
-    // A retry count set on the builder bounds the shared client too.
+    // A retry count set on the builder bounds the shared client too: 3 timed attempts
+    // (the first and 2 retries), plus those made on a notice. Nobody releases, so the
+    // only notices are the waiter's own subscriptions completing its cover (`core::wait`):
+    // it tries once more when a master that refused its last attempt confirms both its
+    // channels after that attempt was sent. The master that starts a recheck is confirmed
+    // before every later attempt, so it never starts another; a refusal takes 2 of the 3
+    // masters, and after 2 rechecks every 2 include a confirmed one: at most 2 rechecks.
+    // One comes when the subscriptions are confirmed after the first attempt (every run);
+    // a second when the next attempt's refusals came from masters other than the one
+    // that confirmed first: on a loaded machine (two CPU hogs) 5 attempts in 1 of 35 runs
+    // broke the old bound of 4. A round that timed out or failed somewhere may add one
+    // attempt per such answer (a master come back, a line rejoined): counted from the
+    // stats, so a count broken for any other reason still fails. The round timeout is not
+    // what is tested: 1 s, not the 50 ms that a 5 s TTL gives by default.
     let mut holder = Redlock::new(m.urls()).unwrap();
     let held = holder.lock(key, Duration::from_secs(30)).unwrap();
     let counted = Redlock::builder()
         .masters(m.urls())
         .retry_count(2)
+        .node_timeout(Duration::from_secs(1))
         .build_shared()
         .unwrap();
     let e = counted
@@ -157,6 +171,17 @@ fn shared_lock_waits_until_granted_while_the_blocking_lock_keeps_its_default_bou
         .expect_err("held for 30 s");
     assert!(matches!(e, Error::Taken(_)), "{e}");
     let attempts = e.report().map_or(0, |r| r.attempts());
-    assert!((3..=4).contains(&attempts), "{attempts} attempts: {e}");
+    let faults: u64 = counted
+        .stats()
+        .wait()
+        .unwrap()
+        .iter()
+        .map(|s| s.timed_out() + s.failed())
+        .sum();
+    let most = 3 + 2 + faults as u32;
+    assert!(
+        (3..=most).contains(&attempts),
+        "{attempts} attempts, at most {most} ({faults} answers timed out or failed): {e}"
+    );
     holder.release(held).unwrap();
 }

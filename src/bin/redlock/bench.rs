@@ -956,17 +956,23 @@ fn client_thread(
             return Err(SetupError::Lock(e.to_string()));
         }
     };
-    // Warm up (connect, load the scripts) on a key of our own, outside the measurement.
-    let warm = format!("{}:warmup:{id}", shared.names[0]);
+    // Warm up (connect, load the scripts) on keys of our own, outside the measurement.
+    // The first rounds carry the connections: those that find too few masters in time
+    // are tried again, for WARM_UP_LIMIT (a key per cycle: one whose release got no
+    // quorum in time may still be held somewhere).
+    let until = Instant::now() + WARM_UP_LIMIT;
     let mut warm_error = None;
-    for _ in 0..20 {
-        match client.try_lock(&warm, shared.ttl) {
-            Ok(l) => {
-                if let Err(e) = client.release(l) {
-                    warm_error = Some(e.to_string());
-                    break;
-                }
-            }
+    let mut cycle = 0;
+    let mut warmed = 0;
+    while warmed < 20 {
+        let warm = format!("{}:warmup:{id}:{cycle}", shared.names[0]);
+        cycle += 1;
+        match client
+            .try_lock(&warm, shared.ttl)
+            .and_then(|l| client.release(l))
+        {
+            Ok(()) => warmed += 1,
+            Err(e) if passing(&e) && Instant::now() < until => {}
             Err(e) => {
                 warm_error = Some(e.to_string());
                 break;
@@ -995,16 +1001,26 @@ fn caller_thread(
     barrier: &Barrier,
 ) -> Result<ClientResult, SetupError> {
     let mut out = ClientResult::new(shared.names.len());
-    let warm = format!("{}:warmup:{id}", shared.names[0]);
+    // As a client thread's warm-up: rounds that find too few masters in time are tried
+    // again for WARM_UP_LIMIT, a key per cycle.
+    let until = Instant::now() + WARM_UP_LIMIT;
     let mut warm_error = None;
-    for _ in 0..20 {
-        if let Err(e) = client
+    let mut cycle = 0;
+    let mut warmed = 0;
+    while warmed < 20 {
+        let warm = format!("{}:warmup:{id}:{cycle}", shared.names[0]);
+        cycle += 1;
+        match client
             .try_lock(&warm, shared.ttl)
             .wait()
             .and_then(|g| g.release().wait())
         {
-            warm_error = Some(e.to_string());
-            break;
+            Ok(()) => warmed += 1,
+            Err(e) if passing(&e) && Instant::now() < until => {}
+            Err(e) => {
+                warm_error = Some(e.to_string());
+                break;
+            }
         }
     }
     barrier.wait();
@@ -1035,17 +1051,30 @@ fn tasks_thread(
         }
     };
     let tasks = shared.clients;
-    // Warm up (connections, scripts, the runtime's threads) outside the measurement.
+    // Warm up (connections, scripts, the runtime's threads) outside the measurement; as a
+    // client thread's warm-up, rounds that find too few masters in time are tried again
+    // for WARM_UP_LIMIT, a key per cycle.
+    let until = Instant::now() + WARM_UP_LIMIT;
     let warm_error = rt.block_on(async {
         let mut set = tokio::task::JoinSet::new();
         for id in 0..tasks {
             let client = client.clone();
-            let warm = format!("{}:warmup:{id}", shared.names[0]);
+            let prefix = format!("{}:warmup:{id}", shared.names[0]);
             let ttl = shared.ttl;
             set.spawn(async move {
-                for _ in 0..20 {
-                    let guard = client.try_lock(&warm, ttl).await?;
-                    guard.release().await?;
+                let (mut cycle, mut warmed) = (0, 0);
+                while warmed < 20 {
+                    let warm = format!("{prefix}:{cycle}");
+                    cycle += 1;
+                    let r = match client.try_lock(&warm, ttl).await {
+                        Ok(guard) => guard.release().await,
+                        Err(e) => Err(e),
+                    };
+                    match r {
+                        Ok(()) => warmed += 1,
+                        Err(e) if passing(&e) && Instant::now() < until => {}
+                        Err(e) => return Err(e),
+                    }
                 }
                 Ok::<(), Error>(())
             });
@@ -1935,6 +1964,18 @@ impl Report<'_> {
     }
 }
 
+/// How long the checks and warm-ups before a measurement retry rounds that found too few
+/// masters answering in time (connections still being made, a loaded machine): a master
+/// that answers none of them in this time counts as down.
+const WARM_UP_LIMIT: Duration = Duration::from_secs(1);
+
+/// A lock round's failure that a later round may not have: too few answers in time (no
+/// quorum, or its validity used up by a slow round). Refusals, wrong arguments and the
+/// like are for good.
+fn passing(e: &Error) -> bool {
+    matches!(e, Error::NoQuorum(_) | Error::ValidityUsedUp(_))
+}
+
 /// Before measuring: every master must answer a lock round (connect, handshake, a yes).
 /// With one down, the figures would measure a degraded cluster without saying so: refuse
 /// (exit 69), naming the masters, unless `--allow-degraded`.
@@ -1942,13 +1983,16 @@ fn check_every_master(probe: &mut Redlock, ttl: Duration) -> Option<u8> {
     let key = format!("redlock-bench:probe:{}", std::process::id());
     // Rounds until every master answered, for a second at most: the client runs its
     // loop only inside its calls, and a round is decided at a quorum, so a master still
-    // connecting answers a later round.
-    let until = Instant::now() + Duration::from_secs(1);
+    // connecting answers a later round. So does a quorum still connecting: the first
+    // round carries the connections (a cluster master's discovery and its shards'), and
+    // on a loaded machine they can take longer than a round's timeout.
+    let until = Instant::now() + WARM_UP_LIMIT;
     while Instant::now() < until {
         match probe.try_lock(&key, ttl) {
             Ok(lock) => {
                 let _ = probe.release(lock);
             }
+            Err(e) if passing(&e) => {}
             Err(e) => {
                 say!("cannot lock on the masters: {e}");
                 return Some(crate::run::error_code(&e));
