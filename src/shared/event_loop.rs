@@ -56,8 +56,6 @@ pub(crate) struct Loop<D = Driver> {
     /// The keys of the keyed commands of `inbox`.
     keys: KeyStore,
     finished: Vec<TaskId>,
-    /// The origin of the guards' clocks.
-    base: Instant,
     /// Lock states nobody else holds any more, reused for the next grants.
     spare_states: Vec<Arc<LockState>>,
     /// The wake-ups of the parked callers whose results this turn handed over, paid once
@@ -73,24 +71,19 @@ pub(crate) struct Loop<D = Driver> {
 const MAX_SPARE_STATES: usize = 1024;
 
 /// The shared state of `lock`, just granted: one of the `spare` states refilled, or a new
-/// one (`base`: the origin of the guards' clocks). The lock's keys move into it.
-fn new_state(spare: &mut Vec<Arc<LockState>>, lock: &mut Lock, base: Instant) -> Arc<LockState> {
+/// one. The lock's keys move into it.
+fn new_state(spare: &mut Vec<Arc<LockState>>, lock: &mut Lock) -> Arc<LockState> {
     if let Some(mut state) = spare.pop() {
         if let Some(s) = Arc::get_mut(&mut state) {
-            s.refill(lock, base);
+            s.refill(lock);
             return state;
         }
     }
-    Arc::new(LockState::new(lock, base))
+    Arc::new(LockState::new(lock))
 }
 
 impl<D: LoopIo> Loop<D> {
-    pub(crate) fn new(m: Core, driver: D) -> Self {
-        Loop::with_base(m, driver, Instant::now())
-    }
-
-    /// `base`: the origin of the guards' clocks.
-    pub(crate) fn with_base(mut m: Core, driver: D, base: Instant) -> Self {
+    pub(crate) fn new(mut m: Core, driver: D) -> Self {
         m.track_finished = true;
         Loop {
             m,
@@ -103,7 +96,6 @@ impl<D: LoopIo> Loop<D> {
             inbox: Vec::with_capacity(64),
             keys: KeyStore::with_capacity(64),
             finished: Vec::with_capacity(64),
-            base,
             spare_states: Vec::new(),
             owed: Owed::default(),
             aimed: 0,
@@ -404,9 +396,9 @@ impl<D: LoopIo> Loop<D> {
             Waiter::Lock(slot) => {
                 // The lock's parts go from the task straight into its state (a lock is 272
                 // bytes: not moved out of the core, then into the state).
-                let (spare, base) = (&mut self.spare_states, self.base);
+                let spare = &mut self.spare_states;
                 let out = self.m.take_in_place(id, |result| match result {
-                    Ok(Done::Locked(lock)) => Ok(Out::Lock(new_state(spare, lock, base))),
+                    Ok(Done::Locked(lock)) => Ok(Out::Lock(new_state(spare, lock))),
                     Ok(other) => unreachable!("a lock task ended with {other:?}"),
                     Err(e) => Err(std::mem::replace(e, Error::Cancelled)),
                 });

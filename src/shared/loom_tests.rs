@@ -196,6 +196,32 @@ fn loom_slot_reuse_waits_for_every_holder() {
     });
 }
 
+/// The pool's first slot is taken and given back without a lock: two callers at once
+/// never hold the same slot, and each gets its own operation's result from the slot it
+/// holds (one may take the first slot just given back by the other, or a spare one).
+#[test]
+fn loom_pool_first_slot_one_holder_at_a_time() {
+    model(|| {
+        let pool = Arc::new(SlotPool::new());
+        let caller = |pool: Arc<SlotPool>, t: u32| {
+            let slot = pool.take();
+            assert!(
+                !slot.is_ready(),
+                "a taken slot is ready before its operation"
+            );
+            // The loop's part (it lets go as it completes), then the caller's.
+            assert!(slot.complete(tagged(t)).is_none());
+            assert_eq!(tag(&slot.wait()), Some(t), "another operation's result");
+            pool.let_go(&slot);
+        };
+        let p = pool.clone();
+        let other = thread::spawn(move || caller(p, 2));
+        caller(pool.clone(), 1);
+        other.join().unwrap();
+        caller(pool, 3);
+    });
+}
+
 // Passing wake-ups on (`pending::Handover`).
 
 /// The loop completes two parked waiters in one turn and pays its wake-ups after the turn:

@@ -553,7 +553,7 @@ impl Builder {
         let settings = core.cfg.clone();
         let io = InMemory::new(2 * core.masters(), script, now, round_trip);
         let waker = io.waker();
-        let (hub, _thread) = Hub::launch(Loop::with_base(core, io, now), waker, false)?;
+        let (hub, _thread) = Hub::launch(Loop::new(core, io), waker, false)?;
         Ok(InMemoryShared {
             hub,
             slots: SlotPool::new(),

@@ -80,8 +80,16 @@ impl Slot {
     /// waker and the parked thread (or found none), and a slot marked `dropped` is never
     /// let go by its `Pending`, so never comes back. Every write to the state happened
     /// before the last holder let go, which happened before the pool handed it out again
-    /// (its mutex).
+    /// (its mutex, or for the pool's first slot the count of holders: the last one's
+    /// release, the taker's acquire).
     fn reset(&self, holders: u32) {
+        self.check_clean();
+        self.ready.store(false, Ordering::Relaxed);
+        self.holders.store(holders, Ordering::Relaxed);
+    }
+
+    /// The INVARIANT of [`Slot::reset`], checked in debug builds.
+    fn check_clean(&self) {
         #[cfg(debug_assertions)]
         {
             let st = lock(&self.state);
@@ -90,8 +98,6 @@ impl Slot {
                 "a slot came back to the pool with its state not clean"
             );
         }
-        self.ready.store(false, Ordering::Relaxed);
-        self.holders.store(holders, Ordering::Relaxed);
     }
 
     /// The waiter took its result another way ([`Pending`]'s direct hand-over) after a
@@ -323,6 +329,12 @@ impl Owed {
 /// that does not let go (a `Pending` dropped before its result, whose slot a queued cancel
 /// still names) only costs the slot its reuse: it is freed like any `Arc`.
 pub(crate) struct SlotPool {
+    /// The pool's own slot, never in `spare`: free while nobody holds it (its holders at
+    /// 0), taken by whoever turns that 0 into 2, given back by the last holder's let-go,
+    /// no lock either way. A client whose operations do not overlap (one caller at a
+    /// time, each operation waited for before the next) uses only this one; the others
+    /// come from `spare`.
+    first: Arc<Slot>,
     spare: Mutex<Vec<Arc<Slot>>>,
     /// The client's parked waiters (every slot of the pool queues there).
     hand: Arc<Handover>,
@@ -333,15 +345,28 @@ const MAX_SPARE_SLOTS: usize = 1024;
 
 impl SlotPool {
     pub(crate) fn new() -> SlotPool {
+        let hand = Arc::new(Handover::new());
         SlotPool {
+            first: Slot::new(0, hand.clone()),
             spare: Mutex::new(Vec::with_capacity(64)),
-            hand: Arc::new(Handover::new()),
+            hand,
         }
     }
 
     /// A slot for an operation (held by its `Pending` and by whoever completes it).
     pub(crate) fn take(&self) -> Arc<Slot> {
         let holders = 2;
+        // Acquire: whatever its last holders wrote happened before (see `let_go`).
+        if self
+            .first
+            .holders
+            .compare_exchange(0, holders, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+        {
+            self.first.check_clean();
+            self.first.ready.store(false, Ordering::Relaxed);
+            return self.first.clone();
+        }
         let spare = lock(&self.spare).pop();
         match spare {
             Some(slot) => {
@@ -353,9 +378,9 @@ impl SlotPool {
     }
 
     /// The `Pending` is done with `slot` (it will not touch it again); the last holder
-    /// puts it back.
+    /// puts it back (the pool's first slot is back once its holders are 0).
     pub(crate) fn let_go(&self, slot: &Arc<Slot>) {
-        if slot.holders.fetch_sub(1, Ordering::AcqRel) != 1 {
+        if slot.holders.fetch_sub(1, Ordering::AcqRel) != 1 || Arc::ptr_eq(slot, &self.first) {
             return;
         }
         let mut spare = lock(&self.spare);

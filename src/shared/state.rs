@@ -26,11 +26,13 @@ pub(crate) struct LockState {
     pub span: tracing::Span,
     /// The line this lock's call stood in, left by its release (hot resources).
     pub line: Option<crate::core::Fingerprint>,
-    /// The clock's origin for the atomics below.
+    /// The clock's origin for the atomics below: the deadline the lock was granted with,
+    /// so that a grant stores [`AT_BASE`] there, no clock arithmetic.
     base: Instant,
+    /// The deadline (see [`offset`]).
     valid_until_ns: AtomicU64,
     ttl_ms: AtomicU64,
-    /// Past this instant (ns after `base`) the lock counts as lost: its deadline minus the
+    /// Past this instant (see [`offset`]) the lock counts as lost: its deadline minus the
     /// lost margin (no margin unless auto-extended).
     stop_at_ns: AtomicU64,
     lost: AtomicBool,
@@ -48,14 +50,33 @@ pub(crate) struct Watch {
     pub timer: bool,
 }
 
-fn ns(base: Instant, t: Instant) -> u64 {
-    u64::try_from(t.saturating_duration_since(base).as_nanos()).unwrap_or(u64::MAX)
+/// `base` itself as an offset: the offsets are nanoseconds after `base` above it, before
+/// `base` below it.
+const AT_BASE: u64 = 1 << 63;
+
+/// Instant `t` as an offset from `base` (see [`AT_BASE`]; saturating about 292 years
+/// either side).
+fn offset(base: Instant, t: Instant) -> u64 {
+    let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    match t.checked_duration_since(base) {
+        Some(after) => AT_BASE.saturating_add(ns(after)),
+        None => AT_BASE.saturating_sub(ns(base.saturating_duration_since(t))),
+    }
+}
+
+/// The instant `offset` stands for (see [`AT_BASE`]).
+fn instant_at(base: Instant, offset: u64) -> Instant {
+    if offset >= AT_BASE {
+        base + Duration::from_nanos(offset - AT_BASE)
+    } else {
+        let before = Duration::from_nanos(AT_BASE - offset);
+        base.checked_sub(before).unwrap_or(base)
+    }
 }
 
 impl LockState {
     /// The state of `lock` (its keys taken out of it).
-    pub(crate) fn new(lock: &mut Lock, base: Instant) -> LockState {
-        let until = ns(base, lock.valid_until);
+    pub(crate) fn new(lock: &mut Lock) -> LockState {
         LockState {
             keys: std::mem::take(&mut lock.keys),
             token: lock.token,
@@ -68,10 +89,10 @@ impl LockState {
             #[cfg(feature = "tracing")]
             span: std::mem::replace(&mut lock.span, tracing::Span::none()),
             line: lock.line,
-            base,
-            valid_until_ns: AtomicU64::new(until),
+            base: lock.valid_until,
+            valid_until_ns: AtomicU64::new(AT_BASE),
             ttl_ms: AtomicU64::new(lock.ttl.as_millis() as u64),
-            stop_at_ns: AtomicU64::new(until),
+            stop_at_ns: AtomicU64::new(AT_BASE),
             lost: AtomicBool::new(false),
             watch: Mutex::new(Watch::default()),
             cv: Condvar::new(),
@@ -81,8 +102,7 @@ impl LockState {
     /// [`LockState::new`] written into a spare state nobody else holds: the fields one by
     /// one (no state built aside, moved in and the old one dropped); the keys are swapped
     /// with the lock's (its old ones go with the lock).
-    pub(crate) fn refill(&mut self, lock: &mut Lock, base: Instant) {
-        let until = ns(base, lock.valid_until);
+    pub(crate) fn refill(&mut self, lock: &mut Lock) {
         std::mem::swap(&mut self.keys, &mut lock.keys);
         self.token = lock.token;
         self.fence = lock.fence;
@@ -94,10 +114,10 @@ impl LockState {
         #[cfg(feature = "tracing")]
         std::mem::swap(&mut self.span, &mut lock.span);
         self.line = lock.line;
-        self.base = base;
-        *self.valid_until_ns.get_mut() = until;
+        self.base = lock.valid_until;
+        *self.valid_until_ns.get_mut() = AT_BASE;
         *self.ttl_ms.get_mut() = lock.ttl.as_millis() as u64;
-        *self.stop_at_ns.get_mut() = until;
+        *self.stop_at_ns.get_mut() = AT_BASE;
         *self.lost.get_mut() = false;
         match self.watch.get_mut() {
             // As new (nearly always already: nobody watched the last lock's loss).
@@ -110,8 +130,8 @@ impl LockState {
         }
     }
 
-    fn at(&self, ns: u64) -> Instant {
-        self.base + Duration::from_nanos(ns)
+    fn at(&self, offset: u64) -> Instant {
+        instant_at(self.base, offset)
     }
 
     pub(crate) fn valid_until(&self) -> Instant {
@@ -177,14 +197,15 @@ impl LockState {
         let stop = valid_until.checked_sub(margin).unwrap_or(valid_until);
         self.ttl_ms.store(ttl.as_millis() as u64, Ordering::Release);
         self.valid_until_ns
-            .store(ns(self.base, valid_until), Ordering::Release);
+            .store(offset(self.base, valid_until), Ordering::Release);
         self.stop_at_ns
-            .store(ns(self.base, stop), Ordering::Release);
+            .store(offset(self.base, stop), Ordering::Release);
     }
 
     /// Move the lost instant (auto-extension sets its margin).
     pub(crate) fn set_stop_at(&self, at: Instant) {
-        self.stop_at_ns.store(ns(self.base, at), Ordering::Release);
+        self.stop_at_ns
+            .store(offset(self.base, at), Ordering::Release);
     }
 
     pub(crate) fn is_lost(&self) -> bool {
@@ -216,5 +237,28 @@ impl LockState {
 
     pub(crate) fn watch(&self) -> MutexGuard<'_, Watch> {
         self.watch.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An instant before, at or after the base comes back as it went in.
+    #[test]
+    fn offsets_round_trip_either_side_of_the_base() {
+        let base = Instant::now() + Duration::from_secs(3600);
+        for t in [
+            base,
+            base + Duration::from_nanos(1),
+            base + Duration::from_millis(10_500),
+            base - Duration::from_nanos(1),
+            base - Duration::from_secs(1800),
+        ] {
+            assert_eq!(instant_at(base, offset(base, t)), t);
+        }
+        assert_eq!(offset(base, base), AT_BASE);
+        assert!(offset(base, base - Duration::from_millis(1)) < AT_BASE);
+        assert!(offset(base, base + Duration::from_millis(1)) > AT_BASE);
     }
 }
