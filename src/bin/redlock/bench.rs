@@ -957,28 +957,11 @@ fn client_thread(
         }
     };
     // Warm up (connect, load the scripts) on keys of our own, outside the measurement.
-    // The first rounds carry the connections: those that find too few masters in time
-    // are tried again, for WARM_UP_LIMIT (a key per cycle: one whose release got no
-    // quorum in time may still be held somewhere).
-    let until = Instant::now() + WARM_UP_LIMIT;
-    let mut warm_error = None;
-    let mut cycle = 0;
-    let mut warmed = 0;
-    while warmed < 20 {
-        let warm = format!("{}:warmup:{id}:{cycle}", shared.names[0]);
-        cycle += 1;
-        match client
-            .try_lock(&warm, shared.ttl)
+    let warm_error = warm_up(shared, id, |warm| {
+        client
+            .try_lock(warm, shared.ttl)
             .and_then(|l| client.release(l))
-        {
-            Ok(()) => warmed += 1,
-            Err(e) if passing(&e) && Instant::now() < until => {}
-            Err(e) => {
-                warm_error = Some(e.to_string());
-                break;
-            }
-        }
-    }
+    });
     barrier.wait();
     if let Some(e) = warm_error {
         return Err(SetupError::Lock(e));
@@ -1001,28 +984,12 @@ fn caller_thread(
     barrier: &Barrier,
 ) -> Result<ClientResult, SetupError> {
     let mut out = ClientResult::new(shared.names.len());
-    // As a client thread's warm-up: rounds that find too few masters in time are tried
-    // again for WARM_UP_LIMIT, a key per cycle.
-    let until = Instant::now() + WARM_UP_LIMIT;
-    let mut warm_error = None;
-    let mut cycle = 0;
-    let mut warmed = 0;
-    while warmed < 20 {
-        let warm = format!("{}:warmup:{id}:{cycle}", shared.names[0]);
-        cycle += 1;
-        match client
-            .try_lock(&warm, shared.ttl)
+    let warm_error = warm_up(shared, id, |warm| {
+        client
+            .try_lock(warm, shared.ttl)
             .wait()
             .and_then(|g| g.release().wait())
-        {
-            Ok(()) => warmed += 1,
-            Err(e) if passing(&e) && Instant::now() < until => {}
-            Err(e) => {
-                warm_error = Some(e.to_string());
-                break;
-            }
-        }
-    }
+    });
     barrier.wait();
     if let Some(e) = warm_error {
         return Err(SetupError::Lock(e));
@@ -1968,6 +1935,30 @@ impl Report<'_> {
 /// masters answering in time (connections still being made, a loaded machine): a master
 /// that answers none of them in this time counts as down.
 const WARM_UP_LIMIT: Duration = Duration::from_secs(1);
+
+/// Warm-up of client (or caller) `id`: 20 lock + release cycles through `cycle`, each on a
+/// key of its own. The first rounds carry the connections: those that find too few
+/// masters in time are tried again, for [`WARM_UP_LIMIT`] (a key per cycle: one whose
+/// release got no quorum in time may still be held somewhere). The error that ended it,
+/// if any.
+fn warm_up(
+    shared: &Shared,
+    id: usize,
+    mut cycle: impl FnMut(&str) -> Result<(), Error>,
+) -> Option<String> {
+    let until = Instant::now() + WARM_UP_LIMIT;
+    let (mut k, mut warmed) = (0, 0);
+    while warmed < 20 {
+        let warm = format!("{}:warmup:{id}:{k}", shared.names[0]);
+        k += 1;
+        match cycle(&warm) {
+            Ok(()) => warmed += 1,
+            Err(e) if passing(&e) && Instant::now() < until => {}
+            Err(e) => return Some(e.to_string()),
+        }
+    }
+    None
+}
 
 /// A lock round's failure that a later round may not have: too few answers in time (no
 /// quorum, or its validity used up by a slow round). Refusals, wrong arguments and the
