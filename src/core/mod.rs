@@ -1013,3 +1013,54 @@ impl Core {
         self.tokens.next()
     }
 }
+
+#[cfg(test)]
+mod memo_tests {
+    use super::*;
+
+    /// The TTL check and the drift allowance are remembered for the last TTL: whatever
+    /// the order of TTLs asked, each answer is what the uncached rule gives.
+    #[test]
+    fn remembered_ttl_checks_and_drifts_follow_the_ttl_asked() {
+        let now = Instant::now();
+        let master = Master::new(std::sync::Arc::from("127.0.0.1:1"), None, None, 0);
+        let rounds = Rounds::new(vec![master], NetConfig::default(), now);
+        let settings = Settings {
+            retry_count: 0,
+            retry_delay: Duration::from_millis(200),
+            retry_jitter: Duration::from_millis(100),
+            drift_factor: 0.01,
+            node_timeout: None,
+            min_validity: Duration::ZERO,
+            fencing: false,
+            amnesia_guard: None,
+            wait_mode: WaitMode::Poll,
+            fairness: false,
+        };
+        let tokens = TokenSource::new().unwrap();
+        let core = Core::new(rounds, settings.clone(), tokens, Some(1), now, 0).unwrap();
+        let ms = Duration::from_millis;
+        for ttl in [
+            ms(10_000),
+            ms(10_000),
+            ms(1_000),
+            ms(10_000),
+            ms(250),
+            Duration::from_micros(250_700),
+            ms(250),
+            ms(7),
+            Duration::ZERO,
+        ] {
+            assert_eq!(
+                core.drift(ttl),
+                rules::drift(ttl, settings.drift_factor),
+                "{ttl:?}"
+            );
+            assert_eq!(
+                core.check_ttl(ttl).ok(),
+                settings.check_ttl(ttl).ok(),
+                "{ttl:?}"
+            );
+        }
+    }
+}

@@ -498,25 +498,16 @@ impl Rounds {
     }
 
     fn check_decided(&mut self, id: OpId, now: Instant) {
-        let op = &mut self.ops[id.slot as usize];
+        let op = &self.ops[id.slot as usize];
         // An operator's round waits for every master (`Request::is_admin`).
         if op.state == OpState::Active
             && op.tally.decision() != Decision::Open
             && (!op.req.is_admin() || op.tally.pending() == 0)
         {
-            op.state = OpState::Decided;
-            op.decided_at = now;
-            let k = op.active_at as usize;
-            debug_assert_eq!(self.active.get(k), Some(&id.slot));
-            self.active.swap_remove(k);
-            if let Some(&moved) = self.active.get(k) {
-                self.ops[moved as usize].active_at = k as u32;
-            }
-            if let Some(owner) = self.ops[id.slot as usize].owner {
-                self.decided.push((owner, id));
-            }
+            self.decide(id, now);
+        } else {
+            self.maybe_free(id.slot);
         }
-        self.maybe_free(id.slot);
     }
 
     /// Some op was decided and its owner not told yet.
@@ -700,9 +691,7 @@ impl Rounds {
         }
         let until = op.started + Duration::from_millis(op.args.ttl_ms);
         let owed = &mut self.masters[i].owed;
-        // (`owed_count` holds any real number of them: past u32::MAX, none is kept.)
-        let room = self.owed_count < u32::MAX;
-        if until > now && owed.len() < self.cfg.max_pending / 2 && room {
+        if until > now && owed.len() < self.cfg.max_pending / 2 {
             owed.push_back(Owed {
                 args: op.args.clone(),
                 until,
@@ -716,6 +705,20 @@ impl Rounds {
     /// shared client's loop keeps running for them (a cheap test: no queue is walked).
     #[inline]
     pub(crate) fn releases_unsent(&self) -> bool {
+        // Both kept by hand: checked against what they stand for in every debug build.
+        debug_assert_eq!(
+            self.owed_count as usize,
+            self.masters.iter().map(|m| m.owed.len()).sum::<usize>(),
+            "owed_count is the number of releases owed"
+        );
+        debug_assert!(
+            self.unsent
+                || !self.links[..self.n()]
+                    .iter()
+                    .any(|link| !link.pending.is_empty()
+                        && (link.shared_from.is_some() || link.out_pos < link.out.len())),
+            "unsent clear while a lock link holds unwritten bytes"
+        );
         // Nearly always after a write that took everything: two tests, no walk.
         if self.owed_count == 0 && !self.unsent {
             return false;
@@ -1675,14 +1678,15 @@ impl Rounds {
         }
     }
 
-    /// [`Rounds::check_decided`] of an op just found decided (`Active`, its tally no
-    /// longer open, not an operator's round: [`Rounds::literal_reply`]'s), without testing
-    /// that again: decided now, its owner told, freed if nothing else is owed.
+    /// An op found decided (`Active`, its tally no longer open; an operator's round with
+    /// every master answered): decided now, its owner told, freed if nothing else is
+    /// owed. [`Rounds::check_decided`] tests first; a reply's path that knows calls it
+    /// directly.
     #[inline(always)]
     fn decide(&mut self, id: OpId, now: Instant) {
         let op = &mut self.ops[id.slot as usize];
         debug_assert!(op.state == OpState::Active && op.tally.decision() != Decision::Open);
-        debug_assert!(!op.req.is_admin());
+        debug_assert!(!op.req.is_admin() || op.tally.pending() == 0);
         op.state = OpState::Decided;
         op.decided_at = now;
         let k = op.active_at as usize;
