@@ -12,7 +12,7 @@
 //! system, `getrusage`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Barrier, OnceLock};
 use std::thread::{self, Thread};
 use std::time::Instant;
 
@@ -34,13 +34,14 @@ fn main() {
 
     // `turn` counts hand-offs: thread `i` holds the token when `turn % threads == i`.
     let turn = Arc::new(AtomicUsize::new(usize::MAX));
-    let handles: Arc<Vec<OnceLock<Thread>>> =
-        Arc::new((0..threads).map(|_| OnceLock::new()).collect());
+    let ring: Arc<OnceLock<Vec<Thread>>> = Arc::new(OnceLock::new());
+    let ready = Arc::new(Barrier::new(threads + 1));
     let mut joins = Vec::with_capacity(threads);
     for i in 0..threads {
-        let (turn, handles) = (turn.clone(), handles.clone());
+        let (turn, ring, ready) = (turn.clone(), ring.clone(), ready.clone());
         joins.push(thread::spawn(move || {
-            handles[i].set(thread::current()).expect("set once");
+            ready.wait();
+            let next = &ring.get().expect("the ring is set before the barrier")[(i + 1) % threads];
             let mut next_turn = i;
             while next_turn < handoffs {
                 // Parked until the token is ours (a spurious wake-up parks again).
@@ -48,19 +49,19 @@ fn main() {
                     thread::park();
                 }
                 turn.store(next_turn + 1, Ordering::Release);
-                let j = (i + 1) % threads;
-                handles[j].wait().unpark();
+                next.unpark();
                 next_turn += threads;
             }
         }));
     }
-    for h in handles.iter() {
-        h.wait();
-    }
+    let threads_of: Vec<Thread> = joins.iter().map(|j| j.thread().clone()).collect();
+    let first = threads_of[0].clone();
+    ring.set(threads_of).expect("set once");
+    ready.wait();
     let (u0, s0) = cpu_us();
     let t0 = Instant::now();
     turn.store(0, Ordering::Release);
-    handles[0].wait().unpark();
+    first.unpark();
     for j in joins {
         j.join().expect("ring thread");
     }
