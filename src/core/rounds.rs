@@ -982,6 +982,14 @@ impl Rounds {
                 // The common case: the link's share of the shared buffer, its own queue
                 // empty, the whole of it taken by the kernel in one write.
                 if let (true, Some(from), None) = (link.is_up(), link.shared_from, link.gate) {
+                    // Every appender to a link's own queue first moves the link's share
+                    // there (`flushed`), so a link with a share has an empty queue: its
+                    // share is all it has to write, in order.
+                    debug_assert_eq!(
+                        link.out_pos,
+                        link.out.len(),
+                        "link {i}: a share and a queue"
+                    );
                     match write(LinkId(i), &self.shared[from..]) {
                         Ok(k) if from + k == self.shared.len() => {
                             // Its own queue is empty while it shares: nothing is left.
