@@ -363,10 +363,12 @@ impl Rounds {
                 if !(link.is_up() && link.pending.len() < fast_limit && target(first_slow)) {
                     break;
                 }
-                stall_clock_started |= enqueue_on(link, master, shared, id, req, at, now);
-                sent += 1;
+                // Its stall clock, if its queue was empty, is seen to below.
+                enqueue_on(link, master, shared, id, req, at, now);
                 first_slow += 1;
             }
+            // Every master of the walk was sent the request.
+            sent = first_slow as u32;
             self.unsent = true;
         }
         for i in first_slow..n {
@@ -425,7 +427,12 @@ impl Rounds {
             }
         }
         self.ops[slot as usize].outstanding += sent;
-        if stall_clock_started {
+        // The loop looks by the stall timeout of the masters whose queues were empty. Asked
+        // whenever the walk above sent anything (no test per master): for a master whose
+        // queue held requests already it moves nothing (its clock started earlier and the
+        // loop looks by then, see `tick`), and at worst it is one early look (a tick only
+        // acts on what is due).
+        if stall_clock_started || first_slow > 0 {
             self.due_by(now + self.cfg.stall_timeout);
         }
         // Decided already (masters down or not asked): rarely; a test, not a call.
