@@ -583,9 +583,12 @@ fn loom_hub_direct_results_and_slot_reuse() {
 /// Two callers at once, each waiting on its thread, and nothing else (no release, no
 /// `close` before both have their results, which would run a command left behind): one
 /// drives, the other queues while it does (or while it stops) and finds the loop held.
-/// Whichever way they interleave, the command queued is run by the driver, handed by it
-/// to the loop's thread, or driven by its own caller, and each gets its own result (a
-/// command left behind shows as a deadlock).
+/// The driver stops without the queue's lock (`driving` cleared, a `SeqCst` fence, then
+/// `queued` read); the other reads `driving` after queuing and a fence. Whichever way they
+/// interleave, the command queued is run by the driver, handed by it to the loop's
+/// thread, or driven by its own caller, and each gets its own result (a command left
+/// behind shows as a deadlock: so it does when the stop reads `queued` before clearing
+/// `driving`, or without its fence).
 #[test]
 fn loom_hub_two_waiting_callers() {
     model(|| {
