@@ -1640,7 +1640,10 @@ impl Rounds {
             self.same_servers || self.cfg.require_durable || self.cfg.amnesia_guard.is_some()
         );
         debug_assert!(!req.is_admin(), "no literal answer to an operator's round");
-        debug_assert!(ok || req != Request::AcquireWait, "a waiting acquire's refusal");
+        debug_assert!(
+            ok || req != Request::AcquireWait,
+            "a waiting acquire's refusal"
+        );
         if ok && self.vote_checks && req.grants() {
             self.op_reply(i, id, req, eval, outcome, value, None, now);
             return;
