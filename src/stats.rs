@@ -14,8 +14,9 @@ const BUCKETS: usize = 128;
 /// microseconds (a value is known to within 25%), 0 µs to about 35 minutes.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Latency {
+    /// How many latencies fell in each bucket (their sum is the count: not kept aside, one
+    /// addition less per reply).
     counts: [u64; BUCKETS],
-    total: u64,
     max_us: u64,
 }
 
@@ -23,7 +24,6 @@ impl Default for Latency {
     fn default() -> Self {
         Latency {
             counts: [0; BUCKETS],
-            total: 0,
             max_us: 0,
         }
     }
@@ -40,23 +40,23 @@ impl Latency {
     #[inline(always)]
     pub(crate) fn record_us(&mut self, us: u64) {
         self.counts[bucket(us)] += 1;
-        self.total += 1;
         self.max_us = self.max_us.max(us);
     }
 
     /// How many latencies were recorded.
     pub fn count(&self) -> u64 {
-        self.total
+        self.counts.iter().sum()
     }
 
     /// The latency at quantile `q` (0.0..=1.0; 0.5 is the median), as the upper edge of
     /// its bucket (at most 25% above the true value); `None` before the first record.
     pub fn quantile(&self, q: f64) -> Option<Duration> {
-        if self.total == 0 {
+        let total = self.count();
+        if total == 0 {
             return None;
         }
         let q = if q.is_nan() { 0.5 } else { q.clamp(0.0, 1.0) };
-        let rank = ((self.total as f64 * q).ceil() as u64).clamp(1, self.total);
+        let rank = ((total as f64 * q).ceil() as u64).clamp(1, total);
         let mut seen = 0;
         for (i, &c) in self.counts.iter().enumerate() {
             seen += c;
@@ -77,7 +77,7 @@ impl Latency {
 impl fmt::Debug for Latency {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Latency")
-            .field("count", &self.total)
+            .field("count", &self.count())
             .field("p50", &self.quantile(0.5))
             .field("p99", &self.quantile(0.99))
             .field("max", &self.max())

@@ -125,6 +125,10 @@ pub(crate) struct Rounds {
     /// Some master is known to be the same server as another (same `run_id`): a yes to a
     /// grant is then checked against the other names' votes (one server, one vote).
     same_servers: bool,
+    /// A yes to a grant may be refused (see [`Rounds::refuse_vote`]): some master is the
+    /// same server as another, fencing requires durability, or the amnesia guard is on.
+    /// Kept with `same_servers` (the rest is configuration): one test per reply.
+    vote_checks: bool,
     /// The locks watched for a loss (see `watch.rs`).
     pub(super) watches: Watches,
     /// Bytes were queued on a lock link's own queue outside a round (a watch's read): the
@@ -193,6 +197,7 @@ impl Rounds {
             actions: VecDeque::with_capacity(16),
             chans: Channels::default(),
             same_servers: false,
+            vote_checks: false,
             watches: Watches::default(),
             lock_dirty: false,
             unsent: false,
@@ -205,6 +210,7 @@ impl Rounds {
             ttl_bulk: BulkUint::new(0),
         };
         r.clusters = r.masters.iter().any(|m| m.cluster.is_some());
+        r.vote_checks = r.cfg.require_durable || r.cfg.amnesia_guard.is_some();
         // Pre-build a few slots so the first cycles do not allocate either.
         for _ in 0..4 {
             r.new_slot();
@@ -357,10 +363,12 @@ impl Rounds {
                 if !(link.is_up() && link.pending.len() < fast_limit && target(first_slow)) {
                     break;
                 }
-                stall_clock_started |= enqueue_on(link, master, shared, id, req, at, now);
-                sent += 1;
+                // Its stall clock, if its queue was empty, is seen to below.
+                enqueue_on(link, master, shared, id, req, at, now);
                 first_slow += 1;
             }
+            // Every master of the walk was sent the request.
+            sent = first_slow as u32;
             self.unsent = true;
         }
         for i in first_slow..n {
@@ -419,7 +427,12 @@ impl Rounds {
             }
         }
         self.ops[slot as usize].outstanding += sent;
-        if stall_clock_started {
+        // The loop looks by the stall timeout of the masters whose queues were empty. Asked
+        // whenever the walk above sent anything (no test per master): for a master whose
+        // queue held requests already it moves nothing (its clock started earlier and the
+        // loop looks by then, see `tick`), and at worst it is one early look (a tick only
+        // acts on what is due).
+        if stall_clock_started || first_slow > 0 {
             self.due_by(now + self.cfg.stall_timeout);
         }
         // Decided already (masters down or not asked): rarely; a test, not a call.
@@ -1495,6 +1508,7 @@ impl Rounds {
             master.stats.same_as = first;
         }
         self.same_servers = any;
+        self.vote_checks = any || self.cfg.require_durable || self.cfg.amnesia_guard.is_some();
     }
 
     /// Another name of master `i`'s server (same `run_id`) already said yes in op `id`: the
@@ -1612,10 +1626,10 @@ impl Rounds {
     }
 
     /// Master `i`'s literal answer to op `id` (see [`literal_vote`]: `Ok`, `Taken` or
-    /// `NotHeld`, never a failure, a holder or an operator's round): what
-    /// [`Rounds::op_reply`] does with it, without the tests only those need. A yes to a
-    /// grant where a vote may be refused (duplicate servers, fencing's durability, the
-    /// amnesia guard) takes the general path.
+    /// `NotHeld`, never a failure, a holder, a waiting acquire's refusal or an operator's
+    /// round: its test checks): what [`Rounds::op_reply`] does with it, without the tests
+    /// only those need. A yes to a grant where a vote may be refused (duplicate servers,
+    /// fencing's durability, the amnesia guard: `vote_checks`) takes the general path.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     fn literal_reply(
@@ -1629,12 +1643,16 @@ impl Rounds {
         now: Instant,
     ) {
         let ok = matches!(outcome, Outcome::Ok);
-        let checked =
-            self.same_servers || self.cfg.require_durable || self.cfg.amnesia_guard.is_some();
-        if (ok && checked && req.grants())
-            || (req == Request::AcquireWait && matches!(outcome, Outcome::Taken))
-            || req.is_admin()
-        {
+        debug_assert_eq!(
+            self.vote_checks,
+            self.same_servers || self.cfg.require_durable || self.cfg.amnesia_guard.is_some()
+        );
+        debug_assert!(!req.is_admin(), "no literal answer to an operator's round");
+        debug_assert!(
+            ok || req != Request::AcquireWait,
+            "a waiting acquire's refusal"
+        );
+        if ok && self.vote_checks && req.grants() {
             self.op_reply(i, id, req, eval, outcome, value, None, now);
             return;
         }
@@ -2200,6 +2218,17 @@ mod tests {
                 let Some((outcome, value, used)) = literal_vote(req, input) else {
                     continue;
                 };
+                // What `literal_reply` leaves out: no operator's round, no refusal of a
+                // waiting acquire (it names its holder), never a failure.
+                assert!(!req.is_admin(), "{req:?} {input:?}: an operator's round");
+                assert!(
+                    req != Request::AcquireWait || outcome == Outcome::Ok,
+                    "{req:?} {input:?}: a waiting acquire's {outcome:?}"
+                );
+                assert!(
+                    matches!(outcome, Outcome::Ok | Outcome::Taken | Outcome::NotHeld),
+                    "{req:?} {input:?}: {outcome:?}"
+                );
                 let Ok(resp::Status::Complete((frame, n))) = resp::parse(input, &limits) else {
                     panic!("{req:?} {input:?}: a literal that does not parse");
                 };

@@ -212,6 +212,7 @@ impl<D: LoopIo> Loop<D> {
     }
 
     /// Something is in flight or scheduled that needs the loop.
+    #[inline]
     pub(crate) fn has_work(&self) -> bool {
         self.live > 0 || !self.keepers.is_empty() || !self.watched.is_empty()
     }
@@ -220,6 +221,7 @@ impl<D: LoopIo> Loop<D> {
     /// wait (their connections are read, and closed when the linger ends; not a reason to
     /// delay the loop's end once the client is gone), or releases not sent yet to a master
     /// that fell behind (sent when it is back, within the lock's TTL).
+    #[inline]
     pub(crate) fn wants_loop(&self) -> bool {
         self.has_work() || self.m.listening() || self.m.releases_unsent()
     }

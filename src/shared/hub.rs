@@ -9,9 +9,14 @@
 //! commands and park; the driver runs them along with its own (natural batching) and
 //! wakes them.
 //!
-//! The queue's mutex guards the hand-over: a driver stops only after seeing the queue
-//! empty under it, and a submitter reads under it whether someone drives, so a command is
-//! never left with nobody to run it. Lock order: loop, then queue; never the other way.
+//! The hand-over never leaves a command with nobody to run it. A submitter queues under
+//! the queue's mutex (and sets `queued`), then reads whether someone drives (`driving`,
+//! after a `SeqCst` fence); a caller that stops driving clears `driving`, then reads
+//! `queued` (after a `SeqCst` fence), without the queue's lock: of two such store-then-
+//! load sequences at least one sees the other's store, so either the submitter sees
+//! nobody driving (and hands its command to the loop's thread) or the stopping driver
+//! sees the command (and does). The loop's thread stops under the queue's lock, having
+//! seen it empty. Lock order: loop, then queue; never the other way.
 //!
 //! The hand-over is written against [`Drive`], what it needs of a loop: the shared
 //! client's [`Loop`], or a loop without sockets in the `loom` model tests
@@ -24,7 +29,9 @@ use std::time::{Duration, Instant};
 
 use super::event_loop::Loop;
 use super::pending::{Out, Slot};
-use super::sync::{lock, thread, AtomicBool, Condvar, Mutex, MutexGuard, Ordering, TryLockError};
+use super::sync::{
+    fence, lock, thread, AtomicBool, Condvar, Mutex, MutexGuard, Ordering, TryLockError,
+};
 use super::{Command, KeyStore};
 use crate::core::{Core, KeyList};
 use crate::driver::{Driver, LoopIo};
@@ -103,9 +110,11 @@ impl<D: LoopIo> Drive for Loop<D> {
     fn wait(&mut self, now: Instant, wake: Option<Instant>) -> io::Result<Instant> {
         Loop::wait(self, now, wake)
     }
+    #[inline]
     fn has_work(&self) -> bool {
         Loop::has_work(self)
     }
+    #[inline]
     fn wants_loop(&self) -> bool {
         Loop::wants_loop(self)
     }
@@ -132,8 +141,15 @@ pub(crate) struct Hub<L: Drive = Loop> {
     /// skips the lock (most turns: the one after each wait). A command queued just after
     /// that look is not lost: its submitter wakes the driver (`woken` is only set with
     /// commands queued), whose next turn, after that wake-up, sees the flag; and a
-    /// driver that stops reads the queue under its lock.
+    /// caller that stops driving reads it after clearing `driving` (see the module's
+    /// notes).
     queued: AtomicBool,
+    /// Someone holds the loop and is driving it (in a poll, or about to be). Written only
+    /// by the loop's holder: set under the queue's lock, cleared under it by the loop's
+    /// thread and `kill`, or without it by a caller that stops driving (a store, a
+    /// `SeqCst` fence, then `queued` read: see the module's notes). Read under the queue's
+    /// lock, after a `SeqCst` fence, by whoever queued a command ([`Hub::wake_driver`]).
+    driving: AtomicBool,
     waker: L::Waker,
     busy_poll: bool,
 }
@@ -142,8 +158,6 @@ pub(crate) struct Queue<C> {
     pub commands: Vec<C>,
     /// The keys of the keyed commands among them.
     keys: KeyStore,
-    /// Someone holds the loop and is driving it (in a poll, or about to be).
-    driving: bool,
     /// Work is left that the loop's thread must drive.
     wanted: bool,
     /// The driver was woken from its poll and has not taken the queue since: one wake-up
@@ -175,7 +189,6 @@ impl<L: Drive> Hub<L> {
             queue: Mutex::new(Queue {
                 commands: Vec::with_capacity(64),
                 keys: KeyStore::with_capacity(64),
-                driving: false,
                 wanted: false,
                 woken: false,
                 dead: false,
@@ -186,6 +199,7 @@ impl<L: Drive> Hub<L> {
             lp: Mutex::new(lp),
             closed: AtomicBool::new(false),
             queued: AtomicBool::new(false),
+            driving: AtomicBool::new(false),
         });
         let h = hub.clone();
         let handle = thread::Builder::new()
@@ -233,7 +247,10 @@ impl<L: Drive> Hub<L> {
     /// Make sure someone drives the loop and sees the queue: wake the driver from its poll,
     /// or the loop's thread from its park.
     fn wake_driver(&self, mut q: MutexGuard<'_, Queue<L::Command>>) {
-        if q.driving {
+        // Our command was queued (`queued` stored) before: a caller that stops driving
+        // after this read sees it (see the module's notes).
+        fence(Ordering::SeqCst);
+        if self.driving.load(Ordering::Relaxed) {
             // The driver takes the whole queue each turn: wake it once, and only if it has
             // something to take (busy-polling drivers look anyway).
             if q.woken || q.commands.is_empty() || self.busy_poll {
@@ -283,21 +300,14 @@ impl<L: Drive> Hub<L> {
             // driver for many callers; a caller that drove would hand over after its own
             // result anyway).
             drop(lp);
-            let mut q = lock(&self.queue);
-            if !q.driving {
-                q.wanted = true;
-                drop(q);
-                self.cv.notify_one();
-            } else {
-                self.wake_driver(q);
-            }
+            self.wake_driver(lock(&self.queue));
             return None;
         }
         {
             // Driving from now on, and the queue (our command in it) taken at once: one
             // hold of the queue's lock for both; the first turn takes nothing more.
             let mut q = lock(&self.queue);
-            q.driving = true;
+            self.driving.store(true, Ordering::Relaxed);
             q.woken = false;
             let (commands, keys) = lp.inbox();
             std::mem::swap(&mut q.commands, commands);
@@ -318,12 +328,14 @@ impl<L: Drive> Hub<L> {
     }
 
     /// Stop driving: if work is left (or queued meanwhile), hand it to the loop's thread.
+    /// Without the queue's lock: `driving` cleared, then `queued` read, a `SeqCst` fence
+    /// between (a submitter that still saw us driving had queued before: see the module's
+    /// notes).
     fn stop_driving(&self, lp: &L) {
-        let mut q = lock(&self.queue);
-        q.driving = false;
-        if lp.wants_loop() || !q.commands.is_empty() {
-            q.wanted = true;
-            drop(q);
+        self.driving.store(false, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        if lp.wants_loop() || self.queued.load(Ordering::Relaxed) {
+            lock(&self.queue).wanted = true;
             self.cv.notify_one();
         }
     }
@@ -356,7 +368,11 @@ impl<L: Drive> Hub<L> {
                 q.wanted = false;
             }
             let mut lp = lock(&self.lp);
-            lock(&self.queue).driving = true;
+            {
+                // Under the queue's lock: a submitter that queues after this sees it.
+                let _q = lock(&self.queue);
+                self.driving.store(true, Ordering::Relaxed);
+            }
             let result = catch_unwind(AssertUnwindSafe(|| {
                 self.drive_while_wanted(&mut lp, &mut closing)
             }))
@@ -392,9 +408,9 @@ impl<L: Drive> Hub<L> {
                 }
                 wake = Some(wake.map_or(end, |w| w.min(end)));
             } else if !lp.wants_loop() {
-                let mut q = lock(&self.queue);
+                let q = lock(&self.queue);
                 if q.commands.is_empty() {
-                    q.driving = false;
+                    self.driving.store(false, Ordering::Relaxed);
                     return Ok(true);
                 }
             }
@@ -420,7 +436,7 @@ impl<L: Drive> Hub<L> {
     pub(crate) fn kill(&self, into: &mut Vec<L::Command>) {
         let mut q = lock(&self.queue);
         q.dead = true;
-        q.driving = false;
+        self.driving.store(false, Ordering::Relaxed);
         into.append(&mut q.commands);
         // The commands fail: their keys are not read.
         q.keys.reset();

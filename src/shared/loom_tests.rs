@@ -580,6 +580,38 @@ fn loom_hub_direct_results_and_slot_reuse() {
     });
 }
 
+/// Two callers at once, each waiting on its thread, and nothing else (no release, no
+/// `close` before both have their results, which would run a command left behind): one
+/// drives, the other queues while it does (or while it stops) and finds the loop held.
+/// The driver stops without the queue's lock (`driving` cleared, a `SeqCst` fence, then
+/// `queued` read); the other reads `driving` after queuing and a fence. Whichever way they
+/// interleave, the command queued is run by the driver, handed by it to the loop's
+/// thread, or driven by its own caller, and each gets its own result (a command left
+/// behind shows as a deadlock: so it does when the stop reads `queued` before clearing
+/// `driving`, or without its fence).
+#[test]
+fn loom_hub_two_waiting_callers() {
+    model(|| {
+        let (hub, background) = start();
+        let pool = Arc::new(SlotPool::new());
+        let (h, p) = (hub.clone(), pool.clone());
+        let other = thread::spawn(move || {
+            let slot = p.take();
+            h.submit(Cmd::Op(slot.clone(), 2), false);
+            let r = wait_out(&h, &slot);
+            p.let_go(&slot);
+            r
+        });
+        let slot = pool.take();
+        hub.submit(Cmd::Op(slot.clone(), 1), false);
+        assert_eq!(wait_out(&hub, &slot), Some(1));
+        pool.let_go(&slot);
+        assert_eq!(other.join().unwrap(), Some(2));
+        hub.close();
+        background.join().unwrap();
+    });
+}
+
 /// Two callers at once, one waiting on its thread and one awaiting a future, while a
 /// release is queued with a wake-up: every command is taken by some driver and each
 /// caller gets its own result.

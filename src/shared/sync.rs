@@ -11,7 +11,7 @@
 #[cfg(not(all(test, loom)))]
 pub(crate) use std::{
     sync::{
-        atomic::{AtomicBool, AtomicU32, Ordering},
+        atomic::{fence, AtomicBool, AtomicU32, Ordering},
         Condvar, Mutex, MutexGuard, TryLockError,
     },
     thread,
@@ -20,7 +20,7 @@ pub(crate) use std::{
 #[cfg(all(test, loom))]
 pub(crate) use loom::{
     sync::{
-        atomic::{AtomicBool, AtomicU32, Ordering},
+        atomic::{fence, AtomicBool, AtomicU32, Ordering},
         Condvar, Mutex, MutexGuard,
     },
     thread,
