@@ -772,7 +772,7 @@ fn shared_tput_variants(m: &LocalMasters, k: usize) -> Vec<TputVariant> {
 
     let threads = shared::WithLoop::start(|| ours_shared(m, false), "tput:shared:warm2", TTL, 1);
     let thread_keys: Vec<String> = shared_keys(k)[k..].to_vec();
-    let pool = shared::CallerPool::new(&threads.client, &thread_keys, TTL);
+    let pool = shared::CallerPool::new(&threads.client, &thread_keys, TTL, shared::Release::Wait);
     let mut threads_tids = pool.tids.clone();
     threads_tids.push(threads.loop_tid);
     let threads_run = move |deadline| {

@@ -167,6 +167,18 @@ impl<B: FnMut() -> SharedRedlock> PerBlock<B> {
     }
 }
 
+/// How a caller of a [`CallerPool`] lets go of each lock.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[allow(dead_code)] // each bench uses the modes it compares
+pub enum Release {
+    /// `guard.release().wait()`: the caller blocks for the release's outcome too (two
+    /// blocking waits per cycle).
+    Wait,
+    /// `drop(guard)`: the release is queued to the loop and the caller goes on (one
+    /// blocking wait per cycle; the outcome is not known).
+    Drop,
+}
+
 /// `keys.len()` threads sharing one handle, kept for a whole pass. Each slice, every
 /// thread loops lock+release on its own key until the deadline; the slice ends when all
 /// have finished their last cycle.
@@ -187,7 +199,7 @@ struct PoolState {
 }
 
 impl CallerPool {
-    pub fn new(client: &SharedRedlock, keys: &[String], ttl: Duration) -> Self {
+    pub fn new(client: &SharedRedlock, keys: &[String], ttl: Duration, release: Release) -> Self {
         let k = keys.len();
         let state = Arc::new(PoolState {
             start: Barrier::new(k + 1),
@@ -216,6 +228,10 @@ impl CallerPool {
                             let (mut c, mut failed) = (0, 0);
                             while Instant::now() < deadline {
                                 match client.try_lock(&key, ttl).wait() {
+                                    Ok(guard) if release == Release::Drop => {
+                                        drop(guard);
+                                        c += 1;
+                                    }
                                     Ok(guard) => match guard.release().wait() {
                                         Ok(()) => c += 1,
                                         Err(_) => failed += 1,

@@ -11,7 +11,9 @@
 //!    concurrent tasks on the current-thread runtime, and `redlock` 2.x sequentially (it
 //!    has no way to keep more than one lock operation in flight). The redlock-mux shared
 //!    client (`SharedRedlock`) twice: 64 tasks on a current-thread runtime of their own
-//!    (set up as rslock's), and 64 threads, each looping lock+release through one handle.
+//!    (set up as rslock's), and 64 threads, each looping lock+release through one handle;
+//!    the 64 threads twice: blocking on the release's outcome (`release().wait()`), and
+//!    dropping each guard (the release queued to the loop, the thread going on).
 //!
 //! The shared client also has a one-caller row in the latency pass (`try_lock(..).wait()`,
 //! `release().wait()` from the measuring thread). Its CPU includes the client's loop
@@ -534,9 +536,23 @@ fn throughput_pass(m: &LocalMasters, rt: &Runtime, secs: f64, pin: Option<usize>
     let sh_rt = current_thread_runtime();
     let sh_threads = shared::WithLoop::start(|| mux_shared(m), "peers:shared:warm2", TTL, 1);
     let thread_keys: Vec<String> = (0..K).map(|j| format!("peers:shared:thread:{j}")).collect();
-    let pool = shared::CallerPool::new(&sh_threads.client, &thread_keys, TTL);
+    let pool =
+        shared::CallerPool::new(&sh_threads.client, &thread_keys, TTL, shared::Release::Wait);
     let mut pool_tids = pool.tids.clone();
     pool_tids.push(sh_threads.loop_tid);
+    // The same with every guard dropped (released by the loop, the caller not waiting).
+    let sh_dropped = shared::WithLoop::start(|| mux_shared(m), "peers:shared:warm3", TTL, 1);
+    let dropped_keys: Vec<String> = (0..K)
+        .map(|j| format!("peers:shared:dropped:{j}"))
+        .collect();
+    let dropped = shared::CallerPool::new(
+        &sh_dropped.client,
+        &dropped_keys,
+        TTL,
+        shared::Release::Drop,
+    );
+    let mut dropped_tids = dropped.tids.clone();
+    dropped_tids.push(sh_dropped.loop_tid);
     let mut out = Vec::with_capacity(K);
     let mut locks = Vec::with_capacity(K);
     let mut rel = Vec::with_capacity(K);
@@ -586,6 +602,11 @@ fn throughput_pass(m: &LocalMasters, rt: &Runtime, secs: f64, pin: Option<usize>
             "redlock-mux shared, 64 threads",
             |deadline| pool.slice(deadline),
             Box::new(move || cpu::lifetime_of(&pool_tids)),
+        ),
+        TputVariant::shared(
+            "redlock-mux shared, 64 threads, guards dropped",
+            |deadline| dropped.slice(deadline),
+            Box::new(move || cpu::lifetime_of(&dropped_tids)),
         ),
         TputVariant::new(
             "rslock, 64 tasks",
@@ -722,7 +743,8 @@ fn throughput_pass(m: &LocalMasters, rt: &Runtime, secs: f64, pin: Option<usize>
     println!();
     for (name, t_batch, t_rslock) in [
         ("redlock-mux shared, 64 tokio tasks", 0.9, 3.0),
-        ("redlock-mux shared, 64 threads", 0.6, 2.0),
+        ("redlock-mux shared, 64 threads", 0.85, 2.0),
+        ("redlock-mux shared, 64 threads, guards dropped", 0.85, 2.0),
     ] {
         let v = by_name(name);
         println!(
