@@ -577,7 +577,12 @@ impl Rounds {
                     }
                     Some(Tag::Unsubscribe) => true,
                     Some(
-                        Tag::Op { .. } | Tag::Owed | Tag::Track(_) | Tag::Caching | Tag::Watch(_),
+                        Tag::Op { .. }
+                        | Tag::DelIfEq(_)
+                        | Tag::Owed
+                        | Tag::Track(_)
+                        | Tag::Caching
+                        | Tag::Watch(_),
                     )
                     | None => false,
                 },

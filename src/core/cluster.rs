@@ -1200,9 +1200,11 @@ impl ShardMux {
                     _ => None,
                 };
                 match info {
-                    Some((up, id)) if *ok => {
-                        *uptime = (*uptime).min(up);
-                        for (acc, pair) in run_id.iter_mut().zip(id.chunks(2)) {
+                    // The merged text has no `valkey_version`: a cluster master is sent
+                    // no `DELIFEQ` (its releases keep the script).
+                    Some(info) if *ok => {
+                        *uptime = (*uptime).min(info.uptime);
+                        for (acc, pair) in run_id.iter_mut().zip(info.run_id.chunks(2)) {
                             *acc ^= nibble(pair[0]) << 4 | nibble(pair[1]);
                         }
                     }
@@ -2056,8 +2058,12 @@ mod tests {
         else {
             panic!()
         };
-        let (up, id) = super::super::link::parse_info(text).unwrap();
-        assert_eq!((up, &id[..]), (5, "7".repeat(40).as_bytes()));
+        let info = super::super::link::parse_info(text).unwrap();
+        assert_eq!(
+            (info.uptime, &info.run_id[..]),
+            (5, "7".repeat(40).as_bytes())
+        );
+        assert!(!info.delifeq);
     }
 
     #[test]

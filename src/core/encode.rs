@@ -31,6 +31,26 @@ pub(super) fn encode_plain_release(out: &mut Vec<u8>, args: &OpArgs) {
     resp::encode_command(out, &v);
 }
 
+/// Whether a release may be sent as `DELIFEQ key token` to a master that offers it
+/// (Valkey 9: see `link::ServerInfo::delifeq`): the release of one key by a lock that
+/// did not wait (no line to leave). Everything else keeps its script: a release of
+/// several keys (all or nothing, in one script), a release that leaves its lock's place
+/// in the lines (`leave`), an extend (never shorter than the key lives already, and a
+/// marked value: Lua), the acquires and fencing.
+#[inline]
+pub(super) fn delifeq_fits(args: &OpArgs) -> bool {
+    args.leave.is_none() && args.keys.len() == 1 && args.token.is_some()
+}
+
+/// `DELIFEQ key token` (see [`delifeq_fits`]).
+pub(super) fn encode_delifeq(out: &mut Vec<u8>, args: &OpArgs) {
+    let token: &[u8] = args.token.as_ref().map_or(&[], |t| t.as_bytes());
+    let key = args.keys.iter().next().unwrap_or(&[]);
+    out.extend_from_slice(b"*3\r\n$7\r\nDELIFEQ\r\n");
+    push_key_bulk(out, &args.keys, key);
+    push_bulk(out, token);
+}
+
 pub(super) fn encode_request(out: &mut Vec<u8>, req: Request, args: &OpArgs, eval: bool) {
     encode_request_memo(out, req, args, eval, &mut BulkUint::new(args.ttl_ms));
 }
@@ -537,5 +557,32 @@ mod tests {
         encode_request(&mut out, Request::Extend, &a, true);
         assert!(out.starts_with(b"*6\r\n$4\r\nEVAL\r\n"));
         assert!(out.ends_with(b"$4\r\n1500\r\n"));
+    }
+
+    #[test]
+    fn delifeq_is_for_one_key_releases_that_leave_no_line() {
+        let tok = crate::token::TokenSource::new().unwrap().next().unwrap();
+        for key in [&b"k"[..], b"{u}k", &[b'x'; 300][..]] {
+            let mut a = OpArgs::default();
+            a.set([key], tok, 1500);
+            assert!(delifeq_fits(&a));
+            let mut out = Vec::new();
+            encode_delifeq(&mut out, &a);
+            let mut want = format!("*3\r\n$7\r\nDELIFEQ\r\n${}\r\n", key.len()).into_bytes();
+            want.extend_from_slice(key);
+            want.extend_from_slice(format!("\r\n$32\r\n{}\r\n", tok.as_str()).as_bytes());
+            assert_eq!(out, want);
+            a.leave = Some([b'0'; scripts::NOTICE_LEN]);
+            assert!(
+                !delifeq_fits(&a),
+                "a lock that waited leaves its line: the script"
+            );
+        }
+        let mut a = OpArgs::default();
+        a.set([&b"a"[..], b"b"], tok, 1500);
+        assert!(
+            !delifeq_fits(&a),
+            "several keys: all or nothing, the script"
+        );
     }
 }

@@ -62,6 +62,10 @@ pub(super) enum Tag {
     Setup(Setup),
     /// A round's request.
     Op { id: OpId, req: Request, eval: bool },
+    /// A release round's `DELIFEQ key token` (a master that offers it: see
+    /// `Master::delifeq`). `:1` is the master's yes; anything else sends the release's
+    /// script after it (`Rounds::delifeq_reply`), whose answer is the master's.
+    DelIfEq(OpId),
     /// A sub link's `SUBSCRIBE` of a channel.
     Subscribe(ChanId),
     /// A sub link's `UNSUBSCRIBE`.
@@ -283,6 +287,14 @@ pub(crate) struct Master {
     pub(super) same_server: bool,
     /// `CONFIG GET append*` said `appendonly yes` and `appendfsync always` (last handshake).
     pub(super) durable: bool,
+    /// The last handshake's `INFO server` reported `valkey_version` 9.0 or later: the
+    /// release of a one-key lock that did not wait is sent as `DELIFEQ key token`
+    /// (see `Rounds::start`). Cleared at each new connection, set by its handshake.
+    pub(super) delifeq: bool,
+    /// The master refused a `DELIFEQ` (`-NOPERM`: an ACL user without the right to it, or
+    /// an unknown command): never sent to it again by this client, whatever its handshakes
+    /// report (its releases keep the script).
+    pub(super) delifeq_refused: bool,
     /// Counters, for tests and benchmarks.
     pub stats: Counters,
     /// Releases owed to this master: sent on its lock link's next connection, oldest first
@@ -309,6 +321,8 @@ impl Master {
             run_id_changed: None,
             same_server: false,
             durable: false,
+            delifeq: false,
+            delifeq_refused: false,
             stats: Counters::default(),
             owed: VecDeque::new(),
             cluster: None,
@@ -333,8 +347,13 @@ impl Master {
 pub(super) enum SetupReply {
     /// Accepted, or refused with this fault.
     Done(Result<(), Fault>),
-    /// `INFO server`: how long the master has been up, and its run id.
-    Info { uptime: u64, run_id: [u8; 40] },
+    /// `INFO server`: how long the master has been up, its run id, and whether it offers
+    /// `DELIFEQ` (see [`parse_info`]).
+    Info {
+        uptime: u64,
+        run_id: [u8; 40],
+        delifeq: bool,
+    },
     /// `INFO server` refused or unreadable.
     InfoRefused(Fault),
     /// `CONFIG GET append*`: whether every write is persisted (a refusal reads as no).
@@ -371,7 +390,11 @@ pub(super) fn interpret(setup: Setup, frame: &Frame<'_>) -> SetupReply {
         },
         Setup::Info => match frame {
             Frame::Bulk(text) | Frame::Verbatim { text, .. } => match parse_info(text) {
-                Some((uptime, run_id)) => SetupReply::Info { uptime, run_id },
+                Some(info) => SetupReply::Info {
+                    uptime: info.uptime,
+                    run_id: info.run_id,
+                    delifeq: info.delifeq,
+                },
                 None => SetupReply::InfoRefused(Fault::Handshake(ErrorText::new(
                     b"INFO server lacks uptime_in_seconds or run_id",
                 ))),
@@ -452,19 +475,47 @@ pub(super) fn config_is_durable(reply: &resp::Aggregate<'_>) -> bool {
     aof && always
 }
 
-/// `uptime_in_seconds` and `run_id` from an `INFO server` reply.
-pub(super) fn parse_info(text: &[u8]) -> Option<(u64, [u8; 40])> {
+/// What the handshake reads in `INFO server`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ServerInfo {
+    pub uptime: u64,
+    pub run_id: [u8; 40],
+    /// `valkey_version` is 9.0 or later: the server has `DELIFEQ key value` (delete the
+    /// key when its value is `value`; `:1` deleted, `:0` not). Redis 8.4's `DELEX key
+    /// IFEQ value` does the same, but is not used: no Redis 8.4 is tested against.
+    pub delifeq: bool,
+}
+
+/// `uptime_in_seconds`, `run_id` and `valkey_version` from an `INFO server` reply
+/// (`None` without the first two).
+pub(super) fn parse_info(text: &[u8]) -> Option<ServerInfo> {
     let mut uptime = None;
     let mut run_id = None;
+    let mut delifeq = false;
     for line in text.split(|b| *b == b'\n') {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         if let Some(v) = line.strip_prefix(b"uptime_in_seconds:") {
             uptime = std::str::from_utf8(v).ok().and_then(|v| v.parse().ok());
         } else if let Some(v) = line.strip_prefix(b"run_id:") {
             run_id = v.try_into().ok();
+        } else if let Some(v) = line.strip_prefix(b"valkey_version:") {
+            delifeq = major_version(v).is_some_and(|m| m >= 9);
         }
     }
-    Some((uptime?, run_id?))
+    Some(ServerInfo {
+        uptime: uptime?,
+        run_id: run_id?,
+        delifeq,
+    })
+}
+
+/// The major number of a version such as `9.1.2` (`None`: not digits before a dot).
+fn major_version(v: &[u8]) -> Option<u64> {
+    let major = v.split(|b| *b == b'.').next()?;
+    if major.is_empty() || major.len() > 9 || !major.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(major).ok()?.parse().ok()
 }
 
 #[cfg(test)]
@@ -474,11 +525,29 @@ mod tests {
     #[test]
     fn info_server_parsing() {
         let text = b"# Server\r\nredis_version:7.0.15\r\nrun_id:0123456789abcdef0123456789abcdef01234567\r\nuptime_in_seconds:42\r\n";
-        let (up, id) = parse_info(text).unwrap();
-        assert_eq!(up, 42);
-        assert_eq!(&id, b"0123456789abcdef0123456789abcdef01234567");
+        let info = parse_info(text).unwrap();
+        assert_eq!(info.uptime, 42);
+        assert_eq!(&info.run_id, b"0123456789abcdef0123456789abcdef01234567");
+        assert!(!info.delifeq, "Redis 7 has no DELIFEQ");
         assert_eq!(parse_info(b"# Server\r\nuptime_in_seconds:x\r\n"), None);
         assert_eq!(parse_info(b"run_id:short\r\nuptime_in_seconds:1\r\n"), None);
+    }
+
+    #[test]
+    fn valkey_9_offers_delifeq() {
+        let with = |version: &str| {
+            let text = format!(
+                "# Server\r\nredis_version:7.2.4\r\nserver_name:valkey\r\nvalkey_version:{version}\r\nrun_id:0123456789abcdef0123456789abcdef01234567\r\nuptime_in_seconds:42\r\n"
+            );
+            parse_info(text.as_bytes()).unwrap().delifeq
+        };
+        assert!(with("9.1.2"));
+        assert!(with("9.0.0"));
+        assert!(with("10.0.0"));
+        assert!(!with("8.1.4"));
+        assert!(!with("7.2.4"));
+        assert!(!with("x.0"));
+        assert!(!with(""));
     }
 
     #[test]

@@ -28,7 +28,7 @@ use std::io;
 use std::time::{Duration, Instant};
 
 use super::chans::{self, Channels, Fingerprint};
-use super::encode::{encode_request, encode_request_memo, BulkUint};
+use super::encode::{delifeq_fits, encode_delifeq, encode_request, encode_request_memo, BulkUint};
 use super::link::{interpret, write_handshake, Action, ConnectPhase, Link, LinkId, Master};
 use super::link::{Owed, Setup, SetupReply, State, Tag, TrackStep, Tracking, INBUF_START};
 use super::ops::{Op, OpArgs, OpId, OpState};
@@ -352,6 +352,9 @@ impl Rounds {
             self.cfg.max_pending.min(self.cfg.backlog_limit)
         };
         let fast_server = req == Request::Release || !self.same_servers;
+        // A release that a master offering `DELIFEQ` is sent as `DELIFEQ key token`
+        // (see `encode::delifeq_fits`): those masters take it from their own queues.
+        let delifeq = req == Request::Release && delifeq_fits(&self.ops[slot as usize].args);
         let mut sent = 0u32;
         // The masters in the common case, from the first on, walked side by side with
         // their links (no index, no bounds check); the rest below from the first that is
@@ -360,7 +363,9 @@ impl Rounds {
         if fast_server {
             let (links, masters, shared) = (&mut self.links, &mut self.masters, &self.shared);
             for (link, master) in links.iter_mut().zip(masters.iter_mut()) {
-                if !(link.is_up() && link.pending.len() < fast_limit && target(first_slow)) {
+                if !(link.is_up() && link.pending.len() < fast_limit && target(first_slow))
+                    || (delifeq && master.delifeq)
+                {
                     break;
                 }
                 // Its stall clock, if its queue was empty, is seen to below.
@@ -374,7 +379,11 @@ impl Rounds {
         for i in first_slow..n {
             let link = &mut self.links[i];
             if fast_server && link.is_up() && link.pending.len() < fast_limit && target(i) {
-                stall_clock_started |= self.enqueue(i, id, req, at, now);
+                stall_clock_started |= if delifeq && self.masters[i].delifeq {
+                    self.enqueue_delifeq(i, id, at, now)
+                } else {
+                    self.enqueue(i, id, req, at, now)
+                };
                 sent += 1;
                 continue;
             }
@@ -409,7 +418,11 @@ impl Rounds {
             }
             match self.ensure_connection(i, now) {
                 Ok(()) => {
-                    stall_clock_started |= self.enqueue(i, id, req, at, now);
+                    stall_clock_started |= if delifeq && self.masters[i].delifeq {
+                        self.enqueue_delifeq(i, id, at, now)
+                    } else {
+                        self.enqueue(i, id, req, at, now)
+                    };
                     sent += 1;
                 }
                 Err(fault) => {
@@ -449,6 +462,23 @@ impl Rounds {
         self.unsent = true;
         let (link, master) = (&mut self.links[i], &mut self.masters[i]);
         enqueue_on(link, master, &self.shared, id, req, at, now)
+    }
+
+    /// Queue release `id` on master `i`'s link as `DELIFEQ key token` (the master offers
+    /// it), in its own queue (its share of the shared buffer, up to the release's script
+    /// at `at`, moved there first); whether the link's stall clock starts now.
+    #[inline(never)]
+    fn enqueue_delifeq(&mut self, i: usize, id: OpId, at: usize, now: Instant) -> bool {
+        self.unshare(i, at);
+        let link = &mut self.links[i];
+        let started = link.pending.is_empty();
+        if started {
+            link.last_progress = now;
+        }
+        encode_delifeq(&mut link.out, &self.ops[id.slot as usize].args);
+        link.pending.push_back(Tag::DelIfEq(id));
+        self.masters[i].stats.requests += 1;
+        started
     }
 
     /// The caller has read the op's result (or gave up on it); its slot is reused once no
@@ -580,6 +610,9 @@ impl Rounds {
         let master = &mut self.masters[i];
         master.votes_from = None;
         master.durable = false;
+        // Until this connection's `INFO` says so (requests queued behind the handshake
+        // before its answer keep the script).
+        master.delifeq = false;
         write_handshake(link, master, durability);
         self.unsent = true;
         // The releases a closed connection still owed, behind the handshake (and its gate).
@@ -653,7 +686,12 @@ impl Rounds {
         let answered = link.answered;
         let mut pending = std::mem::take(&mut link.pending);
         for tag in pending.drain(..) {
-            if let Tag::Op { id, req, .. } = tag {
+            let op = match tag {
+                Tag::Op { id, req, .. } => Some((id, req)),
+                Tag::DelIfEq(id) => Some((id, Request::Release)),
+                _ => None,
+            };
+            if let Some((id, req)) = op {
                 // A release the master may not have run: owed to its next connection.
                 if req == Request::Release {
                     self.owe_release(i, id, now);
@@ -762,7 +800,8 @@ impl Rounds {
                         Tag::Op {
                             req: Request::Release,
                             ..
-                        } | Tag::Owed
+                        } | Tag::DelIfEq(_)
+                            | Tag::Owed
                     )
                 })
         })
@@ -1345,6 +1384,21 @@ impl Rounds {
                 self.watches.set_vote(w, i, vote, self.quorum);
                 return None;
             }
+            Some(Tag::DelIfEq(id)) => {
+                let answer = DelIfEq::of(&frame);
+                link.input.in_start += used;
+                link.answered = true;
+                if answer == DelIfEq::Unexpected {
+                    // A reply that fits no request: the stream can not be trusted.
+                    let f = Fault::Unexpected;
+                    let failed = Outcome::Failed(f);
+                    self.op_reply(i, id, Request::Release, false, failed, 0, None, now);
+                    self.fail_node(i, f, now);
+                    return Some(false);
+                }
+                self.delifeq_reply(i, id, answer, now);
+                return None;
+            }
             Some(Tag::Owed) => {
                 // Delivered (or refused: then the keys expire by their TTL).
                 link.input.in_start += used;
@@ -1417,6 +1471,7 @@ impl Rounds {
             Tag::Setup(setup) => interpret(setup, &frame),
             Tag::Subscribe(_)
             | Tag::Unsubscribe
+            | Tag::DelIfEq(_)
             | Tag::Owed
             | Tag::Track(_)
             | Tag::Caching
@@ -1454,7 +1509,11 @@ impl Rounds {
                 self.fail_node(i, f, now);
                 return Some(false);
             }
-            SetupReply::Info { uptime, run_id } => {
+            SetupReply::Info {
+                uptime,
+                run_id,
+                delifeq,
+            } => {
                 // Trust the master's yes votes only once it has been up for max_ttl:
                 // before that it may have forgotten locks that are still held.
                 // Redis computes `uptime_in_seconds` from a start time truncated to the
@@ -1477,6 +1536,9 @@ impl Rounds {
                 }
                 master.votes_from = Some(from);
                 master.run_id = Some(run_id);
+                // `DELIFEQ` for this connection's releases (a cluster's merged INFO
+                // never says so: see `cluster.rs`).
+                master.delifeq = delifeq && !master.delifeq_refused && master.cluster.is_none();
                 self.mark_same_servers();
             }
         }
@@ -2040,6 +2102,47 @@ impl Rounds {
         true
     }
 
+    /// Master `i` answered release `id`'s `DELIFEQ key token`. `:1`: deleted, the master's
+    /// yes. Else the release's script goes after it, and its answer is the master's: `:0`
+    /// says only that the key's value is not exactly the token (gone, someone else's, or
+    /// ours *marked* by a refused waiter, `scripts::WAITED`: that one must still be
+    /// deleted and its waiters announced, which only the script does); an error is the
+    /// script's to meet as any release's (`-NOPERM` or an unknown command also stops
+    /// `DELIFEQ` to that master for good: `Master::delifeq_refused`).
+    fn delifeq_reply(&mut self, i: usize, id: OpId, answer: DelIfEq, now: Instant) {
+        match answer {
+            DelIfEq::Deleted => {
+                self.op_reply(i, id, Request::Release, false, Outcome::Ok, 1, None, now);
+                return;
+            }
+            DelIfEq::Refused => {
+                let master = &mut self.masters[i];
+                master.delifeq = false;
+                master.delifeq_refused = true;
+            }
+            DelIfEq::NotDeleted | DelIfEq::Failed | DelIfEq::Unexpected => {}
+        }
+        let op = &self.ops[id.slot as usize];
+        if op.gen != id.gen || op.state == OpState::Free {
+            return;
+        }
+        // Behind whatever the link queued since (the script runs after the requests
+        // sent before it, as any request of a later round would).
+        let upto = self.shared.len();
+        self.unshare(i, upto);
+        let op = &self.ops[id.slot as usize];
+        let link = &mut self.links[i];
+        encode_request(&mut link.out, Request::Release, &op.args, false);
+        link.pending.push_back(Tag::Op {
+            id,
+            req: Request::Release,
+            eval: false,
+        });
+        link.kick = true;
+        let stall = link.last_progress + self.cfg.stall_timeout;
+        self.due_by(stall);
+    }
+
     /// Send release `id` again to master `i` as the compare-and-delete alone
     /// ([`crate::scripts::RELEASE_PLAIN`]): the full script was refused for its line's keys.
     #[cold]
@@ -2098,6 +2201,37 @@ impl Rounds {
             .zip(self.watch_stats.iter())
             .map(|(m, w)| MasterStats::new(m.name.clone(), m.stats.clone()).with_watch(*w))
             .collect()
+    }
+}
+
+/// What a `DELIFEQ` answer says (see [`Rounds::delifeq_reply`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DelIfEq {
+    /// `:1`: the key held the token; deleted.
+    Deleted,
+    /// `:0`: the key does not hold exactly the token.
+    NotDeleted,
+    /// `-NOPERM` or `-ERR unknown command`: the master will not run `DELIFEQ` for us.
+    Refused,
+    /// Another error (`-WRONGTYPE`, `-LOADING`...).
+    Failed,
+    /// No answer to `DELIFEQ`: the stream can not be trusted.
+    Unexpected,
+}
+
+impl DelIfEq {
+    fn of(frame: &Frame<'_>) -> DelIfEq {
+        match frame {
+            Frame::Integer(1) => DelIfEq::Deleted,
+            Frame::Integer(0) => DelIfEq::NotDeleted,
+            Frame::Error(m) | Frame::BulkError(m)
+                if m.starts_with(b"NOPERM") || m.starts_with(b"ERR unknown command") =>
+            {
+                DelIfEq::Refused
+            }
+            Frame::Error(_) | Frame::BulkError(_) => DelIfEq::Failed,
+            _ => DelIfEq::Unexpected,
+        }
     }
 }
 
