@@ -32,14 +32,22 @@ pub(super) fn encode_plain_release(out: &mut Vec<u8>, args: &OpArgs) {
 }
 
 /// Whether a release may be sent as `DELIFEQ key token` to a master that offers it
-/// (Valkey 9: see `link::ServerInfo::delifeq`): the release of one key by a lock that
-/// did not wait (no line to leave). Everything else keeps its script: a release of
-/// several keys (all or nothing, in one script), a release that leaves its lock's place
-/// in the lines (`leave`), an extend (never shorter than the key lives already, and a
-/// marked value: Lua), the acquires and fencing.
+/// (Valkey 9: see `link::ServerInfo::delifeq`): the release of a granted one-key lock
+/// that did not wait (no line to leave) and that no waiter of this client waits for
+/// (`OpArgs::waiters_here`). Everything else keeps its script: a release of several keys
+/// (all or nothing, in one script), a release that leaves its lock's place in the lines
+/// (`leave`), a failed attempt's cleanup (contended: its key is likely someone else's or
+/// marked, where `DELIFEQ` would only add a request), a release a waiter of this client
+/// is started right behind (on a marked key the waiter's attempt would run between
+/// `DELIFEQ` and the script, and be refused), an extend (never shorter than the key lives
+/// already, and a marked value: Lua), the acquires and fencing.
 #[inline]
 pub(super) fn delifeq_fits(args: &OpArgs) -> bool {
-    args.leave.is_none() && args.keys.len() == 1 && args.token.is_some()
+    args.of_lock
+        && !args.waiters_here
+        && args.leave.is_none()
+        && args.keys.len() == 1
+        && args.token.is_some()
 }
 
 /// `DELIFEQ key token` (see [`delifeq_fits`]).
@@ -565,7 +573,15 @@ mod tests {
         for key in [&b"k"[..], b"{u}k", &[b'x'; 300][..]] {
             let mut a = OpArgs::default();
             a.set([key], tok, 1500);
+            assert!(!delifeq_fits(&a), "a failed attempt's cleanup: the script");
+            a.of_lock = true;
             assert!(delifeq_fits(&a));
+            a.waiters_here = true;
+            assert!(
+                !delifeq_fits(&a),
+                "a waiter of this client right behind: the script"
+            );
+            a.waiters_here = false;
             let mut out = Vec::new();
             encode_delifeq(&mut out, &a);
             let mut want = format!("*3\r\n$7\r\nDELIFEQ\r\n${}\r\n", key.len()).into_bytes();
@@ -580,6 +596,7 @@ mod tests {
         }
         let mut a = OpArgs::default();
         a.set([&b"a"[..], b"b"], tok, 1500);
+        a.of_lock = true;
         assert!(
             !delifeq_fits(&a),
             "several keys: all or nothing, the script"

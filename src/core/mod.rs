@@ -547,12 +547,14 @@ impl Core {
         let timeout = self.round_timeout(lock.ttl);
         let (token, ttl_ms) = (lock.token, lock.ttl.as_millis() as u64);
         let leave = lock.line;
+        let waiters_here = self.listens_on(&lock.keys);
         self.rounds.start(
             crate::rules::Request::Release,
             |a| {
                 a.set_list(&lock.keys, token, ttl_ms);
                 a.leave = leave;
                 a.of_lock = true;
+                a.waiters_here = waiters_here;
             },
             timeout,
             now,

@@ -36,6 +36,12 @@ pub(crate) struct OpArgs {
     /// An extend that puts back the keys a master lost (`scripts::EXTEND`'s `put`): sent
     /// only to those masters, once an extension reached its quorum without them.
     pub put: bool,
+    /// A release of a lock whose keys this client listens on (a waiter of its own waits
+    /// on one: it is started right behind the release, `Core::released_here`, and its
+    /// refusal likely marked the key): the release must run whole as one request on each
+    /// master, ahead of the waiter's attempt (the script), not as `DELIFEQ` and the script
+    /// after it (see `encode::delifeq_fits`).
+    pub waiters_here: bool,
 }
 
 /// A waiter's place in a key's line (see `scripts::QUEUE_PREFIX`).

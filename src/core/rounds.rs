@@ -352,8 +352,8 @@ impl Rounds {
             self.cfg.max_pending.min(self.cfg.backlog_limit)
         };
         let fast_server = req == Request::Release || !self.same_servers;
-        // A release that a master offering `DELIFEQ` is sent as `DELIFEQ key token`
-        // (see `encode::delifeq_fits`): those masters take it from their own queues.
+        // A release that fits `DELIFEQ` (see `encode::delifeq_fits`) goes as `DELIFEQ key
+        // token` to the masters that offer it, from their own queues.
         let delifeq = req == Request::Release && delifeq_fits(&self.ops[slot as usize].args);
         let mut sent = 0u32;
         // The masters in the common case, from the first on, walked side by side with
@@ -2138,7 +2138,11 @@ impl Rounds {
             req: Request::Release,
             eval: false,
         });
+        // Written after this read (`kick`), and by the next flush whatever the driver
+        // does with `kick` (as a watch's read is): a script not written would hold the
+        // marked key, and its waiters, until the stall timeout closed the connection.
         link.kick = true;
+        self.lock_dirty = true;
         let stall = link.last_progress + self.cfg.stall_timeout;
         self.due_by(stall);
     }

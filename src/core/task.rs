@@ -408,12 +408,14 @@ impl Core {
         } else {
             None
         };
+        let waiters_here = req == Request::Release && self.listens_on(keys);
         let op = self.rounds.start(
             req,
             |a| {
                 a.set_list(keys, token, ttl_ms);
                 a.leave = leave;
                 a.of_lock = true;
+                a.waiters_here = waiters_here;
             },
             timeout,
             now,

@@ -556,6 +556,16 @@ impl Core {
         self.released_here_to(keys, token, except, stood, now);
     }
 
+    /// Some waiter of this client waits on one of `keys` (or did lately): a release of
+    /// them starts it right behind (`released_here`), so the release keeps its script
+    /// (`OpArgs::waiters_here`).
+    #[inline]
+    pub(super) fn listens_on(&self, keys: &KeyList) -> bool {
+        self.notify()
+            && self.rounds.listening()
+            && keys.iter().any(|k| self.rounds.channel(k).is_some())
+    }
+
     /// [`Core::released_here`] when some channel is live.
     #[inline(never)]
     fn released_here_to(
