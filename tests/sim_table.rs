@@ -480,6 +480,23 @@ fn cases() -> Vec<Case> {
         .c(0, &["PING", "a", "b"]);
     v.push(case("plain_commands", Kind::Plain, 1, s));
 
+    // `DELIFEQ` (issue 23): Valkey 9's, modelled when the real server is Valkey 9
+    // (`Config::valkey`); an unknown command on Redis 7.0 and in its model.
+    let marked = format!("{TA}+");
+    s.c(0, &["SET", "k", TA])
+        .c(0, &["DELIFEQ", "k", TB])
+        .c(0, &["GET", "k"])
+        .c(0, &["DELIFEQ", "k", TA])
+        .c(0, &["GET", "k"])
+        .c(0, &["DELIFEQ", "k", TA])
+        .c(0, &["SET", "k", &marked])
+        .c(0, &["DELIFEQ", "k", TA])
+        .c(0, &["DELIFEQ", "k", &marked])
+        .c(0, &["ZADD", "z", "1", "m"])
+        .c(0, &["DELIFEQ", "z", "m"])
+        .c(0, &["DELIFEQ", "k"]);
+    v.push(case("delifeq", Kind::Plain, 1, s));
+
     s.c(
         0,
         &["ZADD", "z", "2", "b", "1", "a", "1.5", "c", "1e3", "d"],
@@ -1979,6 +1996,17 @@ struct Ctx {
     modelled: bool,
 }
 
+/// `true` when `INFO server` reports `valkey_version` 9 or later: the model then answers as
+/// Valkey 9 where it can (`server::Config::valkey`).
+fn offers_delifeq(master: &LocalMaster) -> bool {
+    let info = master.cmd(&[b"INFO", b"server"]).expect("INFO server");
+    let info = info.as_str().unwrap_or("");
+    info.lines()
+        .find_map(|l| l.strip_prefix("valkey_version:"))
+        .and_then(|v| v.trim().split('.').next()?.parse::<u32>().ok())
+        .is_some_and(|major| major >= 9)
+}
+
 /// `true` when `INFO server` is Redis 7.0's, the server the simulation models.
 fn is_modelled_server(master: &LocalMaster) -> bool {
     let info = master.cmd(&[b"INFO", b"server"]).expect("INFO server");
@@ -2178,7 +2206,9 @@ fn run_case(case: &Case, servers: &mut Servers) -> Result<usize, String> {
     let master = servers.get(kind);
     reset(master)?;
     let mut now = T0;
-    let mut sim = SimRedis::new(sim_config(kind, master.port()), now);
+    let mut scfg = sim_config(kind, master.port());
+    scfg.valkey = offers_delifeq(master);
+    let mut sim = SimRedis::new(scfg, now);
     let mut sim_conns: Vec<ConnId> = (0..case.conns).map(|_| sim.open()).collect();
     let mut real: Vec<RealConn> = (0..case.conns).map(|_| RealConn::connect(master)).collect();
     let start = Instant::now();

@@ -140,6 +140,9 @@ fn base(seed: u64) -> Config {
         cluster_shards: Vec::new(),
         migrate_len: (MS, ttl),
         failover_loss: 0.0,
+        // About half of the servers are Valkey 9 (releases by `DELIFEQ`), from a generator
+        // of their own: the other draws stay those of the seed.
+        valkey: rng(seed ^ 0x5641_4c4b).u64(..),
     }
 }
 
@@ -754,6 +757,9 @@ fn safe_under_model_assumptions() {
         assert!(s.grants > 500 && s.failed_calls > 0, "{s:?}");
         assert!(s.extends > 0 && s.failed_extends > 0, "{s:?}");
         assert!(s.fenced > 0 && s.faults > 0 && s.announcements > 0, "{s:?}");
+        // Issue 23: releases by `DELIFEQ` on the Valkey servers, and answers of 0 (the
+        // script sent after them).
+        assert!(s.delifeq > 0 && s.delifeq_zero > 0, "{s:?}");
     }
 }
 
@@ -777,6 +783,9 @@ fn live_hot_resources() {
     let s = expect_safe("live_hot_resources", hot, SEEDS);
     if !replaying() {
         assert!(s.grants > 500 && s.announcements > 500, "{s:?}");
+        // Issue 23: keys marked by waiters, released on Valkey servers by `DELIFEQ` (0),
+        // then the script that deletes them and wakes the waiters.
+        assert!(s.delifeq > 100 && s.delifeq_zero > 10, "{s:?}");
     }
 }
 

@@ -231,6 +231,10 @@ pub struct Config {
     pub migrate_len: (Us, Us),
     /// The share of a node's keys its replica lacks when it takes over (amnesia).
     pub failover_loss: f64,
+    /// Server i answers as Valkey 9 (`DELIFEQ`, `valkey_version` in `INFO`: see
+    /// `server::Config::valkey`) when bit i is set. A server swapped in behind an address
+    /// (`FaultMix::swap`) is of the other kind.
+    pub valkey: u64,
 }
 
 impl Config {
@@ -432,6 +436,10 @@ pub struct Stats {
     pub tryagain: u64,
     pub crossslot: u64,
     pub script_refused: u64,
+    /// Issue 23: `DELIFEQ`s the (Valkey) servers ran, and those that answered 0 (the
+    /// client then sends the release's script: a marked key, or one not held).
+    pub delifeq: u64,
+    pub delifeq_zero: u64,
 }
 
 impl Stats {
@@ -467,6 +475,8 @@ impl Stats {
         self.tryagain += o.tryagain;
         self.crossslot += o.crossslot;
         self.script_refused += o.script_refused;
+        self.delifeq += o.delifeq;
+        self.delifeq_zero += o.delifeq_zero;
     }
 }
 
@@ -580,6 +590,12 @@ const READ_LIMITS: Limits = Limits {
 pub fn run(cfg: &Config, seed: u64, trace: bool) -> RunResult {
     let mut w = World::new(cfg.clone(), seed, trace);
     w.run();
+    // (A server swapped in starts its counts afresh.)
+    for m in &w.masters {
+        let [zero, one] = m.server.delifeq_answers();
+        w.stats.delifeq += zero + one;
+        w.stats.delifeq_zero += zero;
+    }
     RunResult {
         violations: std::mem::take(&mut w.violations),
         stats: w.stats.clone(),
@@ -605,6 +621,7 @@ impl World {
                     appendfsync: if cfg.durable { "always" } else { "everysec" }.into(),
                     tcp_port: 7000 + i as u16,
                     process_id: 1000 + i as u32 * 100,
+                    valkey: i < 64 && cfg.valkey & (1 << i) != 0,
                     ..server::Config::default()
                 };
                 // Started long ago: the amnesia guard trusts its uptime.
@@ -1340,6 +1357,8 @@ impl World {
                 let scfg = server::Config {
                     seed: self.rng.u64(..),
                     process_id: old.process_id + 7,
+                    // Redis where Valkey was, and the other way round.
+                    valkey: !old.valkey,
                     ..old
                 };
                 // A server that has run for long elsewhere and never saw a lock key.

@@ -22,6 +22,11 @@
 //! notices the difference). When a script in `src/scripts.rs` changes, its native
 //! function here must change with it; the table test fails until it does.
 //!
+//! With [`Config::valkey`] it answers as Valkey 9 where the client can tell: `INFO server`
+//! names Valkey's version, and `DELIFEQ key value` exists (the client's release of a
+//! one-key lock that did not wait, on such a master; the table test compares it with a real
+//! `valkey-server` when `REDIS_SERVER` names one). Nothing else of Valkey is modelled.
+//!
 //! Known differences from a real server, none reachable by the crate's client (which
 //! sends well-formed RESP2 arrays of the commands above) but the last:
 //! * Only the commands listed in `COMMANDS` exist; any other gets Redis' "unknown command"
@@ -57,6 +62,9 @@ use redlock_mux::scripts::{self, Script};
 
 /// The version `INFO server` reports (the table test accepts any real `7.0.x`).
 pub const REDIS_VERSION: &str = "7.0.15";
+/// What `INFO server` reports under [`Config::valkey`] (valkey-server 9.1.2's lines).
+pub const VALKEY_VERSION_LINES: &str =
+    "redis_version:7.2.4\r\nserver_name:valkey\r\nvalkey_version:9.1.2\r\nvalkey_release_stage:ga\r\n";
 /// Databases per server (`SELECT 0` .. `SELECT 15`).
 pub const DATABASES: usize = 16;
 
@@ -87,6 +95,11 @@ pub struct Config {
     /// Keep every published message for [`SimRedis::take_published`] (off: nothing is
     /// kept, so a long run that never takes them does not grow).
     pub log_published: bool,
+    /// Answer as a Valkey 9 server in the two ways the client tells: `INFO server` says
+    /// `server_name:valkey` and `valkey_version:9.1.2` (with Valkey's `redis_version`,
+    /// 7.2.4), and `DELIFEQ key value` exists (else it is an unknown command, as in Redis
+    /// 7.0). Nothing else changes.
+    pub valkey: bool,
 }
 
 impl Default for Config {
@@ -101,6 +114,7 @@ impl Default for Config {
             tcp_port: 6379,
             process_id: 4242,
             log_published: false,
+            valkey: false,
         }
     }
 }
@@ -233,6 +247,8 @@ pub struct SimRedis {
     /// Invalidations for the running connection itself, sent after its reply (`None`: a
     /// flush).
     pending_self: Vec<Option<Vec<u8>>>,
+    /// `DELIFEQ`s run, by answer (0, 1).
+    delifeq_answers: [u64; 2],
 }
 
 /// The commands the server knows: name, Redis arity (n: exactly n arguments with the
@@ -297,6 +313,8 @@ const COMMANDS: &[Cmd] = &[
     cmd("append", 3),
     cmd("set", -3),
     cmd("del", -2),
+    // Valkey 9 only (`Config::valkey`).
+    cmd("delifeq", 3),
     cmd("exists", -2),
     cmd("pttl", 2),
     cmd("pexpire", -3),
@@ -406,6 +424,7 @@ impl SimRedis {
             tracked: BTreeMap::new(),
             current: None,
             pending_self: Vec::new(),
+            delifeq_answers: [0; 2],
         }
     }
 
@@ -581,6 +600,11 @@ impl SimRedis {
         self.commands
     }
 
+    /// How many `DELIFEQ`s answered 0 and 1 ([`Config::valkey`]).
+    pub fn delifeq_answers(&self) -> [u64; 2] {
+        self.delifeq_answers
+    }
+
     /// Every message published since the last call (by scripts or `PUBLISH`), when
     /// [`Config::log_published`] is on.
     pub fn take_published(&mut self) -> Vec<Published> {
@@ -716,7 +740,11 @@ impl SimRedis {
                 return true;
             }
         }
-        let Some(command) = COMMANDS.iter().find(|c| c.name == name) else {
+        let known = COMMANDS
+            .iter()
+            .find(|c| c.name == name)
+            .filter(|c| c.name != "delifeq" || self.cfg.valkey);
+        let Some(command) = known else {
             let r = Reply::Error(unknown_command(&args));
             self.reply(id, &r);
             return true;
@@ -907,10 +935,15 @@ impl SimRedis {
         let mut t = String::new();
         // The fields of Redis 7.0's server section that do not describe the build or the
         // host, in Redis' order.
+        let version = if self.cfg.valkey {
+            VALKEY_VERSION_LINES.to_string()
+        } else {
+            format!("redis_version:{REDIS_VERSION}\r\n")
+        };
         let _ = write!(
             t,
             "# Server\r\n\
-             redis_version:{REDIS_VERSION}\r\n\
+             {version}\
              redis_git_sha1:00000000\r\n\
              redis_git_dirty:0\r\n\
              redis_mode:standalone\r\n\
@@ -1165,6 +1198,28 @@ impl SimRedis {
                 }
                 Reply::Int(n)
             }
+            // Valkey 9's `DELIFEQ key value` (delifeqCommand): 1 when the key held
+            // `value` and was deleted, 0 when it is missing or holds another string.
+            "delifeq" => match self.lookup(db, args[1], now) {
+                None => {
+                    self.delifeq_answers[0] += 1;
+                    Reply::Int(0)
+                }
+                Some(Entry {
+                    value: Value::Str(v),
+                    ..
+                }) => {
+                    if v.as_slice() != args[2] {
+                        self.delifeq_answers[0] += 1;
+                        return Reply::Int(0);
+                    }
+                    self.dbs[db].remove(args[1]);
+                    self.signal_modified(args[1]);
+                    self.delifeq_answers[1] += 1;
+                    Reply::Int(1)
+                }
+                Some(_) => err(WRONGTYPE),
+            },
             "exists" => {
                 let mut n = 0;
                 for k in &args[1..] {
