@@ -24,6 +24,16 @@
 //! the lock's keys are (on a cluster, grouping them by slot is the caller's work); on
 //! standalone masters any keys go in one script.
 //!
+//! **On Valkey 9, [`RELEASE_LEAN`] of one key mostly does not run.** A master whose
+//! handshake reports `valkey_version` 9 or later is sent `DELIFEQ key token` for the
+//! release of a granted one-key lock that took no place in a line and that no waiter of
+//! the same client waits for (`core::encode::delifeq_fits`); only when that answers
+//! 0 (the key is not exactly the token: gone, someone else's, or marked by a waiter,
+//! [`WAITED`]) or an error does [`RELEASE_LEAN`] follow on that master, to delete a marked
+//! key and announce it. Every other request keeps its script: a marked value and
+//! [`EXTEND`]'s "never shorter" are not one command. Redis 8.4's `DELEX key IFEQ value` is
+//! not used (not tested against). See `docs/production.md`, "Releases without Lua".
+//!
 //! **Every script starts with a `#!lua` shebang**, so that a cluster server itself refuses
 //! any cross-slot access (the read-only scripts carry `flags=no-writes`; the releases and
 //! the extension `flags=allow-oom`, so that a master out of memory still lets a lock go or
