@@ -125,6 +125,9 @@ pub(crate) struct Rounds {
     /// Some master is known to be the same server as another (same `run_id`): a yes to a
     /// grant is then checked against the other names' votes (one server, one vote).
     same_servers: bool,
+    /// Some master offers `DELIFEQ` (`Master::delifeq`; a maybe: set by a handshake that
+    /// says so, never cleared): releases look for it only then.
+    delifeq: bool,
     /// A yes to a grant may be refused (see [`Rounds::refuse_vote`]): some master is the
     /// same server as another, fencing requires durability, or the amnesia guard is on.
     /// Kept with `same_servers` (the rest is configuration): one test per reply.
@@ -197,6 +200,7 @@ impl Rounds {
             actions: VecDeque::with_capacity(16),
             chans: Channels::default(),
             same_servers: false,
+            delifeq: false,
             vote_checks: false,
             watches: Watches::default(),
             lock_dirty: false,
@@ -220,6 +224,12 @@ impl Rounds {
 
     pub(crate) fn quorum(&self) -> usize {
         self.quorum
+    }
+
+    /// Some master may offer `DELIFEQ` (see `Master::delifeq`).
+    #[inline]
+    pub(crate) fn offers_delifeq(&self) -> bool {
+        self.delifeq
     }
 
     /// The number of masters.
@@ -354,7 +364,8 @@ impl Rounds {
         let fast_server = req == Request::Release || !self.same_servers;
         // A release that fits `DELIFEQ` (see `encode::delifeq_fits`) goes as `DELIFEQ key
         // token` to the masters that offer it, from their own queues.
-        let delifeq = req == Request::Release && delifeq_fits(&self.ops[slot as usize].args);
+        let delifeq =
+            self.delifeq && req == Request::Release && delifeq_fits(&self.ops[slot as usize].args);
         let mut sent = 0u32;
         // The masters in the common case, from the first on, walked side by side with
         // their links (no index, no bounds check); the rest below from the first that is
@@ -1539,6 +1550,7 @@ impl Rounds {
                 // `DELIFEQ` for this connection's releases (a cluster's merged INFO
                 // never says so: see `cluster.rs`).
                 master.delifeq = delifeq && !master.delifeq_refused && master.cluster.is_none();
+                self.delifeq |= master.delifeq;
                 self.mark_same_servers();
             }
         }

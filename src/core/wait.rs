@@ -558,10 +558,11 @@ impl Core {
 
     /// Some waiter of this client waits on one of `keys` (or did lately): a release of
     /// them starts it right behind (`released_here`), so the release keeps its script
-    /// (`OpArgs::waiters_here`).
+    /// (`OpArgs::waiters_here`). Asked only where some master may offer `DELIFEQ`.
     #[inline]
     pub(super) fn listens_on(&self, keys: &KeyList) -> bool {
-        self.notify()
+        self.rounds.offers_delifeq()
+            && self.notify()
             && self.rounds.listening()
             && keys.iter().any(|k| self.rounds.channel(k).is_some())
     }
