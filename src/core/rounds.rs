@@ -370,13 +370,13 @@ impl Rounds {
         // The masters in the common case, from the first on, walked side by side with
         // their links (no index, no bounds check); the rest below from the first that is
         // not (rarely any).
+        // (A `DELIFEQ` release takes the indexed walk below: the side-by-side one stays
+        // as tight as it is without it.)
         let mut first_slow = 0;
-        if fast_server {
+        if fast_server && !delifeq {
             let (links, masters, shared) = (&mut self.links, &mut self.masters, &self.shared);
             for (link, master) in links.iter_mut().zip(masters.iter_mut()) {
-                if !(link.is_up() && link.pending.len() < fast_limit && target(first_slow))
-                    || (delifeq && master.delifeq)
-                {
+                if !(link.is_up() && link.pending.len() < fast_limit && target(first_slow)) {
                     break;
                 }
                 // Its stall clock, if its queue was empty, is seen to below.
@@ -385,6 +385,9 @@ impl Rounds {
             }
             // Every master of the walk was sent the request.
             sent = first_slow as u32;
+            self.unsent = true;
+        } else if delifeq {
+            // As the walk would have (its lock links gain requests below).
             self.unsent = true;
         }
         for i in first_slow..n {
