@@ -4,7 +4,7 @@ mod support;
 
 use std::thread;
 use std::time::{Duration, Instant};
-use support::{get, masters, settle};
+use support::{command_calls, get, masters, settle};
 
 use redlock_mux::local::{AdminReply, LocalMasters};
 use redlock_mux::{Error, Lock, Outcome, Redlock};
@@ -847,28 +847,6 @@ fn lock_commands_run(m: &LocalMasters) -> u64 {
         calls.parse::<u64>().ok()
     })
     .sum()
-}
-
-/// `INFO commandstats` of master `i`: calls per command (commands run by scripts count
-/// under their own names, as Redis counts them).
-fn command_calls(m: &LocalMasters, i: usize) -> std::collections::BTreeMap<String, u64> {
-    let text = match m[i].cmd(&[b"INFO", b"commandstats"]).expect("INFO") {
-        AdminReply::Bulk(Some(t)) => String::from_utf8(t).unwrap(),
-        other => panic!("INFO commandstats: {other:?}"),
-    };
-    text.lines()
-        .filter_map(|l| l.strip_prefix("cmdstat_"))
-        .filter_map(|l| {
-            let (name, rest) = l.split_once(':')?;
-            let calls = rest
-                .strip_prefix("calls=")?
-                .split(',')
-                .next()?
-                .parse()
-                .ok()?;
-            Some((name.to_string(), calls))
-        })
-        .collect()
 }
 
 /// Issue 23: an uncontended lock+release cycle runs on each master what the Redis page's

@@ -183,3 +183,25 @@ pub fn settle_shared(client: &redlock_mux::SharedRedlock, masters: usize) {
         .expect("the settling inspection");
     assert_eq!(seen.answered(), masters, "every master answered: {seen}");
 }
+
+/// `INFO commandstats` of master `i`: calls per command (commands run by scripts count
+/// under their own names, as the server counts them).
+pub fn command_calls(m: &LocalMasters, i: usize) -> std::collections::BTreeMap<String, u64> {
+    let text = match m[i].cmd(&[b"INFO", b"commandstats"]).expect("INFO") {
+        AdminReply::Bulk(Some(t)) => String::from_utf8(t).unwrap(),
+        other => panic!("INFO commandstats: {other:?}"),
+    };
+    text.lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_"))
+        .filter_map(|l| {
+            let (name, rest) = l.split_once(':')?;
+            let calls = rest
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            Some((name.to_string(), calls))
+        })
+        .collect()
+}
