@@ -1001,3 +1001,77 @@ fn a_release_is_delifeq_where_the_master_offers_it_and_a_marked_key_still_hands_
         assert!(count("publish") >= 1, "master {i}: {seen:?}");
     }
 }
+
+/// Issue 23, `DELIFEQ` refused: a master whose ACL denies `DELIFEQ` to the client's user
+/// (`-NOPERM`) still has every release run (the script follows the refusal), and is not
+/// sent `DELIFEQ` again for the client's life (docs/production.md, "Releases without Lua
+/// on Valkey 9"). On servers without `DELIFEQ` (Redis 7.0) it checks that the release is
+/// the script throughout (no ACL rule there: Redis 7.0 refuses a rule naming a command it
+/// does not know).
+#[test]
+fn a_master_that_refuses_delifeq_gets_the_script_from_then_on() {
+    let valkey = {
+        let probe = masters(1);
+        offers_delifeq(&probe, 0)
+    };
+    let deny = [
+        "--user", "default", "on", "nopass", "~*", "&*", "+@all", "-delifeq",
+    ];
+    let m = if valkey {
+        support::masters_with(3, &deny)
+    } else {
+        masters(3)
+    };
+    let mut c = builder(m.urls()).build().unwrap();
+    let before: Vec<_> = (0..m.len()).map(|i| command_calls(&m, i)).collect();
+    const CYCLES: u64 = 5;
+    for _ in 0..CYCLES {
+        let lock = c.try_lock("delifeq-denied", TTL).unwrap();
+        c.release(lock).expect("released, DELIFEQ refused or not");
+    }
+    settle(&mut c, 3);
+    settle(&mut c, 3);
+    for (i, before) in before.iter().enumerate() {
+        let seen = ran_since(&m, i, before);
+        let count = |c: &str| seen.get(c).copied().unwrap_or(0);
+        // Every release ran the script (the inspections of `settle` are scripts too). A
+        // release may find its key gone there: the script after the first refusal goes
+        // with the client's next call when the release returned at a quorum without
+        // this master (docs/production.md).
+        assert!(
+            count("evalsha") >= CYCLES,
+            "master {i}: every release ran the script: {seen:?}"
+        );
+        assert_eq!(count("delifeq"), 0, "master {i}: {seen:?}");
+        assert_eq!(
+            get(&m, i, "delifeq-denied"),
+            None,
+            "master {i}: the key is released"
+        );
+        if valkey {
+            // Refused once (the first release), never asked again.
+            assert_eq!(rejected_calls(&m, i, "delifeq"), 1, "master {i}");
+        }
+    }
+}
+
+/// `INFO commandstats`' `rejected_calls` of `command` on master `i` (commands refused
+/// before they ran: unknown, denied by an ACL...).
+fn rejected_calls(m: &LocalMasters, i: usize, command: &str) -> u64 {
+    let text = match m[i].cmd(&[b"INFO", b"commandstats"]).expect("INFO") {
+        AdminReply::Bulk(Some(t)) => String::from_utf8(t).unwrap(),
+        other => panic!("INFO commandstats: {other:?}"),
+    };
+    let prefix = format!("cmdstat_{command}:");
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|rest| {
+            rest.split("rejected_calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0)
+}

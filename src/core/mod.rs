@@ -87,6 +87,26 @@ pub(crate) struct Settings {
     pub fairness: bool,
 }
 
+#[cfg(test)]
+impl Settings {
+    /// The builder's defaults, no retry and `WaitMode::Poll`: what unit tests of the core
+    /// and the driver start from.
+    pub(crate) fn for_tests() -> Settings {
+        Settings {
+            retry_count: 0,
+            retry_delay: Duration::from_millis(200),
+            retry_jitter: Duration::from_millis(100),
+            drift_factor: 0.01,
+            node_timeout: None,
+            min_validity: Duration::ZERO,
+            fencing: false,
+            amnesia_guard: None,
+            wait_mode: WaitMode::Poll,
+            fairness: false,
+        }
+    }
+}
+
 impl Settings {
     /// The round timeout used for a TTL.
     pub(crate) fn round_timeout(&self, ttl: Duration) -> Duration {
@@ -1027,18 +1047,7 @@ mod memo_tests {
         let now = Instant::now();
         let master = Master::new(std::sync::Arc::from("127.0.0.1:1"), None, None, 0);
         let rounds = Rounds::new(vec![master], NetConfig::default(), now);
-        let settings = Settings {
-            retry_count: 0,
-            retry_delay: Duration::from_millis(200),
-            retry_jitter: Duration::from_millis(100),
-            drift_factor: 0.01,
-            node_timeout: None,
-            min_validity: Duration::ZERO,
-            fencing: false,
-            amnesia_guard: None,
-            wait_mode: WaitMode::Poll,
-            fairness: false,
-        };
+        let settings = Settings::for_tests();
         let tokens = TokenSource::new().unwrap();
         let core = Core::new(rounds, settings.clone(), tokens, Some(1), now, 0).unwrap();
         let ms = Duration::from_millis;

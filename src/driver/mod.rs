@@ -752,7 +752,7 @@ impl Driver {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::{Master, NetConfig, Rounds, Settings, WaitMode};
+    use crate::core::{Master, NetConfig, Rounds, Settings};
     use crate::rules::{Outcome, Request};
 
     /// A resolve that outlives the connect timeout: the master is down with
@@ -768,18 +768,7 @@ mod tests {
         let (connect_timeout, backoff_max) = (cfg.connect_timeout, cfg.backoff_max);
         let master = Master::new(Arc::from("localhost:1"), None, None, 0);
         let rounds = Rounds::new(vec![master], cfg, now);
-        let settings = Settings {
-            retry_count: 0,
-            retry_delay: Duration::from_millis(200),
-            retry_jitter: Duration::from_millis(100),
-            drift_factor: 0.01,
-            node_timeout: None,
-            min_validity: Duration::ZERO,
-            fencing: false,
-            amnesia_guard: None,
-            wait_mode: WaitMode::Poll,
-            fairness: false,
-        };
+        let settings = Settings::for_tests();
         let tokens = crate::token::TokenSource::new().unwrap();
         let mut core = Core::new(rounds, settings, tokens, Some(1), now, 0).unwrap();
         let mut d = Driver::new(vec![Peer::new(target)], false, now).unwrap();
